@@ -1,0 +1,13 @@
+#include "cli/commands.h"
+
+namespace marlinc::cli {
+
+static int g_status = 0;
+int last_status() { return g_status; }
+void set_status(int rc) { g_status = rc; }
+
+void register_commands(CLI::App& app) {
+  register_inspect(app);
+}
+
+}  // namespace marlinc::cli

@@ -1,0 +1,35 @@
+// marlinc command-line front end: parse, call the libraries, print, map errors to exit codes.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+
+#include "checkpoint/error.h"
+#include "cli/commands.h"
+
+#ifndef MARLINC_HAVE_CUDA
+#define MARLINC_CUDA_STATE "off"
+#else
+#define MARLINC_CUDA_STATE "on"
+#endif
+
+int main(int argc, char** argv) {
+  CLI::App app{"marlinc: quantize LLM checkpoints with GPTQ and pack them for the Marlin INT4 kernels"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version",
+                       std::string("marlinc ") + MARLINC_VERSION + " (CUDA " + MARLINC_CUDA_STATE +
+                           ", architectures: " + (MARLINC_CUDA_ARCHS[0] ? MARLINC_CUDA_ARCHS : "none") + ")");
+  marlinc::cli::register_commands(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  } catch (const marlinc::Error& e) {
+    std::cerr << "marlinc: error: " << e.what() << "\n";
+    return marlinc::exit_code(e.kind());
+  } catch (const std::exception& e) {
+    std::cerr << "marlinc: internal error: " << e.what() << "\n";
+    return 3;
+  }
+  return marlinc::cli::last_status();
+}

@@ -1,0 +1,22 @@
+# marlinc_component(NAME DEPS...): a static library from every .cpp in the calling folder (and
+# every .cu when CUDA is on). Sources are globbed so that adding a file needs no CMake edit.
+function(marlinc_component name)
+  file(GLOB _cpp CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*.cpp)
+  set(_src ${_cpp})
+  if(MARLINC_HAVE_CUDA)
+    file(GLOB _cu CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*.cu ${CMAKE_CURRENT_SOURCE_DIR}/generated/*.cu)
+    list(APPEND _src ${_cu})
+  endif()
+  if(NOT _src)
+    # A folder whose sources have not landed yet still gives a target others can link.
+    add_library(${name} INTERFACE)
+    target_link_libraries(${name} INTERFACE marlinc_flags ${ARGN} OpenMP::OpenMP_CXX)
+    return()
+  endif()
+  add_library(${name} STATIC ${_src})
+  target_link_libraries(${name} PUBLIC marlinc_flags ${ARGN} OpenMP::OpenMP_CXX)
+  if(MARLINC_HAVE_CUDA)
+    set_target_properties(${name} PROPERTIES CUDA_SEPARABLE_COMPILATION OFF POSITION_INDEPENDENT_CODE ON)
+    target_compile_options(${name} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo>)
+  endif()
+endfunction()
