@@ -11,5 +11,9 @@ void set_status(int rc);
 
 // Registration hooks, one per cmd_*.cpp (declared here so register_commands can call them).
 void register_inspect(CLI::App& app);
+void register_convert(CLI::App& app);
+void register_verify(CLI::App& app);
+void register_quantize(CLI::App& app);
+void register_ppl(CLI::App& app);
 
 }  // namespace marlinc::cli

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The main job on the built-in sample: build marlinc, then look at the sample checkpoint.
+# The main job on the built-in sample: build marlinc, quantize the sample checkpoint to Marlin
+# (round-to-nearest with clip search), verify every packed layer against the original weights, and
+# show the certificate's summary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cmake --preset cpu >/dev/null
@@ -7,4 +9,12 @@ cmake --build --preset cpu --target marlinc
 bin=build/cpu/cli/marlinc
 out=build/demo
 rm -rf "$out"; mkdir -p "$out"
-"$bin" inspect data/sample/model
+echo "== marlinc inspect data/sample/model"
+"$bin" inspect data/sample/model | tail -n 8
+echo "== marlinc quantize (RTN + clip search, group 128) -> Marlin"
+"$bin" quantize data/sample/model "$out/sample-marlin" --method rtn --format marlin --group 128 --json "$out/quantize.json"
+echo "== marlinc verify"
+"$bin" verify "$out/sample-marlin" --reference data/sample/model --certificate "$out/certificate.json"
+echo "== certificate summary ($out/certificate.json)"
+python3 -c "import json,sys; c=json.load(open(sys.argv[1])); print(json.dumps({k: c[k] for k in ('backend','summary')}, indent=1))" \
+  "$out/certificate.json" 2>/dev/null || grep -A5 '"summary"' "$out/certificate.json"

@@ -1,0 +1,327 @@
+// Benchmark of marlinc's Marlin W4A16 GEMM against cuBLAS FP16, by the method of
+// ../shared/spec/performance.md: cold weights (rotating copies of packed weights + scales, and of the
+// FP16 weights for cuBLAS, >= 512 MB per sweep), 64 calls captured in one CUDA graph, median of 7
+// replays (spread printed), cuBLAS (cublasGemmEx, fp16 in/out, fp32 accumulate) and a device-to-device
+// copy bandwidth measured in the same run. Random data only. Prints per-(set, m) rows and a summary
+// table last; --json PATH writes every number; --explore also times every tile configuration.
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kernels/marlin.h"
+
+using namespace marlinc::kernels;
+
+namespace {
+
+constexpr size_t kRotateBytes = size_t(512) << 20;  // per sweep, weights (+ scales) of one variant
+constexpr int kCalls = 64;                           // calls per captured graph
+constexpr int kReplays = 7;                          // timed replays; the median is reported
+constexpr int kMaxM = 1024;
+
+#define CK(x)                                                                                  \
+  do {                                                                                         \
+    cudaError_t e_ = (x);                                                                      \
+    if (e_ != cudaSuccess) {                                                                   \
+      std::fprintf(stderr, "%s failed at %s:%d: %s\n", #x, __FILE__, __LINE__, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                            \
+    }                                                                                          \
+  } while (0)
+#define CB(x)                                                                       \
+  do {                                                                              \
+    cublasStatus_t s_ = (x);                                                        \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                              \
+      std::fprintf(stderr, "%s failed at %s:%d: %d\n", #x, __FILE__, __LINE__, int(s_)); \
+      std::exit(1);                                                                 \
+    }                                                                               \
+  } while (0)
+
+__device__ uint64_t mix(uint64_t x) {  // splitmix64 finalizer: a counter-based random stream
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+__global__ void fill_bits(uint32_t* p, size_t n, uint64_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    p[i] = uint32_t(mix(seed * 0x100000001b3ull + i));
+}
+// fp16 values uniform in [lo, hi).
+__global__ void fill_half(__half* p, size_t n, uint64_t seed, float lo, float hi) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const float u = float(mix(seed * 0x100000001b3ull + i) >> 40) / float(1 << 24);
+    p[i] = __float2half(lo + (hi - lo) * u);
+  }
+}
+
+struct Stats { double us, spread; };
+
+Stats time_graph(cudaStream_t st, const std::function<void(int)>& call) {
+  for (int i = 0; i < kCalls; ++i) call(i);  // eager warm-up (module load, cuBLAS heuristics)
+  CK(cudaStreamSynchronize(st));
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < kCalls; ++i) call(i);
+  CK(cudaStreamEndCapture(st, &g));
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  CK(cudaGraphLaunch(ge, st));
+  CK(cudaStreamSynchronize(st));
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  std::vector<double> t;
+  for (int r = 0; r < kReplays; ++r) {
+    CK(cudaEventRecord(a, st));
+    CK(cudaGraphLaunch(ge, st));
+    CK(cudaEventRecord(b, st));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(double(ms) * 1e3 / kCalls);
+  }
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  CK(cudaGraphExecDestroy(ge));
+  CK(cudaGraphDestroy(g));
+  std::sort(t.begin(), t.end());
+  const double med = t[t.size() / 2];
+  return {med, (t.back() - t.front()) / med};
+}
+
+struct Layer { int k, n; };
+struct LayerSet { const char* name; int group; std::vector<Layer> layers; };
+
+struct Row {
+  std::string set;
+  int group, m;
+  double cublas = 0, fused = 0, dq = 0, autop = 0;  // summed over the set's layers, µs
+  double bytes = 0, flops = 0;
+  double spread = 0;
+  std::string configs;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> sets_wanted = {"llama3-8b", "llama3-70b", "large"};
+  std::vector<int> ms = {1, 2, 4, 8, 16, 32, 64, 128, 256, 1024};
+  bool explore = false;
+  std::string json_path;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--explore") explore = true;
+    else if (a == "--json" && i + 1 < argc) json_path = argv[++i];
+    else if (a == "--sets" && i + 1 < argc) {
+      sets_wanted.clear();
+      std::string v = argv[++i];
+      for (size_t p = 0; p <= v.size();) {
+        size_t q = v.find(',', p);
+        if (q == std::string::npos) q = v.size();
+        sets_wanted.push_back(v.substr(p, q - p));
+        p = q + 1;
+      }
+    } else if (a == "--ms" && i + 1 < argc) {
+      ms.clear();
+      std::string v = argv[++i];
+      for (size_t p = 0; p <= v.size();) {
+        size_t q = v.find(',', p);
+        if (q == std::string::npos) q = v.size();
+        ms.push_back(std::atoi(v.substr(p, q - p).c_str()));
+        p = q + 1;
+      }
+    } else {
+      std::fprintf(stderr, "usage: bench_marlin [--sets llama3-8b,llama3-70b,large] [--ms 1,16,...] [--explore] [--json PATH]\n");
+      return 2;
+    }
+  }
+
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  cudaStream_t st;
+  CK(cudaStreamCreate(&st));
+  cublasHandle_t cub;
+  CB(cublasCreate(&cub));
+  CB(cublasSetStream(cub, st));
+  const int sms = prop.multiProcessorCount;
+  std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, sms, prop.l2CacheSize >> 20);
+
+  // Copy bandwidth (read + write counted) and dense fp16 GEMM rate, both in this run.
+  double copy_bw = 0, gemm_flops = 0;
+  {
+    const size_t bytes = size_t(1) << 30;
+    void *x, *y;
+    CK(cudaMalloc(&x, bytes));
+    CK(cudaMalloc(&y, bytes));
+    CK(cudaMemset(x, 1, bytes));
+    const Stats s = time_graph(st, [&](int) { CK(cudaMemcpyAsync(y, x, bytes, cudaMemcpyDeviceToDevice, st)); });
+    copy_bw = 2.0 * bytes / (s.us * 1e-6);
+    CK(cudaFree(x));
+    CK(cudaFree(y));
+    const int N = 8192;
+    __half *a, *b, *c;
+    CK(cudaMalloc(&a, size_t(N) * N * 2));
+    CK(cudaMalloc(&b, size_t(N) * N * 2));
+    CK(cudaMalloc(&c, size_t(N) * N * 2));
+    fill_half<<<1024, 256, 0, st>>>(a, size_t(N) * N, 1, -1.f, 1.f);
+    fill_half<<<1024, 256, 0, st>>>(b, size_t(N) * N, 2, -1.f, 1.f);
+    const float one = 1.f, zero = 0.f;
+    const Stats g = time_graph(st, [&](int) {
+      CB(cublasGemmEx(cub, CUBLAS_OP_N, CUBLAS_OP_N, N, N, N, &one, a, CUDA_R_16F, N, b, CUDA_R_16F, N, &zero, c,
+                      CUDA_R_16F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    });
+    gemm_flops = 2.0 * N * double(N) * N / (g.us * 1e-6);
+    CK(cudaFree(a));
+    CK(cudaFree(b));
+    CK(cudaFree(c));
+  }
+  std::printf("copy bandwidth (read+write): %.0f GB/s; cuBLAS fp16 8192^3: %.0f TFLOP/s\n", copy_bw / 1e9, gemm_flops / 1e12);
+
+  const std::vector<LayerSet> all_sets = {
+      {"llama3-8b", 128, {{4096, 6144}, {4096, 4096}, {4096, 28672}, {14336, 4096}}},
+      {"llama3-70b", 128, {{8192, 10240}, {8192, 8192}, {8192, 57344}, {28672, 8192}}},
+      {"large", 128, {{32768, 32768}}},
+      {"large", -1, {{32768, 32768}}},
+  };
+
+  const size_t ws_bytes = marlin_workspace_bytes(sms, true);
+  void* ws;
+  CK(cudaMalloc(&ws, ws_bytes));
+  CK(cudaMemset(ws, 0, ws_bytes));
+
+  std::vector<Row> rows;
+  std::string explore_log;
+  for (const LayerSet& set : all_sets) {
+    if (std::find(sets_wanted.begin(), sets_wanted.end(), set.name) == sets_wanted.end()) continue;
+    std::vector<Row> set_rows;
+    for (int m : ms) set_rows.push_back(Row{set.name, set.group, m});
+    for (const Layer& L : set.layers) {
+      const int G = set.group == -1 ? 1 : L.k / set.group;
+      const size_t qbytes = size_t(L.k) * L.n / 2, sbytes = size_t(G) * L.n * 2, fbytes = size_t(L.k) * L.n * 2;
+      const int nq = int(std::max<size_t>(1, (kRotateBytes + qbytes + sbytes - 1) / (qbytes + sbytes)));
+      const int nf = int(std::max<size_t>(1, (kRotateBytes + fbytes - 1) / fbytes));
+      std::vector<int32_t*> Bq(nq);
+      std::vector<__half*> Sq(nq), Wf(nf);
+      for (int i = 0; i < nq; ++i) {
+        CK(cudaMalloc(&Bq[i], qbytes));
+        CK(cudaMalloc(&Sq[i], sbytes));
+        fill_bits<<<2048, 256, 0, st>>>(reinterpret_cast<uint32_t*>(Bq[i]), qbytes / 4, 100 + i);
+        // Scales near 1/sqrt(k) keep outputs O(1) for N(0,1)-like activations.
+        const float sc = 1.f / std::sqrt(float(L.k));
+        fill_half<<<256, 256, 0, st>>>(Sq[i], sbytes / 2, 200 + i, 0.5f * sc, 1.5f * sc);
+      }
+      for (int i = 0; i < nf; ++i) {
+        CK(cudaMalloc(&Wf[i], fbytes));
+        fill_half<<<2048, 256, 0, st>>>(Wf[i], fbytes / 2, 300 + i, -0.05f, 0.05f);
+      }
+      __half *A, *C;
+      CK(cudaMalloc(&A, size_t(kMaxM) * L.k * 2));
+      CK(cudaMalloc(&C, size_t(kMaxM) * L.n * 2));
+      fill_half<<<1024, 256, 0, st>>>(A, size_t(kMaxM) * L.k, 7, -1.f, 1.f);
+      CK(cudaStreamSynchronize(st));
+
+      for (size_t mi = 0; mi < ms.size(); ++mi) {
+        const int m = ms[mi];
+        Row& R = set_rows[mi];
+        const float one = 1.f, zero = 0.f;
+        const Stats sc = time_graph(st, [&](int i) {
+          CB(cublasGemmEx(cub, CUBLAS_OP_N, CUBLAS_OP_N, L.n, m, L.k, &one, Wf[i % nf], CUDA_R_16F, L.n, A, CUDA_R_16F,
+                          L.k, &zero, C, CUDA_R_16F, L.n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        });
+        auto marlin_call = [&](MarlinPath path, int tk, int tn) {
+          return [&, path, tk, tn](int i) {
+            MarlinGemm g;
+            g.A = A; g.B = Bq[i % nq]; g.s = Sq[i % nq]; g.C = C;
+            g.m = m; g.n = L.n; g.k = L.k; g.group_size = set.group;
+            g.workspace = ws; g.workspace_bytes = ws_bytes; g.stream = st; g.cublas = cub; g.num_sms = sms;
+            g.path = path; g.thread_k = tk; g.thread_n = tn;
+            const MarlinStatus s = marlin_gemm(g);
+            if (s != MarlinStatus::Ok) {
+              std::fprintf(stderr, "marlin_gemm(m=%d k=%d n=%d): %s\n", m, L.k, L.n, marlin_status_name(s));
+              std::exit(1);
+            }
+          };
+        };
+        const Stats sf = time_graph(st, marlin_call(MarlinPath::Marlin, 0, 0));
+        double dq = 0;
+        if (m >= 64) dq = time_graph(st, marlin_call(MarlinPath::DequantCublas, 0, 0)).us;
+        const bool auto_cublas = m >= marlin_cublas_min_m(L.n, L.k);
+        R.cublas += sc.us;
+        R.fused += sf.us;
+        R.dq += dq;
+        R.autop += auto_cublas ? dq : sf.us;
+        R.spread = std::max({R.spread, sc.spread, sf.spread});
+        R.bytes += double(qbytes) + double(sbytes) + 2.0 * m * L.k + 2.0 * m * L.n;
+        R.flops += 2.0 * m * double(L.k) * L.n;
+        const MarlinTileChoice tc = marlin_choose_tiles(m, L.n, L.k, sms);
+        char cfg[64];
+        std::snprintf(cfg, sizeof cfg, "%s%dx%d", R.configs.empty() ? "" : " ", tc.thread_k, tc.thread_n);
+        R.configs += auto_cublas ? (R.configs.empty() ? "dq" : " dq") : cfg;
+        if (explore && m <= 128) {
+          const int tiles[3][2] = {{128, 128}, {64, 256}, {128, 64}};
+          char line[256];
+          std::snprintf(line, sizeof line, "explore %s g%d k%d n%d m%d: auto(%dx%d) %.1f", set.name, set.group, L.k, L.n,
+                        m, tc.thread_k, tc.thread_n, sf.us);
+          explore_log += line;
+          for (auto& t : tiles) {
+            if (L.n % t[1] != 0 || L.k % t[0] != 0) continue;
+            const Stats sx = time_graph(st, marlin_call(MarlinPath::Marlin, t[0], t[1]));
+            std::snprintf(line, sizeof line, " | %dx%d %.1f", t[0], t[1], sx.us);
+            explore_log += line;
+          }
+          explore_log += "\n";
+        }
+      }
+      for (auto* p : Bq) CK(cudaFree(p));
+      for (auto* p : Sq) CK(cudaFree(p));
+      for (auto* p : Wf) CK(cudaFree(p));
+      CK(cudaFree(A));
+      CK(cudaFree(C));
+    }
+    rows.insert(rows.end(), set_rows.begin(), set_rows.end());
+  }
+
+  if (!explore_log.empty()) std::printf("%s", explore_log.c_str());
+  if (!json_path.empty()) {
+    FILE* f = std::fopen(json_path.c_str(), "w");
+    if (f) {
+      std::fprintf(f, "{\"device\": \"%s\", \"copy_bw_GBps\": %.1f, \"cublas_fp16_TFLOPs\": %.1f, \"rows\": [\n", prop.name,
+                   copy_bw / 1e9, gemm_flops / 1e12);
+      for (size_t i = 0; i < rows.size(); ++i) {
+        const Row& r = rows[i];
+        std::fprintf(f,
+                     "  {\"set\": \"%s\", \"group\": %d, \"m\": %d, \"cublas_us\": %.2f, \"fused_us\": %.2f, "
+                     "\"dequant_cublas_us\": %.2f, \"auto_us\": %.2f, \"bytes\": %.0f, \"flops\": %.0f, \"spread\": %.3f, "
+                     "\"configs\": \"%s\"}%s\n",
+                     r.set.c_str(), r.group, r.m, r.cublas, r.fused, r.dq, r.autop, r.bytes, r.flops, r.spread,
+                     r.configs.c_str(), i + 1 < rows.size() ? "," : "");
+      }
+      std::fprintf(f, "]}\n");
+      std::fclose(f);
+    }
+  }
+  std::printf("\n%-11s %4s %5s | %9s %9s %9s %9s | %6s %6s | %7s %5s %5s | %6s | %s\n", "set", "g", "m", "cuBLAS_us",
+              "fused_us", "dq+cuB_us", "auto_us", "x_fuse", "x_auto", "GB/s", "%copy", "ideal", "spread", "tiles (k x n)");
+  for (const Row& r : rows) {
+    const double t_ideal = std::max(r.bytes / copy_bw, r.flops / gemm_flops) * 1e6;
+    std::printf("%-11s %4d %5d | %9.1f %9.1f %9.1f %9.1f | %6.2f %6.2f | %7.0f %5.2f %5.2f | %6.3f | %s\n", r.set.c_str(),
+                r.group, r.m, r.cublas, r.fused, r.dq, r.autop, r.cublas / r.fused, r.cublas / r.autop,
+                r.bytes / (r.autop * 1e-6) / 1e9, r.bytes / (r.autop * 1e-6) / copy_bw, t_ideal / r.autop, r.spread,
+                r.configs.c_str());
+  }
+  std::printf("copy bandwidth %.0f GB/s, cuBLAS fp16 %.0f TFLOP/s (ideal = max(bytes/copy, flops/cuBLAS peak))\n",
+              copy_bw / 1e9, gemm_flops / 1e12);
+  CK(cudaFree(ws));
+  CB(cublasDestroy(cub));
+  CK(cudaStreamDestroy(st));
+  return 0;
+}

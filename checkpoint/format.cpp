@@ -1,0 +1,446 @@
+#include "checkpoint/format.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <set>
+
+namespace marlinc {
+
+using json = nlohmann::json;
+
+namespace {
+
+// Which packed-tensor family a module prefix belongs to, from its leaf names alone.
+enum class Kind { QWeight /* GPTQ or AWQ */, Marlin, Marlin24, CtPack, CtMarlin24 };
+
+struct Split {
+  std::string prefix, leaf;
+};
+Split split_name(const std::string& name) {
+  auto dot = name.rfind('.');
+  if (dot == std::string::npos) return {"", name};
+  return {name.substr(0, dot), name.substr(dot + 1)};
+}
+std::string join(const std::string& prefix, const char* leaf) { return prefix.empty() ? leaf : prefix + "." + leaf; }
+
+std::map<std::string, std::set<std::string>> leaves_by_prefix(const Checkpoint& ck) {
+  std::map<std::string, std::set<std::string>> m;
+  for (const std::string& n : ck.tensor_names()) {
+    Split s = split_name(n);
+    m[s.prefix].insert(s.leaf);
+  }
+  return m;
+}
+
+std::map<std::string, Kind> module_kinds(const Checkpoint& ck) {
+  std::map<std::string, Kind> out;
+  for (const auto& [prefix, leaves] : leaves_by_prefix(ck)) {
+    auto has = [&](const char* l) { return leaves.count(l) > 0; };
+    if (has("B_24") && (has("B_meta") || has("meta"))) out[prefix] = Kind::Marlin24;
+    else if (has("weight_packed") && has("meta") && has("scale_packed")) out[prefix] = Kind::CtMarlin24;
+    else if (has("weight_packed") && has("weight_scale")) out[prefix] = Kind::CtPack;
+    else if (has("qweight") && has("scales")) out[prefix] = Kind::QWeight;
+    else if (has("B") && has("s")) out[prefix] = Kind::Marlin;
+  }
+  return out;
+}
+
+const json* get(const json& j, const char* key) {
+  auto it = j.find(key);
+  return it == j.end() || it->is_null() ? nullptr : &*it;
+}
+std::string lower(std::string s) {
+  for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+std::string get_str(const json& j, const char* key) {
+  const json* v = get(j, key);
+  return v && v->is_string() ? lower(v->get<std::string>()) : "";
+}
+std::optional<int> get_int(const json& j, const char* key) {
+  const json* v = get(j, key);
+  if (v && v->is_number_integer()) return int(v->get<int64_t>());
+  return std::nullopt;
+}
+std::optional<bool> get_bool(const json& j, const char* key) {
+  const json* v = get(j, key);
+  if (v && v->is_boolean()) return v->get<bool>();
+  return std::nullopt;
+}
+
+// The "weights" block of the first compressed-tensors config group, or null.
+const json* ct_weights(const json& qc) {
+  const json* groups = get(qc, "config_groups");
+  if (!groups || !groups->is_object()) return nullptr;
+  for (const auto& g : *groups)
+    if (g.is_object())
+      if (const json* w = get(g, "weights"); w && w->is_object()) return w;
+  return nullptr;
+}
+
+const TensorInfo& info(const Checkpoint& ck, const std::string& name) { return *ck.at(name).info; }
+
+[[noreturn]] void shape_fail(const Checkpoint& ck, const std::string& tensor, const std::string& rule) {
+  bad_data(ck.at(tensor).file->path().string() + ": " + tensor + ": " + rule);
+}
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+const TensorInfo& need_2d(const Checkpoint& ck, const std::string& name, std::initializer_list<DType> dts) {
+  const TensorInfo& t = info(ck, name);
+  if (t.shape.size() != 2) shape_fail(ck, name, "expected a 2-D tensor, got shape " + shape_str(t.shape));
+  if (dts.size() && std::find(dts.begin(), dts.end(), t.dtype) == dts.end())
+    shape_fail(ck, name, "unexpected dtype " + std::string(dtype_name(t.dtype)));
+  return t;
+}
+
+// Little-endian int32 elements of a tensor (copied: mapped bytes need not be 4-aligned).
+std::vector<int32_t> read_i32(const Checkpoint& ck, const std::string& name) {
+  auto b = ck.data(name);
+  std::vector<int32_t> v(b.size() / 4);
+  if (!v.empty()) std::memcpy(v.data(), b.data(), v.size() * 4);
+  return v;
+}
+
+// Group size implied by G scale rows over k inputs; `cfg` (from the config) wins when consistent.
+int group_from_rows(const Checkpoint& ck, const std::string& scale_name, int64_t k, int64_t G, int cfg) {
+  if (cfg > 0 && (k + cfg - 1) / cfg == G) return cfg;
+  if (cfg == -1 && G == 1) return -1;
+  if (G == 1) return -1;
+  if (G > 0 && k % G == 0) return int(k / G);
+  shape_fail(ck, scale_name, std::to_string(G) + " scale groups is not a whole group size of k = " + std::to_string(k));
+}
+
+}  // namespace
+
+std::string format_name(Format f) {
+  switch (f) {
+    case Format::Plain: return "plain";
+    case Format::GptqV1: return "gptq-v1";
+    case Format::GptqV2: return "gptq-v2";
+    case Format::Marlin: return "marlin";
+    case Format::Marlin24: return "marlin24";
+    case Format::Awq: return "awq";
+    case Format::CompressedTensorsPack: return "compressed-tensors-pack-quantized";
+    case Format::CompressedTensorsMarlin24: return "compressed-tensors-marlin-24";
+    case Format::Unknown: return "unknown";
+  }
+  return "unknown";
+}
+
+static bool kind_matches(Kind k, Format f) {
+  switch (f) {
+    case Format::GptqV1: case Format::GptqV2: case Format::Awq: return k == Kind::QWeight;
+    case Format::Marlin: return k == Kind::Marlin;
+    case Format::Marlin24: return k == Kind::Marlin24;
+    case Format::CompressedTensorsPack: return k == Kind::CtPack;
+    case Format::CompressedTensorsMarlin24: return k == Kind::CtMarlin24;
+    default: return false;
+  }
+}
+
+std::vector<std::string> quantized_modules(const Checkpoint& ck, Format f) {
+  std::vector<std::string> out;
+  for (const auto& [prefix, kind] : module_kinds(ck))
+    if (kind_matches(kind, f)) out.push_back(prefix);
+  return out;  // std::map iteration is already sorted
+}
+
+std::vector<QuantizedModuleShape> quantized_module_shapes(const Checkpoint& ck, const FormatInfo& fi) {
+  std::vector<QuantizedModuleShape> out;
+  for (const std::string& p : quantized_modules(ck, fi.format)) {
+    QuantizedModuleShape m;
+    m.prefix = p;
+    auto add = [&](const std::string& name) {
+      if (!ck.contains(name)) return false;
+      m.tensors.push_back(name);
+      m.stored_bytes += info(ck, name).nbytes();
+      return true;
+    };
+    switch (fi.format) {
+      case Format::GptqV1: case Format::GptqV2: case Format::Awq: {
+        const bool awq = fi.format == Format::Awq;
+        const std::string qw = join(p, "qweight"), sc = join(p, "scales"), qz = join(p, "qzeros"), gi = join(p, "g_idx");
+        const TensorInfo& w = need_2d(ck, qw, {DType::I32, DType::U32});
+        const TensorInfo& s = need_2d(ck, sc, {});
+        m.bits = fi.bits > 0 ? fi.bits : 4;
+        const int pf = 32 / m.bits;
+        m.n = s.shape[1];
+        if (awq) {
+          m.k = w.shape[0];
+          if (w.shape[1] * pf != m.n)
+            shape_fail(ck, qw, "AWQ qweight " + shape_str(w.shape) + " does not match scales " + shape_str(s.shape) +
+                                   " at " + std::to_string(m.bits) + " bits ([k, n/" + std::to_string(pf) + "])");
+        } else {
+          m.k = w.shape[0] * pf;
+          if (w.shape[1] != m.n)
+            shape_fail(ck, qw, "GPTQ qweight " + shape_str(w.shape) + " does not match scales " + shape_str(s.shape) +
+                                   " ([k/" + std::to_string(pf) + ", n])");
+        }
+        m.group_size = group_from_rows(ck, sc, m.k, s.shape[0], fi.group_size);
+        add(qw); add(sc);
+        if (add(qz)) {
+          const TensorInfo& z = need_2d(ck, qz, {DType::I32, DType::U32});
+          if (z.shape[0] != s.shape[0] || z.shape[1] * pf != m.n)
+            shape_fail(ck, qz, "qzeros " + shape_str(z.shape) + " should be [" + std::to_string(s.shape[0]) + ", " +
+                                   std::to_string(m.n / pf) + "]");
+        }
+        if (add(gi)) {
+          const TensorInfo& g = info(ck, gi);
+          if (g.numel() != m.k)
+            shape_fail(ck, gi, "g_idx has " + std::to_string(g.numel()) + " entries, k = " + std::to_string(m.k));
+        }
+        break;
+      }
+      case Format::Marlin: case Format::Marlin24: {
+        const bool sp = fi.format == Format::Marlin24;
+        const std::string bn = join(p, sp ? "B_24" : "B");
+        std::string sn = join(p, "s");
+        if (sp && !ck.contains(sn)) sn = join(p, "s_24");
+        std::string mn = join(p, "B_meta");
+        if (sp && !ck.contains(mn)) mn = join(p, "meta");
+        if (!ck.contains(sn)) bad_data(ck.source().string() + ": " + p + ": Sparse-Marlin module has no scales (s or s_24)");
+        const TensorInfo& B = need_2d(ck, bn, {DType::I32, DType::U32});
+        const TensorInfo& s = need_2d(ck, sn, {DType::F16, DType::BF16});
+        m.n = s.shape[1];
+        if (m.n <= 0 || (2 * B.shape[1]) % m.n != 0)
+          shape_fail(ck, bn, shape_str(B.shape) + " does not match scales " + shape_str(s.shape) + " (expect [k/" +
+                                 (sp ? "32" : "16") + ", n*bits/2])");
+        m.bits = int(2 * B.shape[1] / m.n);
+        m.k = B.shape[0] * (sp ? 32 : 16);
+        m.group_size = group_from_rows(ck, sn, m.k, s.shape[0], fi.group_size);
+        add(bn); add(sn);
+        if (sp) {
+          add(mn);
+          if (info(ck, mn).numel() * 16 != m.k * m.n)
+            shape_fail(ck, mn, "2:4 metadata has " + std::to_string(info(ck, mn).numel()) + " entries, expected k*n/16 = " +
+                                   std::to_string(m.k * m.n / 16));
+        }
+        break;
+      }
+      case Format::CompressedTensorsPack: {
+        const std::string wp = join(p, "weight_packed"), ws = join(p, "weight_scale"), wsh = join(p, "weight_shape");
+        const TensorInfo& w = need_2d(ck, wp, {DType::I32, DType::U32});
+        const TensorInfo& s = need_2d(ck, ws, {});
+        m.bits = fi.bits > 0 ? fi.bits : 4;
+        const int pf = 32 / m.bits;
+        m.n = w.shape[0];
+        m.k = w.shape[1] * pf;
+        add(wp); add(ws);
+        if (add(wsh)) {
+          const TensorInfo& t = info(ck, wsh);
+          auto b = ck.data(wsh);
+          if (t.numel() != 2 || (t.dtype != DType::I64 && t.dtype != DType::I32))
+            shape_fail(ck, wsh, "weight_shape must be 2 integers [n, k]");
+          int64_t v[2];
+          for (int i = 0; i < 2; ++i) {
+            if (t.dtype == DType::I64) std::memcpy(&v[i], b.data() + 8 * i, 8);
+            else { int32_t x; std::memcpy(&x, b.data() + 4 * i, 4); v[i] = x; }
+          }
+          if (v[0] != m.n || (v[1] + pf - 1) / pf != w.shape[1])
+            shape_fail(ck, wsh, "weight_shape [" + std::to_string(v[0]) + ", " + std::to_string(v[1]) +
+                                    "] does not match weight_packed " + shape_str(w.shape));
+          m.k = v[1];
+        }
+        if (s.shape[0] != m.n) shape_fail(ck, ws, "weight_scale " + shape_str(s.shape) + " should have n = " + std::to_string(m.n) + " rows");
+        m.group_size = group_from_rows(ck, ws, m.k, s.shape[1], fi.group_size);
+        add(join(p, "weight_zero_point"));
+        add(join(p, "weight_g_idx"));
+        break;
+      }
+      case Format::CompressedTensorsMarlin24: {
+        const std::string wp = join(p, "weight_packed"), sp = join(p, "scale_packed"), mt = join(p, "meta");
+        const TensorInfo& B = need_2d(ck, wp, {DType::I32, DType::U32});
+        const TensorInfo& s = need_2d(ck, sp, {DType::F16, DType::BF16});
+        m.n = s.shape[1];
+        if (m.n <= 0 || (2 * B.shape[1]) % m.n != 0)
+          shape_fail(ck, wp, shape_str(B.shape) + " does not match scale_packed " + shape_str(s.shape));
+        m.bits = int(2 * B.shape[1] / m.n);
+        m.k = B.shape[0] * 32;
+        m.group_size = group_from_rows(ck, sp, m.k, s.shape[0], fi.group_size);
+        add(wp); add(sp); add(mt);
+        break;
+      }
+      default: break;
+    }
+    if (m.bits != 2 && m.bits != 3 && m.bits != 4 && m.bits != 8)
+      bad_data(ck.source().string() + ": " + p + ": packed shapes imply " + std::to_string(m.bits) + " bits per weight");
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+FormatInfo detect_format(const Checkpoint& ck) {
+  FormatInfo fi;
+  const json& qc = ck.quantize_config();
+  const std::string method = get_str(qc, "quant_method");
+  std::string ckfmt = get_str(qc, "checkpoint_format");
+  if (ckfmt.empty()) ckfmt = get_str(qc, "format");  // GPTQModel alias; compressed-tensors' format
+  if (get_bool(qc, "is_marlin_format").value_or(false)) ckfmt = "marlin";
+  fi.label_in_config = method.empty() ? ckfmt : method + (ckfmt.empty() ? "" : "/" + ckfmt);
+  if (method.empty() && !get_str(qc, "version").empty()) fi.label_in_config = "awq?/" + get_str(qc, "version");
+
+  // Counts of modules per packed family.
+  std::map<Kind, int> counts;
+  for (const auto& [p, k] : module_kinds(ck)) counts[k]++;
+  if (counts.empty()) {
+    fi.format = Format::Plain;
+    for (const std::string& n : ck.tensor_names()) {
+      const std::string leaf = split_name(n).leaf;
+      if (leaf == "qweight" || leaf == "qzeros" || leaf == "B_24" || leaf == "weight_packed" || leaf == "B_meta") {
+        fi.format = Format::Unknown;
+        fi.notes.push_back(n + ": looks like a packed quantized tensor but its module lacks the companion tensors");
+        break;
+      }
+    }
+    if (!fi.label_in_config.empty())
+      fi.notes.push_back("config names quantization \"" + fi.label_in_config + "\" but no quantized tensors were found");
+    return fi;
+  }
+  if (counts.size() > 1) {
+    fi.format = Format::Unknown;
+    fi.notes.push_back("modules of several packed formats in one checkpoint (" + std::to_string(counts.size()) + " families)");
+    return fi;
+  }
+  const Kind kind = counts.begin()->first;
+
+  // Parameters from the config (with the §4.6 synonyms) and compressed-tensors' weights block.
+  std::optional<int> bits = get_int(qc, "bits");
+  if (!bits) bits = get_int(qc, "w_bit");
+  std::optional<int> group = get_int(qc, "group_size");
+  if (!group) group = get_int(qc, "q_group_size");
+  std::optional<bool> sym = get_bool(qc, "sym");
+  if (auto zp = get_bool(qc, "zero_point")) sym = !*zp;
+  std::optional<bool> desc = get_bool(qc, "desc_act");
+  if (const json* w = ct_weights(qc)) {
+    if (auto b = get_int(*w, "num_bits")) bits = b;
+    if (auto g = get_int(*w, "group_size")) group = g;
+    else if (get_str(*w, "strategy") == "channel") group = -1;
+    if (auto s = get_bool(*w, "symmetric")) sym = s;
+    desc = get(*w, "actorder") != nullptr;
+  }
+
+  switch (kind) {
+    case Kind::Marlin: fi.format = Format::Marlin; break;
+    case Kind::Marlin24: fi.format = Format::Marlin24; break;
+    case Kind::CtPack: fi.format = Format::CompressedTensorsPack; break;
+    case Kind::CtMarlin24: fi.format = Format::CompressedTensorsMarlin24; break;
+    case Kind::QWeight: {
+      // GPTQ stores qweight [k/pf, n] (same n as scales), AWQ [k, n/pf]: the shapes decide.
+      const std::string p = quantized_modules(ck, Format::GptqV1).front();
+      const TensorInfo& w = need_2d(ck, join(p, "qweight"), {});
+      const TensorInfo& s = need_2d(ck, join(p, "scales"), {});
+      const bool awq_shape = w.shape[1] != s.shape[1];
+      fi.format = awq_shape ? Format::Awq : Format::GptqV1;
+      const bool awq_label = method == "awq" || ckfmt == "gemm" || get_str(qc, "version") == "gemm";
+      if (awq_shape != awq_label && !fi.label_in_config.empty())
+        fi.notes.push_back(std::string("config label \"") + fi.label_in_config + "\" disagrees with tensor shapes, which are " +
+                           (awq_shape ? "AWQ ([k, n/8] qweight)" : "GPTQ ([k/8, n] qweight)"));
+      if (!awq_shape && ckfmt == "gptq_v2") fi.format = Format::GptqV2;
+      if (!bits && !awq_shape && ck.contains(join(p, "g_idx"))) {
+        const int64_t k = info(ck, join(p, "g_idx")).numel();
+        if (k > 0 && (32 * w.shape[0]) % k == 0) bits = int(32 * w.shape[0] / k);
+      }
+      break;
+    }
+  }
+  const bool marlin_kind = kind == Kind::Marlin || kind == Kind::Marlin24 || kind == Kind::CtMarlin24;
+  if (marlin_kind && !fi.label_in_config.empty() && fi.label_in_config.find("marlin") == std::string::npos)
+    fi.notes.push_back("config label \"" + fi.label_in_config + "\" but the tensors are " + format_name(fi.format));
+  fi.bits = bits.value_or(0);
+  fi.group_size = group.value_or(0);
+  fi.sym = marlin_kind ? true : sym.value_or(true);
+  fi.desc_act = marlin_kind ? false : desc.value_or(false);
+
+  auto mods = quantized_module_shapes(ck, fi);
+  if (!bits) {
+    fi.bits = mods.front().bits;
+    if (kind == Kind::QWeight || kind == Kind::CtPack)
+      fi.notes.push_back("bits not in any config; assumed " + std::to_string(fi.bits));
+  }
+  if (!group) fi.group_size = mods.front().group_size;
+  for (const auto& m : mods)
+    if (m.group_size != fi.group_size && !(fi.group_size == int(m.k) && m.group_size == -1)) {
+      fi.notes.push_back(m.prefix + ": group size " + std::to_string(m.group_size) + " from its scales differs from " +
+                         std::to_string(fi.group_size));
+      break;
+    }
+
+  if (fi.format == Format::GptqV1 || fi.format == Format::GptqV2) {
+    // v1 stores z-1, v2 stores z: for symmetric quantization every field is 2^(b-1)-1 (v1) or 2^(b-1) (v2).
+    const bool labelled_v2 = fi.format == Format::GptqV2;
+    int v1 = 0, v2 = 0, other = 0;
+    bool act_order_data = false;
+    if (fi.sym && (fi.bits == 2 || fi.bits == 4 || fi.bits == 8)) {
+      const uint32_t mask = (1u << fi.bits) - 1, z2 = 1u << (fi.bits - 1), z1 = z2 - 1;
+      for (const auto& m : mods) {
+        const std::string qz = join(m.prefix, "qzeros");
+        if (!ck.contains(qz)) continue;
+        bool all1 = true, all2 = true;
+        for (int32_t wd : read_i32(ck, qz))
+          for (int sh = 0; sh < 32; sh += fi.bits) {
+            const uint32_t f = (uint32_t(wd) >> sh) & mask;
+            all1 &= f == z1;
+            all2 &= f == z2;
+          }
+        if (all1) ++v1; else if (all2) ++v2; else ++other;
+      }
+    }
+    for (const auto& m : mods) {
+      const std::string gi = join(m.prefix, "g_idx");
+      if (!ck.contains(gi) || m.group_size <= 0 || act_order_data) continue;
+      auto g = read_i32(ck, gi);
+      for (size_t i = 0; i < g.size(); ++i)
+        if (g[i] != int32_t(int64_t(i) / m.group_size)) { act_order_data = true; break; }
+    }
+    const std::string label = fi.label_in_config.empty() ? "no config label" : "config says \"" + fi.label_in_config + "\"";
+    if (v2 > 0 && v1 == 0 && other == 0) {
+      fi.format = Format::GptqV2;
+      if (!labelled_v2) fi.notes.push_back(label + " (v1) but qzeros hold v2 values (" + std::to_string(1 << (fi.bits - 1)) + "): treated as gptq-v2");
+    } else if (v1 > 0 && v2 == 0 && other == 0) {
+      fi.format = Format::GptqV1;
+      if (labelled_v2) fi.notes.push_back(label + " (v2) but qzeros hold v1 values (" + std::to_string((1 << (fi.bits - 1)) - 1) + "): treated as gptq-v1");
+    } else if (v1 + v2 + other > 0) {
+      fi.notes.push_back("symmetric config but qzeros are not uniformly v1 or v2 (" + std::to_string(v1) + " v1, " +
+                         std::to_string(v2) + " v2, " + std::to_string(other) + " other modules): kept " + format_name(fi.format));
+    }
+    if (act_order_data && !fi.desc_act) {
+      fi.desc_act = true;
+      fi.notes.push_back("g_idx is not k // group_size: act-order (desc_act) checkpoint");
+    } else if (fi.desc_act && !act_order_data) {
+      fi.notes.push_back("desc_act is set but every g_idx is trivial (k // group_size)");
+    }
+  }
+  return fi;
+}
+
+MarlinRuleCheck marlin_compatible(int64_t k, int64_t n, int group_size, int bits, bool sparse24) {
+  MarlinRuleCheck r;
+  auto fail_rule = [&](std::string s) { r.ok = false; r.rule = std::move(s); return r; };
+  const std::string kn = " (k = " + std::to_string(k) + ", n = " + std::to_string(n) + ")";
+  if (bits != 4 && bits != 8) return fail_rule("bits must be 4 or 8 (got " + std::to_string(bits) + ")");
+  if (k % 128 != 0) return fail_rule("k % 128 == 0 required (thread_k = 128)" + kn);
+  const int g = group_size == k ? -1 : group_size;  // one group over all of k is per-channel (§9.16)
+  if (sparse24) {
+    if (n % 256 != 0) return fail_rule("n % 256 == 0 required for 2:4 at every batch size (thread_m = 256 for batch > 16)" + kn);
+    if (g != -1 && g != 128) return fail_rule("2:4 group size must be -1 or 128 (got " + std::to_string(group_size) + ")");
+    return r;
+  }
+  if (n % 64 != 0) return fail_rule("n % 64 == 0 required (vLLM gptq_marlin min thread_n = 64)" + kn);
+  if (g != -1 && g != 32 && g != 64 && g != 128)
+    return fail_rule("group size must be -1, 32, 64 or 128 (got " + std::to_string(group_size) + ")");
+  if (g > 0 && k % g != 0) return fail_rule("group size " + std::to_string(g) + " must divide k = " + std::to_string(k));
+  std::vector<std::string> caveats;
+  if (n % 256 != 0)
+    caveats.push_back(n % 128 == 0 ? "IST kernel: n % 256 != 0, only batch <= 16" : "IST kernel: n % 128 != 0, vLLM only");
+  if (g == 32 || g == 64) caveats.push_back("IST kernel: group " + std::to_string(g) + " unsupported, vLLM only");
+  for (size_t i = 0; i < caveats.size(); ++i) r.rule += (i ? "; " : "") + caveats[i];
+  return r;
+}
+
+}  // namespace marlinc

@@ -1,0 +1,63 @@
+// Detecting which quantized format a checkpoint holds (spec: formats.md §1.10, §3.7, §4, §5, §6), from
+// tensor names AND config, and the Marlin kernel shape rules (§1.9, §3.6). Detection is reported with
+// notes, never guessed silently: a disagreement between the config label and the data is a note.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "checkpoint/checkpoint.h"
+
+namespace marlinc {
+
+enum class Format {
+  Plain,                      // no quantized tensors (fp16/bf16/fp32 weights)
+  GptqV1,                     // qweight/qzeros/scales(/g_idx), zeros stored as z-1
+  GptqV2,                     // same tensors, zeros stored as z
+  Marlin,                     // <p>.B [k/16, 2n] + <p>.s
+  Marlin24,                   // <p>.B_24 + <p>.B_meta|meta + <p>.s|s_24
+  Awq,                        // AWQ GEMM: qweight [k, n/8], qzeros, scales
+  CompressedTensorsPack,      // weight_packed [n, k/8] + weight_scale (+ weight_shape)
+  CompressedTensorsMarlin24,  // weight_packed [k/32, 2n] + meta + scale_packed
+  Unknown,                    // quantized-looking tensors that fit no format
+};
+
+struct FormatInfo {
+  Format format = Format::Unknown;
+  int bits = 0;          // 0 for Plain
+  int group_size = 0;    // -1 = per-channel; 0 when unknown/Plain
+  bool sym = true;
+  bool desc_act = false;
+  std::string label_in_config;     // e.g. "gptq/gptq_v2" (quant_method/checkpoint_format), "" if none
+  std::vector<std::string> notes;  // e.g. "config says gptq but qzeros hold v2 values (8)"
+};
+
+FormatInfo detect_format(const Checkpoint& ck);
+std::string format_name(Format f);  // "plain", "gptq-v1", "gptq-v2", "marlin", "marlin24", "awq", ...
+
+// Prefixes of the quantized modules (e.g. "model.layers.0.self_attn.q_proj"; "" for a bare file whose
+// tensors are named "B", "s"), sorted.
+std::vector<std::string> quantized_modules(const Checkpoint& ck, Format f);
+
+// One quantized linear's logical shape, derived from its packed tensors.
+struct QuantizedModuleShape {
+  std::string prefix;
+  int64_t k = 0, n = 0;  // input / output features
+  int bits = 0;
+  int group_size = 0;    // -1 = per-channel; derived from the scale rows when the config is silent
+  uint64_t stored_bytes = 0;  // all tensors of the module (packed weight, scales, zeros, g_idx, meta)
+  std::vector<std::string> tensors;  // those tensors' names (a bias stays a plain tensor)
+};
+// Throws BadData naming the tensor when a module's tensors have inconsistent shapes.
+std::vector<QuantizedModuleShape> quantized_module_shapes(const Checkpoint& ck, const FormatInfo& fi);
+
+struct MarlinRuleCheck {
+  bool ok = true;
+  std::string rule;  // the first rule that fails; when ok, notes such as the batch-size caveat
+};
+// Marlin kernel rules (§1.9 dense, §3.6 2:4): bits 4/8; k % 128; dense n % 64 (vLLM gptq_marlin) with
+// n % 256 needed by the IST kernel for batch > 16 (reported in `rule` when only n % 64 holds);
+// 2:4 n % 256; group -1/32/64/128 dense (IST: -1/128), -1/128 for 2:4; group must divide k.
+MarlinRuleCheck marlin_compatible(int64_t k, int64_t n, int group_size, int bits, bool sparse24);
+
+}  // namespace marlinc

@@ -1,0 +1,83 @@
+// Streaming, atomic safetensors checkpoint writer (spec: ../shared/spec/formats.md §7.1, §7.3).
+// The caller declares every tensor up front (the plan), so the header, shard split and offsets are fixed
+// before any data arrives; tensors then stream in any order and are written with pwrite at their
+// offsets, so memory does not grow with model size. Everything goes to a temporary sibling directory
+// that commit() renames into place; without commit() nothing is left behind.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "checkpoint/dtype.h"
+
+namespace marlinc {
+
+struct TensorSpec {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+};
+
+struct WriterOptions {
+  uint64_t max_shard_bytes = 0;      // tensor bytes per shard; 0 = one file
+  std::string base_name = "model";   // model.safetensors / model-00001-of-0000N.safetensors
+  bool overwrite = false;            // replace an existing non-empty out_dir
+};
+
+class CheckpointWriter {
+ public:
+  // Validates the plan (unique non-empty names, non-negative dims) and creates the temporary directory.
+  CheckpointWriter(std::filesystem::path out_dir, std::vector<TensorSpec> plan, WriterOptions opts = {});
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+  ~CheckpointWriter();  // without commit(): removes the temporary output
+
+  // Writes one planned tensor's bytes (any order; each exactly once; size must equal shape x dtype).
+  void write(const std::string& name, std::span<const uint8_t> bytes);
+  // A non-tensor file in the output directory (e.g. config.json); rel_name is a plain file name or a
+  // relative path without "..".
+  void add_file(const std::string& rel_name, const std::string& contents);
+  void copy_file(const std::filesystem::path& src, const std::string& rel_name);
+  // Checks every tensor was written, writes the index when sharded, fsyncs, renames into place.
+  void commit();
+
+  const std::filesystem::path& out_dir() const { return out_dir_; }
+  const std::filesystem::path& temp_dir() const { return tmp_dir_; }
+  // Shard file name of a planned tensor (after construction the split is fixed).
+  const std::string& shard_of(const std::string& name) const;
+  size_t num_shards() const { return shards_.size(); }
+
+ private:
+  struct Planned {
+    TensorSpec spec;
+    uint64_t nbytes;
+    size_t shard;
+    uint64_t file_offset;  // absolute offset in the shard file
+    bool written = false;
+  };
+  struct Shard {
+    std::string file_name;
+    std::vector<size_t> tensors;  // indices into plan_, in header (offset) order
+    std::string header;           // full prefix: 8-byte length + padded JSON
+    uint64_t data_bytes = 0;
+    int fd = -1;
+  };
+  void abort_output() noexcept;
+  std::filesystem::path out_dir_, tmp_dir_;
+  WriterOptions opts_;
+  std::vector<Planned> plan_;
+  std::vector<size_t> by_name_;  // indices into plan_ sorted by name
+  std::vector<Shard> shards_;
+  bool committed_ = false;
+  size_t find_planned(const std::string& name) const;
+};
+
+// Copies the non-tensor files a serving stack needs (tokenizer*, generation_config.json,
+// special_tokens_map.json, chat_template*, *.tiktoken, tokenizer.model, added_tokens.json, vocab/merges
+// files...) from src_dir into the writer's output. Never copies *.safetensors, the index, config.json,
+// quantize_config.json or quant_config.json: the caller writes those. Returns the copied names, sorted.
+std::vector<std::string> copy_non_tensor_files(const std::filesystem::path& src_dir, CheckpointWriter& w);
+
+}  // namespace marlinc

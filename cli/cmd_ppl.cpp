@@ -1,0 +1,97 @@
+// marlinc ppl: perplexity of a model on a text file with marlinc's own forward pass (CPU, fp32).
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/error.h"
+#include "checkpoint/sha256.h"
+#include "cli/commands.h"
+#include "quantizer/calib/llama.h"
+#include "quantizer/calib/perplexity.h"
+#include "quantizer/calib/tokenizer.h"
+
+namespace marlinc::cli {
+
+namespace {
+
+struct PplArgs {
+  std::string model_dir, text;
+  size_t ctx = 256, stride = 0, max_tokens = 0;
+  bool json = false, quiet = false;
+};
+
+void run_ppl(const PplArgs& a) {
+  using namespace marlinc::calib;
+  std::ifstream f(a.text, std::ios::binary);
+  if (!f) fail(ErrorKind::Io, a.text + ": cannot open the --text file");
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  const std::string text = normalize_newlines(ss.str());
+
+  auto model = LlamaModel::open(a.model_dir);
+  auto tok = load_tokenizer(a.model_dir);
+  if (tok->vocab_size() > model.config().vocab)
+    bad_data(a.model_dir + ": the tokenizer has " + std::to_string(tok->vocab_size()) + " tokens but config.json vocab_size is " +
+             std::to_string(model.config().vocab));
+  std::vector<int32_t> ids = tok->encode(text, true);
+
+  PplOptions opt;
+  opt.ctx = a.ctx;
+  opt.stride = a.stride;
+  opt.max_tokens = a.max_tokens;
+  size_t last_decile = 0;
+  PplProgress progress = [&](size_t done, size_t total, size_t predicted, double nll) {
+    if (a.quiet) return;
+    const size_t decile = done * 10 / total;
+    if (decile == last_decile && done != 1) return;
+    last_decile = decile;
+    std::fprintf(stderr, "ppl: window %zu/%zu, %zu tokens scored, running ppl %.4f\n", done, total, predicted,
+                 std::exp(nll / static_cast<double>(predicted ? predicted : 1)));
+  };
+  PplResult r = perplexity(model, ids, opt, progress);
+  const size_t stride = a.stride ? a.stride : a.ctx;
+  if (a.json) {
+    nlohmann::json j = {{"model", a.model_dir},
+                        {"architecture", model.config().architecture},
+                        {"text", a.text},
+                        {"text_sha256", sha256_file(a.text)},
+                        {"tokenizer", tok->description()},
+                        {"ctx", a.ctx},
+                        {"stride", stride},
+                        {"max_tokens", a.max_tokens},
+                        {"tokens", r.tokens},
+                        {"predicted", r.predicted},
+                        {"windows", r.windows},
+                        {"mean_nll", r.mean_nll},
+                        {"ppl", r.ppl},
+                        {"seconds", r.seconds}};
+    std::cout << j.dump(2) << "\n";
+  } else {
+    std::printf("ppl %.4f  (mean NLL %.6f over %zu predicted tokens; %zu tokens, %zu windows, ctx %zu, stride %zu, %.1f s)\n",
+                r.ppl, r.mean_nll, r.predicted, r.tokens, r.windows, a.ctx, stride, r.seconds);
+  }
+}
+
+}  // namespace
+
+void register_ppl(CLI::App& app) {
+  static PplArgs a;
+  auto* cmd = app.add_subcommand("ppl", "Perplexity of an FP16/BF16/FP32 model on a text file (CPU forward pass)");
+  cmd->add_option("MODEL_DIR", a.model_dir, "Hugging Face model directory (config.json, safetensors, tokenizer)")->required();
+  cmd->add_option("--text", a.text, "UTF-8 text file; CRLF is read as LF; encoded whole, with BOS")->required();
+  cmd->add_option("--ctx", a.ctx, "window length in tokens")->capture_default_str()->check(CLI::Range(2, 1 << 20));
+  cmd->add_option("--stride", a.stride, "tokens between window starts (default: --ctx, non-overlapping)");
+  cmd->add_option("--max-tokens", a.max_tokens, "score only the first N tokens of the text (0: all)");
+  cmd->add_flag("--json", a.json, "print the result as JSON");
+  cmd->add_flag("--quiet", a.quiet, "no progress on stderr");
+  cmd->callback([] {
+    run_ppl(a);
+    set_status(0);
+  });
+}
+
+}  // namespace marlinc::cli

@@ -1,0 +1,12 @@
+// Small output helpers shared by the subcommands.
+#pragma once
+#include <filesystem>
+#include <string>
+
+namespace marlinc::cli {
+
+// Writes `contents` to `path` through a temporary sibling and a rename, so a reader never sees a
+// half-written file and an interrupted run leaves the old file (or none). Throws marlinc::Error (Io).
+void write_file_atomic(const std::filesystem::path& path, const std::string& contents);
+
+}  // namespace marlinc::cli

@@ -1,0 +1,294 @@
+// Host side of the Marlin W4A16 GEMM: argument checks, tile-configuration choice per shape and m,
+// the stripe (stream-K-like) partition across SMs, and the large-m path (dequantize to 16-bit +
+// cuBLAS). The fused kernel lives in marlin_kernel.cuh, instantiated in kernels/generated/*.cu.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <mutex>
+
+#include "kernels/marlin.h"
+#include "kernels/marlin_launch.h"
+
+namespace marlinc::kernels {
+namespace detail {
+
+// Declarations of the generated instantiations (kernels/generated/marlin_dt*_mb*.cu).
+#define MARLINC_DECLARE(DT, MB, TN, TK)                                     \
+  extern template cudaError_t marlin_prepare<DT, MB, TN, TK>(int*, int*); \
+  extern template cudaError_t marlin_launch<DT, MB, TN, TK>(const KernelArgs&, int, int, cudaStream_t);
+#define MARLINC_DECLARE_MB(DT, MB) \
+  MARLINC_DECLARE(DT, MB, 128, 128) MARLINC_DECLARE(DT, MB, 256, 64) MARLINC_DECLARE(DT, MB, 64, 128)
+MARLINC_DECLARE_MB(0, 1) MARLINC_DECLARE_MB(0, 2) MARLINC_DECLARE_MB(0, 3) MARLINC_DECLARE_MB(0, 4)
+MARLINC_DECLARE_MB(1, 1) MARLINC_DECLARE_MB(1, 2) MARLINC_DECLARE_MB(1, 3) MARLINC_DECLARE_MB(1, 4)
+
+namespace {
+
+// The three tile shapes (thread_n, thread_k): 128x128 for small m, 256x64 when A tiles are large
+// (halves A traffic per weight), 64x128 for narrow layers that would otherwise leave SMs idle.
+struct TileShape { int tn, tk; };
+constexpr TileShape kShapes[3] = {{128, 128}, {256, 64}, {64, 128}};
+constexpr int kNumShapes = 3;
+
+using PrepareFn = cudaError_t (*)(int*, int*);
+using LaunchFn = cudaError_t (*)(const KernelArgs&, int, int, cudaStream_t);
+struct Entry { PrepareFn prepare; LaunchFn launch; };
+
+#define MARLINC_ENTRY(DT, MB, TN, TK) Entry{&marlin_prepare<DT, MB, TN, TK>, &marlin_launch<DT, MB, TN, TK>}
+#define MARLINC_ENTRY_MB(DT, MB) \
+  {MARLINC_ENTRY(DT, MB, 128, 128), MARLINC_ENTRY(DT, MB, 256, 64), MARLINC_ENTRY(DT, MB, 64, 128)}
+const Entry kTable[2][kMaxMBlocks][kNumShapes] = {
+    {MARLINC_ENTRY_MB(0, 1), MARLINC_ENTRY_MB(0, 2), MARLINC_ENTRY_MB(0, 3), MARLINC_ENTRY_MB(0, 4)},
+    {MARLINC_ENTRY_MB(1, 1), MARLINC_ENTRY_MB(1, 2), MARLINC_ENTRY_MB(1, 3), MARLINC_ENTRY_MB(1, 4)},
+};
+
+// Occupancy and shared-memory size per (device, kernel), computed once: the launcher is called per
+// layer per token, and cudaFuncSetAttribute + the occupancy query cost host microseconds.
+constexpr int kMaxDevices = 16;
+struct Prepared { int blocks_per_sm = 0, smem = 0; cudaError_t err = cudaSuccess; bool done = false; };
+Prepared g_prepared[kMaxDevices][2][kMaxMBlocks][kNumShapes];
+std::mutex g_prepared_mu;
+
+Prepared prepared(int dev, int dt, int mb, int shape) {
+  std::lock_guard<std::mutex> lock(g_prepared_mu);
+  Prepared& p = g_prepared[dev][dt][mb - 1][shape];
+  if (!p.done) {
+    p.err = kTable[dt][mb - 1][shape].prepare(&p.blocks_per_sm, &p.smem);
+    p.done = true;
+  }
+  return p;
+}
+
+int sm_count(int dev) {
+  static int counts[kMaxDevices] = {};
+  std::lock_guard<std::mutex> lock(g_prepared_mu);
+  if (counts[dev] == 0 && cudaDeviceGetAttribute(&counts[dev], cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+    counts[dev] = 0;
+  return counts[dev];
+}
+
+constexpr size_t kLockBytesPerBlock = sizeof(int);
+constexpr size_t kPartBytesPerBlock = size_t(kMaxMBlocks) * 16 * kMaxThreadN * sizeof(float);
+// 16-bit dequantized weight columns per cuBLAS call: small enough to stay in L2 between the
+// dequantize kernel writing it and cuBLAS reading it (H100 L2: 50 MB).
+constexpr size_t kDequantScratchBytes = size_t(24) << 20;
+
+size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+size_t lock_region(int sms) { return round_up(size_t(sms) * kMaxBlocksPerSm * kLockBytesPerBlock, 256); }
+size_t part_region(int sms) { return size_t(sms) * kMaxBlocksPerSm * kPartBytesPerBlock; }
+
+int ceil_div(int64_t a, int64_t b) { return int((a + b - 1) / b); }
+int m_blocks_for(int m) { return std::min(kMaxMBlocks, ceil_div(m, 16)); }
+
+// Estimated time of one configuration, in units of "weight elements streamed by the busiest block":
+// the stripe length times the tile size, with the tile's A traffic (re-read per tile from L2 into
+// shared memory) and a pipeline refill per slice a block starts as surcharges.
+double config_cost(int m, int n, int k, int sms, int mb, TileShape t) {
+  const int rows = 16 * mb;
+  const int par = ceil_div(m, rows);
+  const int64_t k_tiles = k / t.tk, tiles = int64_t(par) * (n / t.tn) * k_tiles;
+  const int blocks = sms * (mb == 1 ? 2 : 1);
+  const int64_t iters = (tiles + blocks - 1) / blocks;
+  const double tile = double(t.tk) * t.tn;
+  const double a_surcharge = 0.5 * double(rows) / t.tn;  // A bytes per weight byte (0.5 B/weight)
+  const double slices = double(iters) / double(k_tiles) + 1.0;
+  const double refill = 3.0;  // tiles of latency lost when a block starts a new slice
+  return (double(iters) * (1.0 + a_surcharge) + slices * refill) * tile;
+}
+
+int choose_shape(int m, int n, int k, int sms, int mb) {
+  int best = -1;
+  double best_cost = std::numeric_limits<double>::max();
+  for (int i = 0; i < kNumShapes; ++i) {
+    const TileShape t = kShapes[i];
+    if (n % t.tn != 0 || k % t.tk != 0) continue;
+    const double c = config_cost(m, n, k, sms, mb, t);
+    if (c < best_cost * 0.999) {  // ties keep the earlier (preferred) shape
+      best_cost = c;
+      best = i;
+    }
+  }
+  return best;
+}
+
+// ---- dequantize to 16-bit [k, nc] (row-major) for the cuBLAS path ----------------------------------
+
+template <int DT>
+__global__ void __launch_bounds__(128) dequant_kernel(const int32_t* __restrict__ B, const uint16_t* __restrict__ s,
+                                                      uint16_t* __restrict__ W, int n, int groups, int group_shift,
+                                                      int c0, int nc) {
+  // One 16x64 packed block per thread block; word w = 4*i + j belongs to lane i, 16-column tile j (§1.4).
+  __shared__ __align__(16) uint16_t tile[16][72];  // [16, 64] + 8 padding halves per row
+  const int R = blockIdx.y, nt = c0 / 64 + blockIdx.x, w = threadIdx.x;
+  const uint32_t q = uint32_t(B[size_t(R) * 2 * n + 128 * nt + w]);
+  const int i = w / 4, j = w % 4;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const int kk = 8 * (e % 2) + 2 * (i % 4) + e / 4;          // §1.5 inverse
+    const int nn = 16 * j + 8 * ((e / 2) % 2) + i / 4;
+    const int col = 64 * nt + nn;
+    int pos, g;
+    if (groups > 1) {  // grouped perm: 8x8 transpose inside each 64-chunk
+      pos = 64 * (col / 64) + 8 * (col % 8) + (col % 64) / 8;
+      g = (16 * R + kk) >> group_shift;
+    } else {  // per-channel perm inside each 32-chunk
+      const int u = col % 32;
+      pos = 32 * (col / 32) + 8 * ((u % 8) / 2) + 2 * (u / 8) + (u % 2);
+      g = 0;
+    }
+    const uint16_t sv = s[size_t(g) * n + pos];
+    const float code = float(int((q >> (4 * e)) & 0xF) - 8);
+    uint16_t out;
+    if constexpr (DT == 0) {
+      out = __half_as_ushort(__hmul(__float2half_rn(code), __ushort_as_half(sv)));
+    } else {
+      out = __bfloat16_as_ushort(__hmul(__float2bfloat16_rn(code), __ushort_as_bfloat16(sv)));
+    }
+    tile[kk][nn] = out;
+  }
+  __syncthreads();
+  const int r = w / 8, ch = w % 8;
+  *reinterpret_cast<int4*>(W + size_t(16 * R + r) * nc + 64 * blockIdx.x + 8 * ch) =
+      *reinterpret_cast<const int4*>(&tile[r][8 * ch]);
+}
+
+}  // namespace
+}  // namespace detail
+
+using namespace detail;
+
+const char* marlin_status_name(MarlinStatus s) {
+  switch (s) {
+    case MarlinStatus::Ok: return "ok";
+    case MarlinStatus::BadShape: return "bad shape (need m >= 1, n % 64 == 0, k % 128 == 0)";
+    case MarlinStatus::BadGroupSize: return "bad group size (need -1, 32, 64 or 128 dividing k)";
+    case MarlinStatus::BadAlignment: return "pointer not 16-byte aligned";
+    case MarlinStatus::WorkspaceTooSmall: return "workspace too small";
+    case MarlinStatus::NoConfig: return "forced tile configuration does not fit the shape";
+    case MarlinStatus::CudaError: return "CUDA error";
+    case MarlinStatus::CublasError: return "cuBLAS error";
+  }
+  return "unknown";
+}
+
+size_t marlin_workspace_bytes(int num_sms, bool with_dequant_path) {
+  return lock_region(num_sms) + part_region(num_sms) + (with_dequant_path ? kDequantScratchBytes : 0);
+}
+
+int marlin_cublas_min_m(int n, int k) {
+  (void)n;
+  (void)k;
+  return 192;
+}
+
+MarlinTileChoice marlin_choose_tiles(int m, int n, int k, int num_sms) {
+  const int mb = m_blocks_for(m);
+  const int s = choose_shape(m, n, k, num_sms, mb);
+  if (s < 0) return {mb, 0, 0};
+  return {mb, kShapes[s].tn, kShapes[s].tk};
+}
+
+namespace {
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+MarlinStatus run_dequant_cublas(const MarlinGemm& g, int groups, int shift, int sms) {
+  if (!g.cublas) return MarlinStatus::CublasError;
+  if (g.workspace_bytes < marlin_workspace_bytes(sms, true)) return MarlinStatus::WorkspaceTooSmall;
+  uint16_t* W = reinterpret_cast<uint16_t*>(static_cast<char*>(g.workspace) + lock_region(sms) + part_region(sms));
+  cublasHandle_t h = g.cublas;
+  if (cublasSetStream(h, g.stream) != CUBLAS_STATUS_SUCCESS) return MarlinStatus::CublasError;
+  const int64_t cols = int64_t(kDequantScratchBytes / (2 * size_t(g.k)));
+  const int nc_max = int(std::max<int64_t>(64, cols / 64 * 64));
+  if (int64_t(nc_max) * g.k * 2 > int64_t(kDequantScratchBytes)) return MarlinStatus::BadShape;  // k too deep
+  const float alpha = 1.f, beta = 0.f;
+  const cudaDataType_t dt = g.act == ActType::F16 ? CUDA_R_16F : CUDA_R_16BF;
+  for (int c0 = 0; c0 < g.n; c0 += nc_max) {
+    const int nc = std::min(nc_max, g.n - c0);
+    const dim3 grid(nc / 64, g.k / 16);
+    const auto* s16 = static_cast<const uint16_t*>(g.s);
+    if (g.act == ActType::F16)
+      dequant_kernel<0><<<grid, 128, 0, g.stream>>>(g.B, s16, W, g.n, groups, shift, c0, nc);
+    else
+      dequant_kernel<1><<<grid, 128, 0, g.stream>>>(g.B, s16, W, g.n, groups, shift, c0, nc);
+    if (cudaGetLastError() != cudaSuccess) return MarlinStatus::CudaError;
+    // Row-major C[m, n] is column-major C^T [n, m]: C^T[c0:c0+nc, :] = W^T (col-major [nc, k]) · A^T.
+    void* Cc = static_cast<char*>(g.C) + size_t(c0) * 2;
+    if (cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, nc, g.m, g.k, &alpha, W, dt, nc, g.A, dt, g.k, &beta, Cc, dt, g.n,
+                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
+      return MarlinStatus::CublasError;
+  }
+  return MarlinStatus::Ok;
+}
+
+}  // namespace
+
+MarlinStatus marlin_gemm(const MarlinGemm& g) {
+  if (g.m < 1 || g.n < 64 || g.k < 128 || g.n % 64 != 0 || g.k % 128 != 0) return MarlinStatus::BadShape;
+  if (int64_t(g.m) * g.n > int64_t(1) << 40 || int64_t(g.k) * g.n / 8 > std::numeric_limits<int32_t>::max() * int64_t(4))
+    return MarlinStatus::BadShape;
+  int groups = 1, shift = 0;
+  if (g.group_size != -1) {
+    if (g.group_size != 32 && g.group_size != 64 && g.group_size != 128) return MarlinStatus::BadGroupSize;
+    if (g.k % g.group_size != 0) return MarlinStatus::BadGroupSize;
+    groups = g.k / g.group_size;  // == 1 when group_size == k: per-channel layout and semantics (§1.6)
+    shift = g.group_size == 32 ? 5 : g.group_size == 64 ? 6 : 7;
+  }
+  if (!aligned16(g.A) || !aligned16(g.B) || !aligned16(g.s) || !aligned16(g.C) || !aligned16(g.workspace))
+    return MarlinStatus::BadAlignment;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return MarlinStatus::CudaError;
+  const int sms = g.num_sms > 0 ? g.num_sms : sm_count(dev);
+  if (sms <= 0) return MarlinStatus::CudaError;
+
+  bool use_cublas = g.path == MarlinPath::DequantCublas;
+  if (g.path == MarlinPath::Auto && g.cublas && g.m >= marlin_cublas_min_m(g.n, g.k) &&
+      g.workspace_bytes >= marlin_workspace_bytes(sms, true))
+    use_cublas = true;
+  if (use_cublas) return run_dequant_cublas(g, groups, shift, sms);
+
+  if (g.workspace_bytes < marlin_workspace_bytes(sms, false)) return MarlinStatus::WorkspaceTooSmall;
+  const int mb = m_blocks_for(g.m);
+  int shape = -1;
+  if (g.thread_k != 0 || g.thread_n != 0) {
+    for (int i = 0; i < kNumShapes; ++i)
+      if (kShapes[i].tk == g.thread_k && kShapes[i].tn == g.thread_n) shape = i;
+    if (shape < 0 || g.n % kShapes[shape].tn != 0 || g.k % kShapes[shape].tk != 0) return MarlinStatus::NoConfig;
+  } else {
+    shape = choose_shape(g.m, g.n, g.k, sms, mb);
+    if (shape < 0) return MarlinStatus::NoConfig;
+  }
+  const int dt = g.act == ActType::F16 ? 0 : 1;
+  const Prepared pr = prepared(dev, dt, mb, shape);
+  if (pr.err != cudaSuccess || pr.blocks_per_sm < 1) return MarlinStatus::CudaError;
+
+  const TileShape t = kShapes[shape];
+  const int rows = 16 * mb;
+  const int par = ceil_div(g.m, rows);
+  const int64_t tiles = int64_t(par) * (g.n / t.tn) * (g.k / t.tk);
+  if (tiles > std::numeric_limits<int>::max() / 2) return MarlinStatus::BadShape;
+  const int max_blocks = sms * std::min(pr.blocks_per_sm, kMaxBlocksPerSm);
+  const int iters = ceil_div(tiles, max_blocks);
+  const int grid = ceil_div(tiles, iters);
+
+  KernelArgs a{};
+  a.A = g.A;
+  a.B = g.B;
+  a.s = g.s;
+  a.C = g.C;
+  a.locks = static_cast<int*>(g.workspace);
+  a.red = reinterpret_cast<float*>(static_cast<char*>(g.workspace) + lock_region(sms));
+  a.m = g.m;
+  a.n = g.n;
+  a.k = g.k;
+  a.groups = groups;
+  a.group_shift = shift;
+  a.par = par;
+  a.iters = iters;
+  if (kTable[dt][mb - 1][shape].launch(a, grid, pr.smem, g.stream) != cudaSuccess) return MarlinStatus::CudaError;
+  return MarlinStatus::Ok;
+}
+
+}  // namespace marlinc::kernels

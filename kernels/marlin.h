@@ -1,0 +1,68 @@
+// Host API of marlinc's Marlin W4A16 GEMM (CUDA): C[m, n] = A[m, k] · dequant(B, s), consuming exactly
+// the packed layout of ../shared/spec/formats.md §1 (B int32 [k/16, 2n], permuted scales [G, n]).
+// Raw device pointers, a stream and a caller-owned workspace; every entry point returns a status and
+// never throws or prints. Only available in CUDA builds (MARLINC_HAVE_CUDA).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/act_type.h"
+
+struct cublasContext;  // cublasHandle_t is `cublasContext*`; callers that want the large-m path pass one
+
+namespace marlinc::kernels {
+
+enum class MarlinStatus {
+  Ok = 0,
+  BadShape,           // m < 1, n % 64 != 0, k % 128 != 0, or sizes that overflow int indexing
+  BadGroupSize,       // group_size not in {-1, 32, 64, 128} or not dividing k
+  BadAlignment,       // A, B, s, C or workspace not 16-byte aligned
+  WorkspaceTooSmall,  // workspace_bytes < marlin_workspace_bytes(...) for the chosen path
+  NoConfig,           // a forced tile config that does not fit the shape
+  CudaError,          // a CUDA runtime call failed (the sticky error is left for the caller to read)
+  CublasError,        // the dequantize + cuBLAS path failed
+};
+const char* marlin_status_name(MarlinStatus s);
+
+enum class MarlinPath {
+  Auto,           // Marlin kernel below the measured large-m threshold, dequantize + cuBLAS above it
+  Marlin,         // always the fused kernel
+  DequantCublas,  // always dequantize to a 16-bit scratch and call cuBLAS (needs `cublas`)
+};
+
+struct MarlinGemm {
+  const void* A = nullptr;     // [m, k] fp16/bf16, row-major
+  const int32_t* B = nullptr;  // [k/16, 2n] Marlin-packed uint4b8 codes
+  const void* s = nullptr;     // [G, n] Marlin-permuted fp16/bf16 scales (G = k/group_size, or 1)
+  void* C = nullptr;           // [m, n] fp16/bf16, row-major (fully overwritten)
+  int m = 0, n = 0, k = 0;
+  int group_size = -1;         // -1 (per-channel), 32, 64 or 128; group_size == k counts as per-channel
+  ActType act = ActType::F16;
+  // int32 locks + fp32 partial tiles (+ the dequantize scratch when that path may run). Zero it once
+  // before the first call; every call leaves the locks zero again, so it is reused across calls.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  cudaStream_t stream = nullptr;
+  cublasContext* cublas = nullptr;  // optional; its stream is set to `stream`
+  int num_sms = 0;                  // 0: read from the current device
+  MarlinPath path = MarlinPath::Auto;
+  int thread_k = 0, thread_n = 0;   // 0: chosen per shape and m; else force (128,128), (64,256) or (128,64)
+};
+
+// Workspace bytes for a device with `num_sms` multiprocessors; `with_dequant_path` adds the 16-bit
+// scratch that the large-m (dequantize + cuBLAS) path streams through.
+size_t marlin_workspace_bytes(int num_sms, bool with_dequant_path);
+
+// Runs the GEMM on `stream` (asynchronously). Safe to capture in a CUDA graph.
+MarlinStatus marlin_gemm(const MarlinGemm& g);
+
+// Smallest m at which Auto takes the dequantize + cuBLAS path (measured, docs/PERF.md).
+int marlin_cublas_min_m(int n, int k);
+
+// The tile configuration Auto picks for (m, n, k) on `num_sms` SMs (for benchmarks and tests).
+struct MarlinTileChoice { int thread_m_blocks, thread_n, thread_k; };
+MarlinTileChoice marlin_choose_tiles(int m, int n, int k, int num_sms);
+
+}  // namespace marlinc::kernels

@@ -1,0 +1,405 @@
+// The fused Marlin W4A16 kernel (our implementation of the design in the Marlin paper), templated on
+// element type DT (0 fp16, 1 bf16), MB (16-row m blocks per tile), TN/TK (tile width/depth). Only the
+// generated translation units include this file, so each configuration compiles in parallel.
+//
+// Data flow per thread block: a stripe of consecutive (k-tile) iterations over column slices, loaded
+// with a multi-stage cp.async pipeline (A with an XOR swizzle for conflict-free ldmatrix, B streamed
+// once with plain 16-byte cp.async.cg, grouped scales beside them), int4 -> 16-bit dequantization with
+// lop3 straight into mma.sync.m16n8k16 B fragments, warps splitting k inside a tile and reducing
+// through shared memory, and blocks that share a column slice reducing in fp32 through the workspace
+// under a per-slice lock. Layout facts: formats.md §1.3-§1.6.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "kernels/marlin_launch.h"
+
+namespace marlinc::kernels::detail {
+
+// ---- small PTX wrappers -------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global -> shared copy; `pred == false` zero-fills (rows of A past m) without reading.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool pred) {
+  const int n = pred ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// (a & b) | c in one instruction: masks a nibble pair and ORs in the exponent of a magic number.
+__device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+template <int DT>
+__device__ __forceinline__ void mma_16816(const uint32_t (&a)[4], uint32_t b0, uint32_t b1, float (&c)[4]) {
+  if constexpr (DT == 0) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// One packed word -> four 16-bit pairs (q - 8): f[0] = (e0,e1), f[1] = (e2,e3) are the b0/b1 registers
+// of the B fragment for column c of the 16-wide tile, f[2], f[3] the same for column c + 8 (§1.3: the
+// 64207531 interleave puts (e0,e1) in nibbles 0/4, (e2,e3) in 1/5, (e4,e5) in 2/6, (e6,e7) in 3/7).
+template <int DT>
+__device__ __forceinline__ void dequant8(uint32_t q, uint32_t (&f)[4]) {
+  if constexpr (DT == 0) {
+    // fp16: 0x6400 is 1024.0 whose ulp is 1, so OR-ing a nibble into the mantissa gives 1024 + v;
+    // the high nibble lands as 1024 + 16 v and is scaled by 1/16 while subtracting (64 + 8).
+    constexpr uint32_t kLo = 0x000f000f, kHi = 0x00f000f0, kExp = 0x64006400;
+    constexpr uint32_t kSub = 0x64086408;  // 1032 = 1024 + 8 (fuses the uint4b8 zero point)
+    constexpr uint32_t kMul = 0x2c002c00;  // 1/16
+    constexpr uint32_t kAdd = 0xd480d480;  // -72 = -(64 + 8)
+    const uint32_t lo0 = lop3_and_or(q, kLo, kExp), hi0 = lop3_and_or(q, kHi, kExp);
+    q >>= 8;
+    const uint32_t lo1 = lop3_and_or(q, kLo, kExp), hi1 = lop3_and_or(q, kHi, kExp);
+    asm("sub.f16x2 %0, %1, %2;\n" : "=r"(f[0]) : "r"(lo0), "r"(kSub));
+    asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(f[1]) : "r"(hi0), "r"(kMul), "r"(kAdd));
+    asm("sub.f16x2 %0, %1, %2;\n" : "=r"(f[2]) : "r"(lo1), "r"(kSub));
+    asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(f[3]) : "r"(hi1), "r"(kMul), "r"(kAdd));
+  } else {
+    // bf16 has a 7-bit mantissa, so 16 v would not fit: each nibble pair is shifted to the bottom and
+    // OR-ed into 0x4300 (128.0, ulp 1), then 136 = 128 + 8 is subtracted with an fma by 1.0.
+    constexpr uint32_t kLo = 0x000f000f, kExp = 0x43004300;
+    constexpr uint32_t kOne = 0x3f803f80, kNeg136 = 0xc308c308;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t x = lop3_and_or(q >> (4 * i), kLo, kExp);
+      asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(f[i]) : "r"(x), "r"(kOne), "r"(kNeg136));
+    }
+  }
+}
+
+// Multiplies a dequantized pair by a scale broadcast to both halves.
+template <int DT>
+__device__ __forceinline__ uint32_t scale_pair(uint32_t f, uint32_t s2) {
+  uint32_t d;
+  if constexpr (DT == 0) {
+    asm("mul.f16x2 %0, %1, %2;\n" : "=r"(d) : "r"(f), "r"(s2));
+  } else {
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(f), "r"(s2), "r"(0x80008000u));  // + (-0)
+  }
+  return d;
+}
+
+template <int DT>
+__device__ __forceinline__ float to_float(uint16_t h) {
+  if constexpr (DT == 0) return __half2float(__ushort_as_half(h));
+  else return __bfloat162float(__ushort_as_bfloat16(h));
+}
+template <int DT>
+__device__ __forceinline__ uint32_t pack2(float a, float b) {
+  if constexpr (DT == 0) {
+    const __half2 h = __floats2half2_rn(a, b);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+}
+
+__device__ __forceinline__ int ld_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// ---- the kernel ------------------------------------------------------------------------------------
+
+template <int MB, int TN, int TK>
+struct Shape {
+  static constexpr int kWarps = kThreads / 32;
+  static constexpr int kNWarps = TN / 64;             // a warp owns 64 output columns
+  static constexpr int kKWarps = kWarps / kNWarps;    // the rest split the tile's k16 blocks
+  static constexpr int kKB = TK / 16;                 // k16 blocks per tile
+  static constexpr int kKBPerWarp = kKB / kKWarps;
+  static constexpr int kRows = MB * 16;
+  // More stages where the A tile is small: keeps more weight bytes in flight per SM at small m.
+  static constexpr int kStages = MB == 1 ? 6 : 4;
+  static constexpr int kAChunks = TK / 8;             // 16-byte chunks per A row
+  static constexpr int kAStage = kRows * kAChunks;    // int4 per stage
+  static constexpr int kBRow = TN / 2;                // int4 per 16-row of B in the tile (TN*16/8 words)
+  static constexpr int kBStage = kKB * kBRow;
+  static constexpr int kSRows = TK / 32 > 1 ? TK / 32 : 1;  // groups a tile can span (g >= 32)
+  static constexpr int kSRow = TN / 8;
+  static constexpr int kSStage = kSRows * kSRow;
+  static constexpr int kStage = kAStage + kBStage + kSStage;
+  static constexpr int kAcc = MB * 8;                 // float4 accumulators per thread
+  static constexpr int kRed = (kKWarps / 2) * kNWarps * kAcc * 32;  // float4 for the k-warp reduction
+  static constexpr int kSmemInt4 = kStages * kStage > kRed ? kStages * kStage : kRed;
+  static constexpr int kSmemBytes = kSmemInt4 * 16;
+
+  static_assert(TN % 64 == 0 && kWarps % kNWarps == 0, "a warp owns 64 columns (one 16x64 packed block)");
+  static_assert(kKB % kKWarps == 0 && kKBPerWarp >= 1, "k-warps split the tile's k16 blocks evenly");
+  static_assert(kAChunks >= 8, "the A swizzle XORs the chunk index with row % 8");
+  static_assert((kKWarps & (kKWarps - 1)) == 0, "tree reduction over a power-of-two number of k-warps");
+  static_assert(MB >= 1 && MB <= kMaxMBlocks && TN <= kMaxThreadN, "workspace slots are sized for these");
+};
+
+template <int DT, int MB, int TN, int TK>
+__global__ void __launch_bounds__(kThreads) marlin_kernel(const KernelArgs p) {
+  using S = Shape<MB, TN, TK>;
+  extern __shared__ int4 sh[];
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wn = warp % S::kNWarps, wk = warp / S::kNWarps;
+  const int k_tiles = p.k / TK, n_tiles = p.n / TN;
+  const int total = p.par * n_tiles * k_tiles;
+  const int a_row = p.k / 8;  // int4 per row of A
+  const int b_row = p.n / 2;  // int4 per row of B (2n words)
+  const int s_row = p.n / 8;  // int4 per row of s
+  const bool grouped = p.groups > 1;
+  const int4* A = static_cast<const int4*>(p.A);
+  const int4* B = reinterpret_cast<const int4*>(p.B);
+  const int4* Sc = static_cast<const int4*>(p.s);
+
+  int it = blockIdx.x * p.iters;
+  const int it_end = min(it + p.iters, total);
+
+  while (it < it_end) {
+    const int slice = it / k_tiles;  // (row chunk, column tile) pair
+    const int kt0 = it % k_tiles;
+    const int cnt = min(it_end, (slice + 1) * k_tiles) - it;
+    const int pc = slice / n_tiles, ncol = slice % n_tiles;
+    const int row0 = pc * S::kRows;
+
+    auto load_tile = [&](int st, int kt) {
+      int4* sA = sh + st * S::kStage;
+      int4* sB = sA + S::kAStage;
+      int4* sS = sB + S::kBStage;
+#pragma unroll
+      for (int i0 = 0; i0 < S::kAStage; i0 += kThreads) {
+        const int i = i0 + tid;
+        if (S::kAStage % kThreads == 0 || i < S::kAStage) {
+          const int r = i / S::kAChunks, c = i % S::kAChunks;
+          const bool ok = row0 + r < p.m;
+          const int4* src = A + size_t(ok ? row0 + r : 0) * a_row + kt * S::kAChunks + c;
+          cp_async16(sA + r * S::kAChunks + (c ^ (r & 7)), src, ok);
+        }
+      }
+#pragma unroll
+      for (int i0 = 0; i0 < S::kBStage; i0 += kThreads) {
+        const int i = i0 + tid;
+        if (S::kBStage % kThreads == 0 || i < S::kBStage) {
+          const int r = i / S::kBRow, c = i % S::kBRow;
+          cp_async16(sB + i, B + size_t(kt * S::kKB + r) * b_row + ncol * S::kBRow + c, true);
+        }
+      }
+      if (grouped) {
+        const int g0 = (kt * TK) >> p.group_shift;
+        const int rows = (TK >> p.group_shift) > 1 ? (TK >> p.group_shift) : 1;
+        for (int i = tid; i < rows * S::kSRow; i += kThreads) {
+          const int r = i / S::kSRow, c = i % S::kSRow;
+          cp_async16(sS + i, Sc + size_t(g0 + r) * s_row + ncol * S::kSRow + c, true);
+        }
+      }
+    };
+
+    float acc[S::kAcc][4];
+#pragma unroll
+    for (int a = 0; a < S::kAcc; ++a) acc[a][0] = acc[a][1] = acc[a][2] = acc[a][3] = 0.f;
+
+    auto compute_tile = [&](int st) {
+      const int4* sA = sh + st * S::kStage;
+      const int4* sB = sA + S::kAStage;
+      const int4* sS = sB + S::kBStage;
+#pragma unroll
+      for (int kk = 0; kk < S::kKBPerWarp; ++kk) {
+        const int kb = wk * S::kKBPerWarp + kk;
+        uint32_t a[MB][4];
+#pragma unroll
+        for (int mb = 0; mb < MB; ++mb) {
+          const int r = mb * 16 + (lane & 15), c = kb * 2 + (lane >> 4);
+          ldmatrix_x4(a[mb], sA + r * S::kAChunks + (c ^ (r & 7)));
+        }
+        const int4 bq = sB[kb * S::kBRow + wn * 32 + lane];
+        int4 sv = make_int4(0, 0, 0, 0);
+        if (grouped) sv = sS[((kb * 16) >> p.group_shift) * S::kSRow + wn * 8 + (lane >> 2)];
+        const uint32_t words[4] = {uint32_t(bq.x), uint32_t(bq.y), uint32_t(bq.z), uint32_t(bq.w)};
+        const uint32_t sw[4] = {uint32_t(sv.x), uint32_t(sv.y), uint32_t(sv.z), uint32_t(sv.w)};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          uint32_t f[4];
+          dequant8<DT>(words[j], f);
+          if (grouped) {
+            // Scale halves 2j (column 16j + c) and 2j + 1 (column 16j + c + 8), §1.6 grouped perm.
+            const uint32_t s_lo = __byte_perm(sw[j], 0, 0x1010), s_hi = __byte_perm(sw[j], 0, 0x3232);
+            f[0] = scale_pair<DT>(f[0], s_lo);
+            f[1] = scale_pair<DT>(f[1], s_lo);
+            f[2] = scale_pair<DT>(f[2], s_hi);
+            f[3] = scale_pair<DT>(f[3], s_hi);
+          }
+#pragma unroll
+          for (int mb = 0; mb < MB; ++mb) {
+            mma_16816<DT>(a[mb], f[0], f[1], acc[mb * 8 + 2 * j]);
+            mma_16816<DT>(a[mb], f[2], f[3], acc[mb * 8 + 2 * j + 1]);
+          }
+        }
+      }
+    };
+
+    // Pipeline: STAGES-1 tiles in flight ahead of the one being computed; one barrier per tile both
+    // publishes the landed tile and retires the stage the next load overwrites.
+#pragma unroll
+    for (int st = 0; st < S::kStages - 1; ++st) {
+      if (st < cnt) load_tile(st, kt0 + st);
+      cp_async_commit();
+    }
+    int st_read = 0, st_write = S::kStages - 1;
+    for (int t = 0; t < cnt; ++t) {
+      cp_async_wait<S::kStages - 2>();
+      __syncthreads();
+      if (t + S::kStages - 1 < cnt) load_tile(st_write, kt0 + t + S::kStages - 1);
+      cp_async_commit();
+      compute_tile(st_read);
+      st_read = st_read + 1 == S::kStages ? 0 : st_read + 1;
+      st_write = st_write + 1 == S::kStages ? 0 : st_write + 1;
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+
+    // Reduce the k-warps' partial sums through shared memory (tree: halves the active warps per step).
+    if constexpr (S::kKWarps > 1) {
+      float4* red = reinterpret_cast<float4*>(sh);
+#pragma unroll
+      for (int step = S::kKWarps / 2; step >= 1; step /= 2) {
+        if (wk >= step && wk < 2 * step) {
+          float4* dst = red + ((wk - step) * S::kNWarps + wn) * (S::kAcc * 32);
+#pragma unroll
+          for (int a = 0; a < S::kAcc; ++a) dst[a * 32 + lane] = make_float4(acc[a][0], acc[a][1], acc[a][2], acc[a][3]);
+        }
+        __syncthreads();
+        if (wk < step) {
+          const float4* src = red + (wk * S::kNWarps + wn) * (S::kAcc * 32);
+#pragma unroll
+          for (int a = 0; a < S::kAcc; ++a) {
+            const float4 v = src[a * 32 + lane];
+            acc[a][0] += v.x; acc[a][1] += v.y; acc[a][2] += v.z; acc[a][3] += v.w;
+          }
+        }
+        __syncthreads();
+      }
+    }
+
+    // Blocks sharing this slice: ordered so the block that reaches its part first (the one holding the
+    // slice's last k-tiles at the start of its stripe) goes first, and the slice's first block, which
+    // gets there last, adds the final partial and writes C. Partial tiles are fp32.
+    const int first_b = (slice * k_tiles) / p.iters;
+    const int last_b = ((slice + 1) * k_tiles - 1) / p.iters;
+    const int count = last_b - first_b + 1;
+    const int idx = last_b - int(blockIdx.x);
+    const int valid_rows = min(S::kRows, p.m - row0);
+    if (count > 1) {
+      int* lock = p.locks + first_b;
+      float* part = p.red + size_t(first_b) * (S::kRows * TN);  // [kRows, TN]
+      if (tid == 0)
+        while (ld_acquire(lock) != idx) {
+        }
+      __syncthreads();
+      if (wk == 0) {
+#pragma unroll
+        for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+          for (int t = 0; t < 8; ++t)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int r = mb * 16 + (lane >> 2) + 8 * h;
+              const int c = wn * 64 + 8 * t + 2 * (lane & 3);
+              if (r < valid_rows) {
+                float2* ptr = reinterpret_cast<float2*>(part + r * TN + c);
+                float* v = &acc[mb * 8 + t][2 * h];
+                if (idx > 0) {
+                  const float2 o = __ldcg(ptr);
+                  v[0] += o.x;
+                  v[1] += o.y;
+                }
+                if (idx < count - 1) __stcg(ptr, make_float2(v[0], v[1]));
+              }
+            }
+        __threadfence();
+      }
+      __syncthreads();
+      if (tid == 0) atomicExch(lock, idx == count - 1 ? 0 : idx + 1);  // the last one re-zeroes the lock
+    }
+
+    if ((count == 1 || idx == count - 1) && wk == 0) {
+      uint16_t* C = static_cast<uint16_t*>(p.C);
+      const uint16_t* s16 = static_cast<const uint16_t*>(p.s);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        // Per-channel scales (§1.6 single perm): the lane's 8 values for n8 tiles 4*half..4*half+3 are
+        // one contiguous 16-byte run at 32*(n/32) + 8*(lane%4).
+        float sc[8];
+        if (!grouped) {
+          const int4 v = *reinterpret_cast<const int4*>(s16 + ncol * TN + wn * 64 + 32 * half + 8 * (lane & 3));
+          const uint16_t* hv = reinterpret_cast<const uint16_t*>(&v);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) sc[e] = to_float<DT>(hv[e]);
+        }
+#pragma unroll
+        for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+          for (int tt = 0; tt < 4; ++tt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int t = 4 * half + tt;
+              const int r = mb * 16 + (lane >> 2) + 8 * h;
+              if (r < valid_rows) {
+                const int c = ncol * TN + wn * 64 + 8 * t + 2 * (lane & 3);
+                float v0 = acc[mb * 8 + t][2 * h], v1 = acc[mb * 8 + t][2 * h + 1];
+                if (!grouped) {
+                  v0 *= sc[2 * tt];
+                  v1 *= sc[2 * tt + 1];
+                }
+                *reinterpret_cast<uint32_t*>(C + size_t(row0 + r) * p.n + c) = pack2<DT>(v0, v1);
+              }
+            }
+      }
+    }
+    it += cnt;
+    __syncthreads();  // the next slice's prologue overwrites the reduction area
+  }
+}
+
+template <int DT, int MB, int TN, int TK>
+cudaError_t marlin_prepare(int* blocks_per_sm, int* smem_bytes) {
+  using S = Shape<MB, TN, TK>;
+  auto kern = marlin_kernel<DT, MB, TN, TK>;
+  cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes);
+  if (e != cudaSuccess) return e;
+  *smem_bytes = S::kSmemBytes;
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, kern, kThreads, S::kSmemBytes);
+}
+
+template <int DT, int MB, int TN, int TK>
+cudaError_t marlin_launch(const KernelArgs& a, int grid, int smem_bytes, cudaStream_t stream) {
+  marlin_kernel<DT, MB, TN, TK><<<grid, kThreads, smem_bytes, stream>>>(a);
+  return cudaGetLastError();
+}
+
+#define MARLINC_INSTANTIATE(DT, MB, TN, TK)                                                   \
+  template cudaError_t marlin_prepare<DT, MB, TN, TK>(int*, int*);                            \
+  template cudaError_t marlin_launch<DT, MB, TN, TK>(const KernelArgs&, int, int, cudaStream_t);
+
+}  // namespace marlinc::kernels::detail

@@ -1,0 +1,40 @@
+// Internal: the argument block of the fused Marlin kernel and the per-configuration entry points that
+// the generated translation units (kernels/generated/*.cu) instantiate. Included by .cu files only.
+#pragma once
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace marlinc::kernels::detail {
+
+// Rows of A per 16-row "m block"; a thread block computes MB of them (MB = 1..4, i.e. 16..64 rows).
+constexpr int kMaxMBlocks = 4;
+// Widest tile the workspace's fp32 partial-tile slots are sized for (thread_n = 256).
+constexpr int kMaxThreadN = 256;
+// At most this many co-resident blocks per SM are launched; the stripe reduction needs all blocks of
+// one launch resident at once, and the workspace has one lock + partial-tile slot per block.
+constexpr int kMaxBlocksPerSm = 2;
+constexpr int kThreads = 256;  // 8 warps: warps split n (64 columns each) and then k inside a tile
+
+struct KernelArgs {
+  const void* A;        // [m, k] 16-bit activations
+  const int32_t* B;     // [k/16, 2n] packed codes
+  const void* s;        // [G, n] permuted scales
+  void* C;              // [m, n] output
+  int* locks;           // [grid] stripe-reduction locks (zero between launches)
+  float* red;           // [grid, MB*16*thread_n] fp32 partial tiles
+  int m, n, k;
+  int groups;           // G; 1 = per-channel (scales applied to the output)
+  int group_shift;      // log2(group_size) when groups > 1
+  int par;              // row chunks of MB*16 rows
+  int iters;            // k-tiles per block (the stripe length)
+};
+
+// Dynamic shared memory bytes and occupancy (blocks per SM) of one configuration; also raises the
+// kernel's dynamic shared-memory limit. Returns a CUDA error code (cudaSuccess = 0).
+template <int DT, int MB, int TN, int TK>
+cudaError_t marlin_prepare(int* blocks_per_sm, int* smem_bytes);
+template <int DT, int MB, int TN, int TK>
+cudaError_t marlin_launch(const KernelArgs& a, int grid, int smem_bytes, cudaStream_t stream);
+
+}  // namespace marlinc::kernels::detail

@@ -1,0 +1,170 @@
+// Dispatch over formats: describe/read a module by its source format, and the target rules, plans
+// and writers by target. The per-format code lives in gptq_adapter.cpp, marlin_adapter.cpp,
+// ct_adapter.cpp.
+#include <algorithm>
+
+#include "checkpoint/half.h"
+#include "packer/adapters.h"
+#include "packer/formats/common.h"
+
+namespace marlinc {
+
+using fmt::tname;
+
+ModuleDesc describe_module(const Checkpoint& ck, const std::string& prefix, const FormatInfo& fi) {
+  switch (fi.format) {
+    case Format::GptqV1:
+    case Format::GptqV2: return describe_gptq(ck, prefix, fi);
+    case Format::Marlin: return describe_marlin(ck, prefix);
+    case Format::Marlin24: return describe_marlin24(ck, prefix);
+    case Format::Awq: return describe_awq(ck, prefix, fi);
+    case Format::CompressedTensorsPack: return describe_compressed_tensors(ck, prefix, fi);
+    case Format::CompressedTensorsMarlin24: return describe_ct_marlin24(ck, prefix);
+    default: break;
+  }
+  bad_data(ck.source().string() + ": " + prefix + ": no adapter reads format " + format_name(fi.format));
+}
+
+std::vector<ModuleDesc> describe_modules(const Checkpoint& ck, const FormatInfo& fi) {
+  std::vector<ModuleDesc> out;
+  for (const auto& p : quantized_modules(ck, fi.format)) out.push_back(describe_module(ck, p, fi));
+  return out;
+}
+
+QuantizedLinear read_module(const Checkpoint& ck, const ModuleDesc& d, const FormatInfo& fi) {
+  switch (d.format) {
+    case Format::GptqV1:
+    case Format::GptqV2: return read_gptq(ck, d.prefix, fi);
+    case Format::Marlin: return read_marlin(ck, d.prefix, fi);
+    case Format::Marlin24: return read_marlin24(ck, d.prefix, fi);
+    case Format::Awq: return read_awq(ck, d.prefix, fi);
+    case Format::CompressedTensorsPack: return read_compressed_tensors(ck, d.prefix, fi);
+    case Format::CompressedTensorsMarlin24: return read_ct_marlin24(ck, d.prefix, fi);
+    default: break;
+  }
+  bad_data(d.prefix + ": no adapter reads format " + format_name(d.format));
+}
+
+std::string target_rule(TargetFormat t, const ModuleDesc& d) {
+  const int pf = 32 / d.bits;  // codes per int32 word
+  const int group = d.groups == 1 ? -1 : d.group_size;
+  auto kn = [&] { return " (k = " + std::to_string(d.k) + ", n = " + std::to_string(d.n) + ")"; };
+  switch (t) {
+    case TargetFormat::Marlin: {
+      MarlinRuleCheck c = marlin_compatible(d.k, d.n, group, d.bits, false);
+      if (!c.ok) return c.rule;
+      if (!d.sym && d.bits != 4)
+        return "Marlin zero points exist for 4-bit codes only (vLLM type uint4); this layer is " +
+               std::to_string(d.bits) + "-bit asymmetric";
+      return "";
+    }
+    case TargetFormat::Marlin24: {
+      MarlinRuleCheck c = marlin_compatible(d.k, d.n, group, d.bits, true);
+      if (!c.ok) return c.rule;
+      if (!d.sym) return "Sparse-Marlin stores symmetric codes only; this layer has zero points";
+      if (d.act_order) return "Sparse-Marlin has no act-order (g_idx); re-quantize with static groups";
+      return "";
+    }
+    case TargetFormat::GptqV1:
+    case TargetFormat::GptqV2:
+      if (d.k % pf != 0) return "GPTQ qweight packs " + std::to_string(pf) + " rows per int32: k % " + std::to_string(pf) + " == 0" + kn();
+      if (d.n % pf != 0) return "GPTQ qzeros pack " + std::to_string(pf) + " columns per int32: n % " + std::to_string(pf) + " == 0" + kn();
+      if (t == TargetFormat::GptqV1 && !d.sym && d.min_zero == 0)
+        return "GPTQ v1 stores zero - 1, so a zero point of 0 overflows (formats.md §4.3); use --to gptq_v2";
+      return "";
+    case TargetFormat::CompressedTensors:
+      if (!d.sym && d.n % pf != 0)
+        return "compressed-tensors weight_zero_point packs " + std::to_string(pf) + " rows of n per int32: n % " +
+               std::to_string(pf) + " == 0" + kn();
+      return "";
+    case TargetFormat::Awq:
+      if (d.bits != 4) return "AWQ GEMM packs 4-bit codes only; this layer is " + std::to_string(d.bits) + "-bit";
+      if (d.n % 8 != 0) return "AWQ packs 8 columns per int32: n % 8 == 0" + kn();
+      if (d.act_order) return "AWQ has no g_idx (act-order); use --to gptq or marlin";
+      return "";
+  }
+  return "";
+}
+
+std::vector<TensorSpec> plan_module(TargetFormat t, const ModuleDesc& d) {
+  const DType sd = fmt::dtype_of(d.scale_type);
+  const int64_t G = d.groups, k = d.k, n = d.n, b = d.bits;
+  const std::string& p = d.prefix;
+  switch (t) {
+    case TargetFormat::Marlin: {
+      std::vector<TensorSpec> v = {{tname(p, "B"), DType::I32, {k / 16, n * b / 2}}, {tname(p, "s"), sd, {G, n}}};
+      if (!d.sym) v.push_back({tname(p, "qzeros"), DType::I32, {G, n * b / 32}});
+      if (d.act_order) {
+        v.push_back({tname(p, "g_idx"), DType::I32, {k}});
+        v.push_back({tname(p, "perm"), DType::I32, {k}});
+      }
+      return v;
+    }
+    case TargetFormat::Marlin24:
+      return {{tname(p, "B_24"), DType::I32, {k / 32, n * b / 2}},
+              {tname(p, "B_meta"), DType::I16, {k / 32, 2 * n}},
+              {tname(p, "s"), sd, {G, n}}};
+    case TargetFormat::GptqV1:
+    case TargetFormat::GptqV2:
+      return {{tname(p, "qweight"), DType::I32, {k * b / 32, n}},
+              {tname(p, "qzeros"), DType::I32, {G, n * b / 32}},
+              {tname(p, "scales"), sd, {G, n}},
+              {tname(p, "g_idx"), DType::I32, {k}}};
+    case TargetFormat::CompressedTensors: {
+      const int64_t pf = 32 / b;
+      std::vector<TensorSpec> v = {{tname(p, "weight_packed"), DType::I32, {n, (k + pf - 1) / pf}},
+                                   {tname(p, "weight_scale"), sd, {n, G}},
+                                   {tname(p, "weight_shape"), DType::I64, {2}}};
+      if (!d.sym) v.push_back({tname(p, "weight_zero_point"), DType::I32, {(n + pf - 1) / pf, G}});
+      if (d.act_order) v.push_back({tname(p, "weight_g_idx"), DType::I32, {k}});
+      return v;
+    }
+    case TargetFormat::Awq:
+      return {{tname(p, "qweight"), DType::I32, {k, n * b / 32}},
+              {tname(p, "qzeros"), DType::I32, {G, n * b / 32}},
+              {tname(p, "scales"), sd, {G, n}}};
+  }
+  return {};
+}
+
+std::vector<PackedTensor> write_module(TargetFormat t, const QuantizedLinear& q) {
+  if (t == TargetFormat::Marlin24) return write_marlin24(q);
+  // Dense targets store every weight: pruned 2:4 positions become the zero code, which dequantizes to 0.
+  const QuantizedLinear* src = &q;
+  QuantizedLinear dense;
+  if (!q.mask.empty()) {
+    dense = q;
+    dense.mask.clear();
+    for (int64_t r = 0; r < q.k; ++r)
+      for (int64_t c = 0; c < q.n; ++c)
+        if (!q.mask[size_t(r * q.n + c)]) dense.codes[size_t(r * q.n + c)] = uint8_t(q.zero_of(r, c));
+    src = &dense;
+  }
+  switch (t) {
+    case TargetFormat::Marlin: return write_marlin(*src);
+    case TargetFormat::GptqV1: return write_gptq(*src, false);
+    case TargetFormat::GptqV2: return write_gptq(*src, true);
+    case TargetFormat::CompressedTensors: return write_compressed_tensors(*src);
+    case TargetFormat::Awq: return write_awq(*src);
+    case TargetFormat::Marlin24: break;
+  }
+  return {};
+}
+
+TensorSpec dequantized_spec(const ModuleDesc& d) {
+  return {tname(d.prefix, "weight"), fmt::dtype_of(d.scale_type), {d.n, d.k}};
+}
+
+PackedTensor write_dequantized(const QuantizedLinear& q) {
+  std::vector<uint16_t> w(size_t(q.n * q.k));  // [n, k], HF nn.Linear orientation
+  const bool bf = q.scale_type == ScaleType::BF16;
+#pragma omp parallel for schedule(static)
+  for (long long c = 0; c < q.n; ++c)
+    for (int64_t r = 0; r < q.k; ++r) {
+      const float v = q.weight(r, c);  // (q - z) * s: exact in fp32 (<= 8-bit code x 11-bit mantissa)
+      w[size_t(c * q.k + r)] = bf ? float_to_bf16(v) : float_to_half(v);
+    }
+  return fmt::make_tensor(tname(q.name, "weight"), fmt::dtype_of(q.scale_type), {q.n, q.k}, w);
+}
+
+}  // namespace marlinc

@@ -1,0 +1,246 @@
+#include "packer/formats/convert.h"
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <map>
+#include <set>
+
+#include "checkpoint/error.h"
+#include "checkpoint/writer.h"
+#include "packer/formats/common.h"
+
+namespace marlinc {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+uint64_t parse_size(std::string_view s) {
+  std::string t;
+  for (char c : s)
+    if (!std::isspace(static_cast<unsigned char>(c))) t += char(std::toupper(static_cast<unsigned char>(c)));
+  size_t i = 0;
+  while (i < t.size() && (std::isdigit(static_cast<unsigned char>(t[i])) || t[i] == '.')) ++i;
+  if (i == 0) bad_usage("size '" + std::string(s) + "': expected a number with an optional unit (e.g. 5GB, 500MB, 2GiB)");
+  double v = 0;
+  try {
+    v = std::stod(t.substr(0, i));
+  } catch (...) {
+    bad_usage("size '" + std::string(s) + "': not a number");
+  }
+  const std::string unit = t.substr(i);
+  static const std::map<std::string, double> units = {
+      {"", 1}, {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+      {"KIB", 1024.0}, {"MIB", 1048576.0}, {"GIB", 1073741824.0}, {"TIB", 1099511627776.0}};
+  auto u = units.find(unit);
+  if (u == units.end()) bad_usage("size '" + std::string(s) + "': unknown unit '" + unit + "' (use B, KB, MB, GB, KiB, MiB, GiB)");
+  return uint64_t(v * u->second);
+}
+
+json ConvertReport::to_json() const {
+  json mods = json::array();
+  for (const auto& m : modules)
+    mods.push_back({{"name", m.prefix}, {"k", m.k}, {"n", m.n}, {"bits", m.bits}, {"group_size", m.group_size},
+                    {"from", m.from}, {"to", m.to}, {"rule", m.rule.empty() ? json(nullptr) : json(m.rule)},
+                    {"bytes_in", m.bytes_in}, {"bytes_out", m.bytes_out}, {"seconds", m.seconds}, {"notes", m.notes}});
+  json inc = json::array();
+  for (const auto& m : incompatible)
+    inc.push_back({{"name", m.prefix}, {"k", m.k}, {"n", m.n}, {"bits", m.bits}, {"group_size", m.group_size},
+                   {"rule", m.rule}, {"tensors", m.tensors}});
+  return {{"ok", ok},
+          {"input", input},
+          {"output", ok ? json(output) : json(nullptr)},
+          {"target", target},
+          {"source_format", source_format},
+          {"source_label", source_label},
+          {"notes", notes},
+          {"modules", mods},
+          {"incompatible", inc},
+          {"passthrough_tensors", passthrough_tensors},
+          {"passthrough_bytes", passthrough_bytes},
+          {"copied_files", copied_files},
+          {"written_files", written_files},
+          {"bytes_in", bytes_in},
+          {"bytes_out", bytes_out},
+          {"shards", shards},
+          {"seconds", seconds}};
+}
+
+namespace {
+
+double since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+int effective_group(const ModuleDesc& d) { return d.groups == 1 ? -1 : d.group_size; }
+
+// The (bits, group) most modules use becomes the checkpoint-wide value; the rest are overrides.
+void summarise_schemes(const std::vector<const ModuleDesc*>& conv, QuantSummary& s) {
+  std::map<std::pair<int, int>, size_t> count;
+  for (auto* d : conv) ++count[{d->bits, effective_group(*d)}];
+  std::pair<int, int> best{4, 128};
+  size_t best_n = 0;
+  for (const auto& [bg, c] : count)
+    if (c > best_n) best = bg, best_n = c;
+  s.bits = best.first;
+  s.group_size = best.second;
+  for (auto* d : conv)
+    if (std::pair<int, int>{d->bits, effective_group(*d)} != best)
+      s.overrides.push_back({d->prefix, {d->bits, effective_group(*d)}});
+}
+
+}  // namespace
+
+ConvertReport convert_checkpoint(const fs::path& in, const fs::path& out, const ConvertOptions& opts) {
+  const auto t_start = std::chrono::steady_clock::now();
+  ConvertReport rep;
+  rep.input = in.string();
+  rep.output = out.string();
+  rep.target = target_name(opts.to);
+
+  Checkpoint ck = Checkpoint::open(in);
+  {
+    std::error_code ec;
+    if (fs::exists(out) && fs::equivalent(fs::is_directory(in) ? in : ck.dir(), out, ec))
+      bad_usage(out.string() + ": output directory is the input checkpoint; write to a new directory");
+  }
+  const FormatInfo fi = detect_format(ck);
+  rep.source_format = format_name(fi.format);
+  rep.source_label = fi.label_in_config;
+  rep.notes = fi.notes;
+  if (fi.format == Format::Plain)
+    bad_usage(ck.source().string() + ": holds no quantized modules (plain weights); `marlinc quantize` makes them");
+  if (fi.format == Format::Unknown)
+    bad_data(ck.source().string() + ": quantized-looking tensors that fit no supported format" +
+             (fi.notes.empty() ? std::string() : " (" + fmt::join(fi.notes, "; ") + ")"));
+
+  // 1. Describe every module from its small tensors and check the target's rules before writing anything.
+  std::vector<ModuleDesc> descs = describe_modules(ck, fi);
+  if (descs.empty()) bad_data(ck.source().string() + ": detected " + rep.source_format + " but found no quantized modules");
+  std::vector<std::string> rules(descs.size());
+  std::map<std::string, size_t> note_count;
+  for (size_t i = 0; i < descs.size(); ++i) {
+    rules[i] = target_rule(opts.to, descs[i]);
+    if (!rules[i].empty()) {
+      const ModuleDesc& d = descs[i];
+      rep.incompatible.push_back({d.prefix, d.k, d.n, d.bits, effective_group(d), rules[i], d.tensors});
+    }
+    for (const auto& nt : descs[i].notes) ++note_count[nt];
+  }
+  for (const auto& [nt, c] : note_count)
+    rep.notes.push_back(c == 1 ? nt : nt + " (" + std::to_string(c) + " modules)");
+  if (!rep.incompatible.empty() && !opts.keep_incompatible) {
+    rep.ok = false;
+    rep.seconds = since(t_start);
+    return rep;
+  }
+
+  // 2. Plan: pass-through tensors keep name/dtype/shape; modules get the target's tensors.
+  std::set<std::string> consumed;
+  for (const auto& d : descs) consumed.insert(d.tensors.begin(), d.tensors.end());
+  std::set<std::string> module_prefixes;
+  for (const auto& d : descs) module_prefixes.insert(d.prefix);
+  std::vector<TensorSpec> plan;
+  std::vector<std::string> passthrough;
+  QuantSummary sum;
+  for (const auto& name : ck.tensor_names()) {
+    if (consumed.count(name)) continue;
+    const TensorInfo& t = *ck.at(name).info;
+    plan.push_back({name, t.dtype, t.shape});
+    passthrough.push_back(name);
+    rep.passthrough_bytes += t.nbytes();
+    const std::string suffix = ".weight";
+    if (t.shape.size() == 2 && name.size() > suffix.size() &&
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      const std::string p = name.substr(0, name.size() - suffix.size());
+      // Embeddings are not Linear layers, so a compressed-tensors "Linear" target never matches them.
+      if (!module_prefixes.count(p) && p.find("embed") == std::string::npos) sum.plain_linears.push_back(p);
+    }
+  }
+  rep.passthrough_tensors = passthrough.size();
+  std::vector<std::vector<TensorSpec>> module_plans(descs.size());
+  std::vector<const ModuleDesc*> converted;
+  bool all_sym = true, any_act = false;
+  for (size_t i = 0; i < descs.size(); ++i) {
+    const ModuleDesc& d = descs[i];
+    if (rules[i].empty()) {
+      module_plans[i] = plan_module(opts.to, d);
+      converted.push_back(&d);
+      all_sym = all_sym && d.sym;
+      any_act = any_act || d.act_order;
+    } else {
+      module_plans[i] = {dequantized_spec(d)};
+      sum.dequantized.push_back(d.prefix);
+    }
+    plan.insert(plan.end(), module_plans[i].begin(), module_plans[i].end());
+  }
+  {
+    std::vector<std::string> names;
+    for (const auto& s : plan) names.push_back(s.name);
+    std::sort(names.begin(), names.end());
+    auto dup = std::adjacent_find(names.begin(), names.end());
+    if (dup != names.end())
+      bad_data(*dup + ": the " + rep.target + " output would hold this tensor twice (a source tensor already has the "
+               "name a converted module needs)");
+  }
+  summarise_schemes(converted, sum);
+  sum.sym = all_sym;
+  sum.desc_act = any_act;
+  sum.act_order_marlin = opts.to == TargetFormat::Marlin && any_act;
+  sum.zero_points_marlin = opts.to == TargetFormat::Marlin && !all_sym;
+  TargetConfig cfg = target_config(opts.to, ck.config(), ck.quantize_config(), sum);
+
+  if (opts.on_start) opts.on_start(rep);
+
+  // 3. Stream. Nothing is visible at `out` until commit(); any throw removes the temporary output.
+  CheckpointWriter w(out, plan, WriterOptions{opts.max_shard_bytes, "model", opts.overwrite});
+  for (const auto& name : passthrough) w.write(name, ck.data(name));
+  for (size_t i = 0; i < descs.size(); ++i) {
+    const ModuleDesc& d = descs[i];
+    const auto t0 = std::chrono::steady_clock::now();
+    ConvertedModule m{d.prefix, d.k, d.n, d.bits, effective_group(d), format_name(d.format),
+                      rules[i].empty() ? rep.target : "dequantized", rules[i], d.stored_bytes, 0, 0, d.notes};
+    QuantizedLinear q = read_module(ck, d, fi);
+    std::vector<PackedTensor> tensors;
+    if (rules[i].empty()) tensors = write_module(opts.to, q);
+    else tensors.push_back(write_dequantized(q));
+    if (tensors.size() != module_plans[i].size())
+      fail(ErrorKind::Internal, d.prefix + ": writer produced " + std::to_string(tensors.size()) +
+                                    " tensors, the plan has " + std::to_string(module_plans[i].size()));
+    for (size_t j = 0; j < tensors.size(); ++j) {
+      const TensorSpec& a = tensors[j].spec;
+      const TensorSpec& b = module_plans[i][j];
+      if (a.name != b.name || a.dtype != b.dtype || a.shape != b.shape)
+        fail(ErrorKind::Internal, d.prefix + ": written tensor " + a.name + " " + fmt::shape_str(a.shape) +
+                                      " differs from the planned " + b.name + " " + fmt::shape_str(b.shape));
+      w.write(a.name, tensors[j].bytes);
+      m.bytes_out += tensors[j].bytes.size();
+    }
+    m.seconds = since(t0);
+    rep.modules.push_back(m);
+    if (opts.on_module) opts.on_module(rep.modules.back(), i, descs.size());
+  }
+
+  w.add_file("config.json", cfg.config.dump(2) + "\n");
+  rep.written_files.push_back("config.json");
+  if (cfg.quantize_config) {
+    w.add_file("quantize_config.json", cfg.quantize_config->dump(2) + "\n");
+    rep.written_files.push_back("quantize_config.json");
+  }
+  rep.copied_files = copy_non_tensor_files(ck.dir(), w);
+  rep.shards = w.num_shards();
+  w.commit();
+
+  for (const auto& f : ck.files())
+    for (const auto& t : f.tensors()) rep.bytes_in += t.nbytes();
+  for (const auto& s : plan) {
+    uint64_t b = dtype_size(s.dtype);
+    for (int64_t x : s.shape) b *= uint64_t(x);
+    rep.bytes_out += b;
+  }
+  rep.ok = true;
+  rep.seconds = since(t_start);
+  return rep;
+}
+
+}  // namespace marlinc

@@ -1,0 +1,474 @@
+#include "quantizer/calib/llama.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+#include "checkpoint/convert_dtype.h"
+#include "checkpoint/error.h"
+
+namespace marlinc::calib {
+
+using nlohmann::json;
+
+const std::vector<std::string>& supported_architectures() {
+  static const std::vector<std::string> k = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                                             "Qwen3ForCausalLM"};
+  return k;
+}
+
+namespace {
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+int64_t req_int(const json& cfg, const char* key, const std::string& label) {
+  if (!cfg.contains(key) || !cfg[key].is_number_integer() || cfg[key].get<int64_t>() <= 0)
+    bad_data(label + ": '" + key + "' must be a positive integer");
+  return cfg[key].get<int64_t>();
+}
+
+}  // namespace
+
+LlamaConfig LlamaConfig::from_json(const json& cfg, const std::string& label) {
+  if (!cfg.is_object() || cfg.empty()) bad_data(label + ": config.json is missing or empty");
+  LlamaConfig c;
+  if (cfg.contains("architectures") && cfg["architectures"].is_array() && !cfg["architectures"].empty() &&
+      cfg["architectures"][0].is_string()) {
+    c.architecture = cfg["architectures"][0].get<std::string>();
+  } else {
+    const std::string mt = cfg.value("model_type", std::string());
+    if (mt == "llama") c.architecture = "LlamaForCausalLM";
+    else if (mt == "mistral") c.architecture = "MistralForCausalLM";
+    else if (mt == "qwen2") c.architecture = "Qwen2ForCausalLM";
+    else if (mt == "qwen3") c.architecture = "Qwen3ForCausalLM";
+    else c.architecture = mt.empty() ? std::string("(none)") : "model_type " + mt;
+  }
+  if (c.architecture == "LlamaForCausalLM") c.family = Family::Llama;
+  else if (c.architecture == "MistralForCausalLM") c.family = Family::Mistral;
+  else if (c.architecture == "Qwen2ForCausalLM") c.family = Family::Qwen2;
+  else if (c.architecture == "Qwen3ForCausalLM") c.family = Family::Qwen3;
+  else bad_data(label + ": architecture " + c.architecture + " is not supported (supported: " +
+                join(supported_architectures()) + ")");
+  c.hidden = req_int(cfg, "hidden_size", label);
+  c.intermediate = req_int(cfg, "intermediate_size", label);
+  c.layers = req_int(cfg, "num_hidden_layers", label);
+  c.heads = req_int(cfg, "num_attention_heads", label);
+  c.kv_heads = cfg.contains("num_key_value_heads") && !cfg["num_key_value_heads"].is_null()
+                   ? req_int(cfg, "num_key_value_heads", label) : c.heads;
+  c.vocab = req_int(cfg, "vocab_size", label);
+  c.head_dim = cfg.contains("head_dim") && !cfg["head_dim"].is_null() ? req_int(cfg, "head_dim", label)
+                                                                     : c.hidden / c.heads;
+  if (c.heads % c.kv_heads != 0)
+    bad_data(label + ": num_attention_heads " + std::to_string(c.heads) + " is not a multiple of num_key_value_heads " +
+             std::to_string(c.kv_heads));
+  if (c.head_dim % 2 != 0) bad_data(label + ": head_dim " + std::to_string(c.head_dim) + " must be even for RoPE");
+  c.max_position_embeddings = cfg.value("max_position_embeddings", int64_t{0});
+  if (c.family == Family::Mistral && cfg.contains("sliding_window") && cfg["sliding_window"].is_number_integer())
+    c.sliding_window = cfg["sliding_window"].get<int64_t>();
+  if (c.family == Family::Qwen2 && cfg.value("use_sliding_window", false))
+    bad_data(label + ": use_sliding_window is not supported for Qwen2 (set it false; calibration sequences are short)");
+  c.rms_eps = cfg.value("rms_norm_eps", 1e-6);
+  const std::string act = cfg.value("hidden_act", std::string("silu"));
+  if (act != "silu") bad_data(label + ": hidden_act '" + act + "' is not supported (supported: silu)");
+  c.tie_embeddings = cfg.value("tie_word_embeddings", false);
+  c.qk_norm = c.family == Family::Qwen3;
+
+  // RoPE: transformers 4 writes rope_theta and rope_scaling; transformers 5 writes rope_parameters.
+  const json* rp = nullptr;
+  if (cfg.contains("rope_scaling") && cfg["rope_scaling"].is_object()) rp = &cfg["rope_scaling"];
+  else if (cfg.contains("rope_parameters") && cfg["rope_parameters"].is_object()) rp = &cfg["rope_parameters"];
+  if (cfg.contains("rope_theta") && cfg["rope_theta"].is_number()) c.rope_theta = cfg["rope_theta"].get<double>();
+  else if (rp && rp->contains("rope_theta") && (*rp)["rope_theta"].is_number()) c.rope_theta = (*rp)["rope_theta"].get<double>();
+  if (rp) {
+    std::string type = rp->value("rope_type", rp->value("type", std::string("default")));
+    c.rope_scaling.type = type;
+    if (type == "linear" || type == "llama3") {
+      if (!rp->contains("factor") || !(*rp)["factor"].is_number() || (*rp)["factor"].get<double>() <= 0)
+        bad_data(label + ": rope scaling '" + type + "' needs a positive 'factor'");
+      c.rope_scaling.factor = (*rp)["factor"].get<double>();
+    }
+    if (type == "llama3") {
+      c.rope_scaling.low_freq_factor = rp->value("low_freq_factor", 1.0);
+      c.rope_scaling.high_freq_factor = rp->value("high_freq_factor", 4.0);
+      c.rope_scaling.original_max_position_embeddings = rp->value("original_max_position_embeddings", int64_t{8192});
+      if (c.rope_scaling.high_freq_factor <= c.rope_scaling.low_freq_factor)
+        bad_data(label + ": llama3 rope scaling needs high_freq_factor > low_freq_factor");
+    } else if (type != "default" && type != "linear") {
+      bad_data(label + ": rope type '" + type + "' is not supported (supported: default, linear, llama3)");
+    }
+  }
+  return c;
+}
+
+std::vector<float> rope_inv_freq(const LlamaConfig& c) {
+  const int64_t half = c.head_dim / 2;
+  std::vector<float> f(static_cast<size_t>(half));
+  // As transformers computes it, in fp32: 1 / theta^(2i / head_dim).
+  for (int64_t i = 0; i < half; ++i) {
+    float e = static_cast<float>(2 * i) / static_cast<float>(c.head_dim);
+    f[i] = static_cast<float>(1.0 / std::pow(static_cast<double>(static_cast<float>(c.rope_theta)), static_cast<double>(e)));
+  }
+  const RopeScaling& s = c.rope_scaling;
+  if (s.type == "linear") {
+    for (float& x : f) x = static_cast<float>(x / s.factor);
+  } else if (s.type == "llama3") {
+    // Long wavelengths are slowed by `factor`, short ones kept, the band between interpolated smoothly.
+    const double old_ctx = static_cast<double>(s.original_max_position_embeddings);
+    const double low_wavelen = old_ctx / s.low_freq_factor, high_wavelen = old_ctx / s.high_freq_factor;
+    for (float& x : f) {
+      const double wavelen = 2.0 * std::numbers::pi / x;
+      if (wavelen < high_wavelen) continue;
+      if (wavelen > low_wavelen) {
+        x = static_cast<float>(x / s.factor);
+      } else {
+        const double smooth = (old_ctx / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+        x = static_cast<float>((1.0 - smooth) * x / s.factor + smooth * x);
+      }
+    }
+  }
+  return f;
+}
+
+std::string linear_name(int64_t block, Linear l) {
+  static const char* kNames[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                                 "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
+  return "model.layers." + std::to_string(block) + "." + kNames[static_cast<int>(l)];
+}
+
+std::vector<Linear> linears_of(LinearInput g) {
+  switch (g) {
+    case LinearInput::QKV: return {Linear::Q, Linear::K, Linear::V};
+    case LinearInput::O: return {Linear::O};
+    case LinearInput::GateUp: return {Linear::Gate, Linear::Up};
+    case LinearInput::Down: return {Linear::Down};
+  }
+  return {};
+}
+
+Matrix& BlockWeights::weight(Linear l) {
+  switch (l) {
+    case Linear::Q: return q;
+    case Linear::K: return k;
+    case Linear::V: return v;
+    case Linear::O: return o;
+    case Linear::Gate: return gate;
+    case Linear::Up: return up;
+    case Linear::Down: return down;
+  }
+  return q;
+}
+const Matrix& BlockWeights::weight(Linear l) const { return const_cast<BlockWeights*>(this)->weight(l); }
+const Vector& BlockWeights::bias(Linear l) const {
+  switch (l) {
+    case Linear::Q: return q_bias;
+    case Linear::K: return k_bias;
+    case Linear::V: return v_bias;
+    case Linear::O: return o_bias;
+    case Linear::Gate: return gate_bias;
+    case Linear::Up: return up_bias;
+    case Linear::Down: return down_bias;
+  }
+  return q_bias;
+}
+
+// ---- loading -------------------------------------------------------------------------------------
+
+namespace {
+
+void expect_shape(const Checkpoint& ck, const std::string& name, std::vector<int64_t> shape) {
+  auto ref = ck.find(name);
+  if (!ref)
+    bad_data(ck.source().string() + ": tensor " + name + " is missing" +
+             (ck.quantize_config().empty() ? std::string()
+                                           : " (the checkpoint is quantized: its linears need a dequantizing LinearProvider)"));
+  if (ref->info->shape != shape) {
+    auto str = [](const std::vector<int64_t>& s) {
+      std::string r = "[";
+      for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+      return r + "]";
+    };
+    bad_data(ck.source().string() + ": tensor " + name + " has shape " + str(ref->info->shape) + ", config.json implies " +
+             str(shape));
+  }
+  DType dt = ref->info->dtype;
+  if (dt != DType::F32 && dt != DType::F16 && dt != DType::BF16)
+    bad_data(ck.source().string() + ": tensor " + name + " has dtype " + std::string(dtype_name(dt)) +
+             "; the forward pass reads F32, F16 or BF16 (quantized checkpoints need a LinearProvider)");
+}
+
+}  // namespace
+
+LlamaModel LlamaModel::open(const std::filesystem::path& dir) {
+  LlamaModel m;
+  m.ckpt_ = std::make_shared<Checkpoint>(Checkpoint::open(dir));
+  const Checkpoint& ck = *m.ckpt_;
+  m.cfg_ = LlamaConfig::from_json(ck.config(), (ck.dir() / "config.json").string());
+  const LlamaConfig& c = m.cfg_;
+  const int64_t qd = c.heads * c.head_dim, kvd = c.kv_heads * c.head_dim;
+  expect_shape(ck, "model.embed_tokens.weight", {c.vocab, c.hidden});
+  expect_shape(ck, "model.norm.weight", {c.hidden});
+  for (int64_t i = 0; i < c.layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    expect_shape(ck, p + "input_layernorm.weight", {c.hidden});
+    expect_shape(ck, p + "post_attention_layernorm.weight", {c.hidden});
+    expect_shape(ck, p + "self_attn.q_proj.weight", {qd, c.hidden});
+    expect_shape(ck, p + "self_attn.k_proj.weight", {kvd, c.hidden});
+    expect_shape(ck, p + "self_attn.v_proj.weight", {kvd, c.hidden});
+    expect_shape(ck, p + "self_attn.o_proj.weight", {c.hidden, qd});
+    expect_shape(ck, p + "mlp.gate_proj.weight", {c.intermediate, c.hidden});
+    expect_shape(ck, p + "mlp.up_proj.weight", {c.intermediate, c.hidden});
+    expect_shape(ck, p + "mlp.down_proj.weight", {c.hidden, c.intermediate});
+    if (c.family == Family::Qwen2) {
+      expect_shape(ck, p + "self_attn.q_proj.bias", {qd});
+      expect_shape(ck, p + "self_attn.k_proj.bias", {kvd});
+      expect_shape(ck, p + "self_attn.v_proj.bias", {kvd});
+    }
+    if (c.qk_norm) {
+      expect_shape(ck, p + "self_attn.q_norm.weight", {c.head_dim});
+      expect_shape(ck, p + "self_attn.k_norm.weight", {c.head_dim});
+    }
+  }
+  if (ck.contains("lm_head.weight")) {
+    m.head_name_ = "lm_head.weight";
+  } else if (c.tie_embeddings) {
+    m.head_name_ = "model.embed_tokens.weight";
+  } else {
+    bad_data(ck.source().string() + ": tensor lm_head.weight is missing and config.json does not set tie_word_embeddings");
+  }
+  expect_shape(ck, m.head_name_, {c.vocab, c.hidden});
+  m.inv_freq_ = rope_inv_freq(c);
+  m.final_norm_ = m.load_vector("model.norm.weight", c.hidden);
+  return m;
+}
+
+Matrix LlamaModel::load_matrix(const std::string& name, int64_t rows, int64_t cols) const {
+  expect_shape(*ckpt_, name, {rows, cols});
+  auto ref = ckpt_->at(name);
+  std::vector<float> f = to_float(ref.file->data(*ref.info), ref.info->dtype);
+  return Eigen::Map<const Matrix>(f.data(), rows, cols);
+}
+
+Vector LlamaModel::load_vector(const std::string& name, int64_t n) const {
+  expect_shape(*ckpt_, name, {n});
+  auto ref = ckpt_->at(name);
+  std::vector<float> f = to_float(ref.file->data(*ref.info), ref.info->dtype);
+  return Eigen::Map<const Vector>(f.data(), n);
+}
+
+Vector LlamaModel::load_optional_vector(const std::string& name, int64_t n) const {
+  return ckpt_->contains(name) ? load_vector(name, n) : Vector();
+}
+
+BlockWeights LlamaModel::load_block(int64_t i, const LinearProvider* provider) const {
+  const LlamaConfig& c = cfg_;
+  if (i < 0 || i >= c.layers)
+    bad_usage("block " + std::to_string(i) + " is out of range (the model has " + std::to_string(c.layers) + ")");
+  const int64_t qd = c.heads * c.head_dim, kvd = c.kv_heads * c.head_dim;
+  const std::string p = "model.layers." + std::to_string(i) + ".";
+  BlockWeights w;
+  struct Shape { Linear l; int64_t out, in; };
+  const Shape shapes[] = {{Linear::Q, qd, c.hidden},  {Linear::K, kvd, c.hidden},  {Linear::V, kvd, c.hidden},
+                          {Linear::O, c.hidden, qd},  {Linear::Gate, c.intermediate, c.hidden},
+                          {Linear::Up, c.intermediate, c.hidden}, {Linear::Down, c.hidden, c.intermediate}};
+  for (const Shape& s : shapes) {
+    const std::string name = linear_name(i, s.l);
+    std::optional<Matrix> repl = provider ? provider->weight(i, s.l) : std::nullopt;
+    if (repl) {
+      if (repl->rows() != s.out || repl->cols() != s.in)
+        bad_data(name + ": replacement weight is [" + std::to_string(repl->rows()) + ", " + std::to_string(repl->cols()) +
+                 "], expected [" + std::to_string(s.out) + ", " + std::to_string(s.in) + "]");
+      w.weight(s.l) = std::move(*repl);
+    } else {
+      w.weight(s.l) = load_matrix(name + ".weight", s.out, s.in);
+    }
+    const_cast<Vector&>(w.bias(s.l)) = load_optional_vector(name + ".bias", s.out);
+  }
+  w.input_norm = load_vector(p + "input_layernorm.weight", c.hidden);
+  w.post_norm = load_vector(p + "post_attention_layernorm.weight", c.hidden);
+  if (c.qk_norm) {
+    w.q_norm = load_vector(p + "self_attn.q_norm.weight", c.head_dim);
+    w.k_norm = load_vector(p + "self_attn.k_norm.weight", c.head_dim);
+  }
+  return w;
+}
+
+// ---- compute ---------------------------------------------------------------------------------------
+
+Matrix rms_norm_ref(const Matrix& x, const Vector& w, double eps) {
+  Matrix y(x.rows(), x.cols());
+  for (Eigen::Index r = 0; r < x.rows(); ++r) {
+    double ss = 0;
+    for (Eigen::Index j = 0; j < x.cols(); ++j) ss += static_cast<double>(x(r, j)) * x(r, j);
+    const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(x.cols()) + eps));
+    for (Eigen::Index j = 0; j < x.cols(); ++j) y(r, j) = w[j] * (x(r, j) * inv);
+  }
+  return y;
+}
+
+namespace {
+
+// In place on rows of x viewed as [rows, n]; the same arithmetic as rms_norm_ref, row-parallel.
+void rms_norm_rows(float* x, Eigen::Index rows, Eigen::Index n, const Vector& w, double eps) {
+#pragma omp parallel for schedule(static) if (rows * n >= (1 << 16))
+  for (Eigen::Index r = 0; r < rows; ++r) {
+    float* row = x + r * n;
+    double ss = 0;
+    for (Eigen::Index j = 0; j < n; ++j) ss += static_cast<double>(row[j]) * row[j];
+    const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps));
+    for (Eigen::Index j = 0; j < n; ++j) row[j] = w[j] * (row[j] * inv);
+  }
+}
+
+Matrix linear(const Matrix& x, const Matrix& w, const Vector& b) {
+  Matrix y = x * w.transpose();  // [T, out]
+  if (b.size()) y.rowwise() += b.transpose();
+  return y;
+}
+
+}  // namespace
+
+Matrix LlamaModel::embed(std::span<const int32_t> tokens) const {
+  const LlamaConfig& c = cfg_;
+  auto ref = ckpt_->at("model.embed_tokens.weight");
+  const size_t esz = dtype_size(ref.info->dtype);
+  std::span<const uint8_t> bytes = ref.file->data(*ref.info);
+  Matrix h(static_cast<Eigen::Index>(tokens.size()), c.hidden);
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    if (tokens[t] < 0 || tokens[t] >= c.vocab)
+      bad_data("token id " + std::to_string(tokens[t]) + " at position " + std::to_string(t) +
+               " is outside the model's vocabulary of " + std::to_string(c.vocab));
+    std::vector<float> row = to_float(bytes.subspan(static_cast<size_t>(tokens[t]) * c.hidden * esz, c.hidden * esz),
+                                      ref.info->dtype);
+    h.row(static_cast<Eigen::Index>(t)) = Eigen::Map<const Eigen::RowVectorXf>(row.data(), c.hidden);
+  }
+  return h;
+}
+
+void LlamaModel::block_forward(Matrix& hidden, const BlockWeights& w, const InputHook& hook) const {
+  const LlamaConfig& c = cfg_;
+  const Eigen::Index T = hidden.rows(), hd = c.head_dim, H = c.heads, KV = c.kv_heads;
+  const Eigen::Index group = H / KV, half = hd / 2;
+  // Attention: pre-norm, q/k/v, (q/k norm), RoPE, causal softmax attention with GQA, o_proj.
+  Matrix x = hidden;
+  rms_norm_rows(x.data(), T, x.cols(), w.input_norm, c.rms_eps);
+  if (hook) hook(LinearInput::QKV, x);
+  Matrix q = linear(x, w.q, w.q_bias);  // [T, H*hd]
+  Matrix k = linear(x, w.k, w.k_bias);  // [T, KV*hd]
+  Matrix v = linear(x, w.v, w.v_bias);  // [T, KV*hd]
+  if (c.qk_norm) {
+    rms_norm_rows(q.data(), T * H, hd, w.q_norm, c.rms_eps);
+    rms_norm_rows(k.data(), T * KV, hd, w.k_norm, c.rms_eps);
+  }
+  // rotate_half convention of HF weights: pairs (i, i + hd/2) share frequency i.
+  std::vector<float> cosv(static_cast<size_t>(T * half)), sinv(static_cast<size_t>(T * half));  // [T, hd/2]
+  for (Eigen::Index t = 0; t < T; ++t)
+    for (Eigen::Index i = 0; i < half; ++i) {
+      const float ang = inv_freq_[i] * static_cast<float>(t);  // fp32 product, as transformers forms it
+      cosv[t * half + i] = static_cast<float>(std::cos(static_cast<double>(ang)));
+      sinv[t * half + i] = static_cast<float>(std::sin(static_cast<double>(ang)));
+    }
+  auto rope = [&](Matrix& m, Eigen::Index heads) {
+#pragma omp parallel for schedule(static) if (T * heads * hd >= (1 << 16))
+    for (Eigen::Index t = 0; t < T; ++t)
+      for (Eigen::Index h = 0; h < heads; ++h) {
+        float* p = m.data() + t * m.cols() + h * hd;
+        for (Eigen::Index i = 0; i < half; ++i) {
+          const float a = p[i], b = p[i + half], co = cosv[t * half + i], si = sinv[t * half + i];
+          p[i] = a * co - b * si;
+          p[i + half] = b * co + a * si;
+        }
+      }
+  };
+  rope(q, H);
+  rope(k, KV);
+  Matrix attn(T, H * hd);  // [T, H*hd]
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const Eigen::Index window = c.sliding_window > 0 ? c.sliding_window : T + 1;
+  // Threads only when there is real work: tiny models on a busy machine lose more to thread wake-ups.
+#pragma omp parallel for schedule(dynamic) if (T * T * hd * H >= (int64_t{1} << 24))
+  for (Eigen::Index h = 0; h < H; ++h) {
+    const Eigen::Index kvh = h / group;
+    Matrix qh = q.middleCols(h * hd, hd), kh = k.middleCols(kvh * hd, hd), vh = v.middleCols(kvh * hd, hd);
+    Matrix s = (qh * kh.transpose()) * scale;  // [T, T]
+    for (Eigen::Index i = 0; i < T; ++i) {
+      const Eigen::Index lo = std::max<Eigen::Index>(0, i - window + 1);
+      float mx = -INFINITY;
+      for (Eigen::Index j = lo; j <= i; ++j) mx = std::max(mx, s(i, j));
+      float sum = 0;
+      for (Eigen::Index j = 0; j < T; ++j) {
+        const float e = (j >= lo && j <= i) ? std::exp(s(i, j) - mx) : 0.0f;
+        s(i, j) = e;
+        sum += e;
+      }
+      const float inv = 1.0f / sum;
+      for (Eigen::Index j = lo; j <= i; ++j) s(i, j) *= inv;
+    }
+    attn.middleCols(h * hd, hd) = s * vh;
+  }
+  if (hook) hook(LinearInput::O, attn);
+  hidden += linear(attn, w.o, w.o_bias);
+  // MLP: pre-norm, down(silu(gate) * up).
+  x = hidden;
+  rms_norm_rows(x.data(), T, x.cols(), w.post_norm, c.rms_eps);
+  if (hook) hook(LinearInput::GateUp, x);
+  Matrix g = linear(x, w.gate, w.gate_bias);  // [T, inter]
+  Matrix u = linear(x, w.up, w.up_bias);      // [T, inter]
+  g = g.array() / (1.0f + (-g.array()).exp()) * u.array();
+  if (hook) hook(LinearInput::Down, g);
+  hidden += linear(g, w.down, w.down_bias);
+}
+
+Matrix LlamaModel::final_norm(const Matrix& hidden) const {
+  Matrix y = hidden;
+  rms_norm_rows(y.data(), y.rows(), y.cols(), final_norm_, cfg_.rms_eps);
+  return y;
+}
+
+Matrix LlamaModel::logits(const Matrix& normed) const {
+  const LlamaConfig& c = cfg_;
+  auto ref = ckpt_->at(head_name_);
+  const size_t esz = dtype_size(ref.info->dtype);
+  std::span<const uint8_t> bytes = ref.file->data(*ref.info);
+  Matrix out(normed.rows(), c.vocab);  // [T, vocab]
+  // The head is converted in slices of rows so memory stays bounded for 128k-token vocabularies.
+  constexpr int64_t kRowsPerSlice = 8192;
+  for (int64_t r0 = 0; r0 < c.vocab; r0 += kRowsPerSlice) {
+    const int64_t n = std::min(kRowsPerSlice, c.vocab - r0);
+    std::vector<float> f = to_float(bytes.subspan(static_cast<size_t>(r0 * c.hidden) * esz, static_cast<size_t>(n * c.hidden) * esz),
+                                    ref.info->dtype);
+    Eigen::Map<const Matrix> w(f.data(), n, c.hidden);
+    out.middleCols(r0, n) = normed * w.transpose();
+  }
+  return out;
+}
+
+Matrix LlamaModel::forward(std::span<const int32_t> tokens, const LinearProvider* provider,
+                           std::vector<Matrix>* hidden_after) const {
+  Matrix h = embed(tokens);
+  if (hidden_after) hidden_after->clear();
+  for (int64_t i = 0; i < cfg_.layers; ++i) {
+    BlockWeights w = load_block(i, provider);
+    block_forward(h, w);
+    if (hidden_after) hidden_after->push_back(h);
+  }
+  return logits(final_norm(h));
+}
+
+Matrix LlamaModel::forward(std::span<const int32_t> tokens, const std::vector<BlockWeights>& blocks,
+                           std::vector<Matrix>* hidden_after) const {
+  if (static_cast<int64_t>(blocks.size()) != cfg_.layers)
+    bad_usage("forward: " + std::to_string(blocks.size()) + " blocks given, the model has " + std::to_string(cfg_.layers));
+  Matrix h = embed(tokens);
+  if (hidden_after) hidden_after->clear();
+  for (const BlockWeights& w : blocks) {
+    block_forward(h, w);
+    if (hidden_after) hidden_after->push_back(h);
+  }
+  return logits(final_norm(h));
+}
+
+}  // namespace marlinc::calib

@@ -1,0 +1,44 @@
+// Helpers shared by the GPTQ back ends (CPU fast path, scalar reference, CUDA); not a public API.
+#pragma once
+#include <vector>
+
+#include "quantizer/gptq.h"
+
+namespace marlinc::gptq {
+
+// True when scales are fitted during the loop at processing-order group boundaries.
+inline bool dynamic_groups(const GptqOptions& o) { return o.order != GptqOptions::StaticActOrder; }
+
+// Row of the [G, n] scale tensor used by processing position p.
+inline int64_t scale_row(const GptqOptions& o, const Prepared& P, int64_t p) {
+  if (o.group_size <= 0) return 0;
+  return o.order == GptqOptions::DynamicActOrder ? p / P.group : P.perm[size_t(p)] / P.group;
+}
+
+// U_gg⁻¹ [g, g] row-major (upper) for every processing-order group: the weighting of Marlin's clip
+// objective. Empty when the clip search does not run in the loop.
+std::vector<RowMatrixXf> clip_weights(const GptqOptions& o, const Prepared& P);
+
+// Empty QuantizedLinear of the right shape for the options (codes/scales/mask/g_idx sized).
+QuantizedLinear make_result(const GptqOptions& o, const Prepared& P);
+
+// Fills stats (everything except the loss) once the codes are final.
+void finish_stats(const float* W, const QuantizedLinear& q, const Prepared& P, double loss, double seconds,
+                  GptqStats* stats);
+
+// Saliency order of one 2:4 group: the 2 positions (of 4) with the smallest w²/d² are pruned; ties
+// prune the lower index first. Returns a 4-bit mask of PRUNED positions.
+inline unsigned prune_24(const float w[4], const float d[4]) {
+  float s[4];
+  for (int t = 0; t < 4; ++t) s[t] = (w[t] * w[t]) / (d[t] * d[t]);
+  unsigned pruned = 0;
+  for (int rep = 0; rep < 2; ++rep) {
+    int best = -1;
+    for (int t = 0; t < 4; ++t)
+      if (!(pruned >> t & 1u) && (best < 0 || s[t] < s[best])) best = t;
+    pruned |= 1u << best;
+  }
+  return pruned;
+}
+
+}  // namespace marlinc::gptq

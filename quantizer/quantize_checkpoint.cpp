@@ -1,0 +1,145 @@
+#include "quantizer/quantize_checkpoint.h"
+
+#include <chrono>
+#include <map>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/convert_dtype.h"
+#include "checkpoint/error.h"
+#include "checkpoint/format.h"
+#include "checkpoint/half.h"
+#include "checkpoint/writer.h"
+#include "quantizer/rtn.h"
+
+namespace marlinc {
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// Why a 2-D `<p>.weight` is not quantized ("" = quantize it).
+std::string skip_reason(const std::string& prefix, const TensorInfo& t, const QuantizeOptions& o) {
+  if (t.shape.size() != 2) return "not a 2-D weight";
+  if (t.dtype != DType::F16 && t.dtype != DType::BF16 && t.dtype != DType::F32) return "dtype is not F16/BF16/F32";
+  const bool head = prefix.find("lm_head") != std::string::npos || prefix.find("embed") != std::string::npos ||
+                    prefix.find("wte") != std::string::npos;
+  if (head && !o.include_lm_head) return "embeddings and lm_head stay unquantized (--include-lm-head)";
+  for (const auto& pat : o.skip)
+    if (prefix.find(pat) != std::string::npos) return "matches --skip " + pat;
+  return "";
+}
+
+}  // namespace
+
+nlohmann::json QuantizeReport::to_json() const {
+  nlohmann::json layers_j = nlohmann::json::array();
+  for (const auto& l : layers)
+    layers_j.push_back({{"name", l.name}, {"n", l.n}, {"k", l.k}, {"rel_weight_err", l.rel_weight_err}, {"seconds", l.seconds}});
+  nlohmann::json skipped_j = nlohmann::json::array();
+  for (const auto& [name, why] : skipped) skipped_j.push_back({{"name", name}, {"why", why}});
+  return {{"input", input}, {"output", output}, {"target", target}, {"method", method}, {"layers", layers_j},
+          {"skipped", skipped_j}, {"passthrough_tensors", passthrough_tensors}, {"bytes_in", bytes_in},
+          {"bytes_out", bytes_out}, {"seconds", seconds}};
+}
+
+QuantizeReport quantize_checkpoint(const std::filesystem::path& in, const std::filesystem::path& out,
+                                   const QuantizeOptions& o, const LayerDone& on_layer) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (o.method != "rtn")
+    bad_usage("--method " + o.method + ": only rtn (data-free) is available here; GPTQ needs the calibration runner");
+  if (o.to == TargetFormat::Marlin24)
+    bad_usage("--format marlin24 needs 2:4 pruning (SparseGPT with calibration); RTN cannot choose a mask");
+  Checkpoint ck = Checkpoint::open(in);
+  FormatInfo fi = detect_format(ck);
+  if (fi.format != Format::Plain)
+    bad_usage(ck.source().string() + ": already quantized (" + format_name(fi.format) +
+              "); use `marlinc convert` to change its format");
+
+  QuantizeReport rep;
+  rep.input = ck.source().string();
+  rep.output = out.string();
+  rep.target = target_name(o.to);
+  rep.method = o.method;
+
+  // Plan: which weights become modules, and every output tensor's spec, before reading any data.
+  struct Job { std::string prefix; const TensorInfo* info; ModuleDesc desc; };
+  std::vector<Job> jobs;
+  std::vector<TensorSpec> plan;
+  std::map<std::string, size_t> job_of_tensor;
+  for (const auto& name : ck.tensor_names()) {
+    auto ref = ck.at(name);
+    const TensorInfo& t = *ref.info;
+    if (ends_with(name, ".weight")) {
+      const std::string prefix = name.substr(0, name.size() - 7);
+      std::string why = skip_reason(prefix, t, o);
+      if (why.empty() && t.shape.size() == 2) {
+        ModuleDesc d;
+        d.prefix = prefix; d.format = target_format(o.to); d.n = t.shape[0]; d.k = t.shape[1];
+        d.bits = o.bits; d.group_size = o.group_size == -1 ? -1 : o.group_size;
+        d.groups = o.group_size == -1 ? 1 : (d.k % o.group_size == 0 ? d.k / o.group_size : 0);
+        d.scale_type = t.dtype == DType::BF16 ? ScaleType::BF16 : ScaleType::F16;
+        why = d.groups == 0 ? "group size " + std::to_string(o.group_size) + " does not divide k = " + std::to_string(d.k)
+                            : target_rule(o.to, d);
+        if (why.empty()) {
+          job_of_tensor[name] = jobs.size();
+          for (auto& s : plan_module(o.to, d)) plan.push_back(s);
+          jobs.push_back({prefix, &t, d});
+          continue;
+        }
+      }
+      if (t.shape.size() == 2) rep.skipped.emplace_back(prefix, why);
+    }
+    plan.push_back({name, t.dtype, t.shape});
+    ++rep.passthrough_tensors;
+  }
+  if (jobs.empty()) bad_usage(ck.source().string() + ": no linear layer can be quantized to " + target_name(o.to));
+
+  WriterOptions wo;
+  wo.max_shard_bytes = o.max_shard_bytes;
+  wo.overwrite = o.overwrite;
+  CheckpointWriter w(out, plan, wo);
+  for (const auto& name : ck.tensor_names()) {
+    std::span<const uint8_t> bytes = ck.data(name);
+    rep.bytes_in += bytes.size();
+    auto it = job_of_tensor.find(name);
+    if (it == job_of_tensor.end()) {
+      w.write(name, bytes);
+      rep.bytes_out += bytes.size();
+      continue;
+    }
+    const Job& job = jobs[it->second];
+    const auto t1 = std::chrono::steady_clock::now();
+    std::vector<float> W = to_float(bytes, job.info->dtype);  // [n, k]
+    RtnOptions ro;
+    ro.bits = o.bits; ro.group_size = o.group_size; ro.clip = o.clip; ro.name = job.prefix;
+    RtnStats st;
+    QuantizedLinear q = rtn_quantize(W.data(), job.desc.n, job.desc.k, ro, &st);
+    q.name = job.prefix;
+    if (job.desc.scale_type == ScaleType::BF16) {
+      // The grid used fp16-rounded scales; bf16 files keep the model's dtype, so re-encode them.
+      for (auto& s : q.scales) s = float_to_bf16(half_to_float(s));
+      q.scale_type = ScaleType::BF16;
+    }
+    for (const auto& p : write_module(o.to, q)) {
+      w.write(p.spec.name, p.bytes);
+      rep.bytes_out += p.bytes.size();
+    }
+    QuantizedLayerReport lr{job.prefix, job.desc.n, job.desc.k, st.rel_weight_err,
+                            std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count()};
+    rep.layers.push_back(lr);
+    if (on_layer) on_layer(lr, rep.layers.size() - 1, jobs.size());
+  }
+  QuantSummary s;
+  s.bits = o.bits; s.group_size = o.group_size; s.sym = true; s.desc_act = false;
+  TargetConfig cfg = target_config(o.to, ck.config(), nlohmann::json::object(), s);
+  w.add_file("config.json", cfg.config.dump(2) + "\n");
+  if (cfg.quantize_config) w.add_file("quantize_config.json", cfg.quantize_config->dump(2) + "\n");
+  if (std::filesystem::is_directory(ck.dir())) copy_non_tensor_files(ck.dir(), w);
+  w.commit();
+  rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return rep;
+}
+
+}  // namespace marlinc

@@ -1,0 +1,142 @@
+// End-to-end: the real `marlinc convert` binary on synthetic sharded GPTQ checkpoints (bias, embeddings,
+// norms, lm_head, config and tokenizer files): round trips are byte-exact, --json is machine-readable,
+// incompatible shapes exit 1 naming the tensor and rule with no output left, usage errors exit 2.
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/format.h"
+#include "tests/common.h"
+#include "tests/formats/synth_checkpoint.h"
+
+namespace fs = std::filesystem;
+using namespace marlinc;
+using marlinc::test::TempDir;
+
+namespace {
+
+constexpr uint64_t kShard = 200'000;  // several shards for the 2-block synthetic model
+
+struct Result {
+  int rc;
+  std::string out, err;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::ostringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// Runs the CLI with `args`, capturing stdout and stderr through files in `tmp`.
+Result run_cli(const std::string& args, const fs::path& tmp) {
+  const fs::path o = tmp / "stdout.txt", e = tmp / "stderr.txt";
+  const std::string cmd = std::string("'") + MARLINC_CLI_PATH + "' " + args + " >'" + o.string() + "' 2>'" + e.string() + "'";
+  int st = std::system(cmd.c_str());
+  Result r{WIFEXITED(st) ? WEXITSTATUS(st) : -1, slurp(o), slurp(e)};
+  return r;
+}
+
+std::string q(const fs::path& p) { return "'" + p.string() + "'"; }
+
+void require_same_tensors(const fs::path& a_dir, const fs::path& b_dir) {
+  Checkpoint a = Checkpoint::open(a_dir), b = Checkpoint::open(b_dir);
+  REQUIRE(a.tensor_names() == b.tensor_names());
+  for (const auto& n : a.tensor_names()) {
+    INFO(n);
+    REQUIRE(a.at(n).info->dtype == b.at(n).info->dtype);
+    REQUIRE(a.at(n).info->shape == b.at(n).info->shape);
+    auto da = a.data(n), db = b.data(n);
+    REQUIRE(da.size() == db.size());
+    REQUIRE(std::memcmp(da.data(), db.data(), da.size()) == 0);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("marlinc convert: GPTQ v1 -> marlin -> gptq is byte-exact through the CLI", "[cli][convert]") {
+  TempDir td("cli-conv");
+  synth::Options o;
+  o.shard_bytes = kShard;
+  o.seed = 101;
+  synth::write_checkpoint(td.path / "src", o);
+  Result r = run_cli("convert " + q(td.path / "src") + " " + q(td.path / "m") + " --to marlin --shard-size 150KB", td.path);
+  INFO(r.out << r.err);
+  REQUIRE(r.rc == 0);
+  // One line per layer with its shape and the conversion, and a summary.
+  REQUIRE(r.out.find("model.layers.1.mlp.down_proj") != std::string::npos);
+  REQUIRE(r.out.find("[512 x 256]") != std::string::npos);
+  REQUIRE(r.out.find("gptq-v1  -> marlin") != std::string::npos);
+  REQUIRE(r.out.find("summary: 14 modules converted") != std::string::npos);
+  REQUIRE(fs::exists(td.path / "m" / "model.safetensors.index.json"));
+  REQUIRE(fs::exists(td.path / "m" / "tokenizer_config.json"));
+  REQUIRE(detect_format(Checkpoint::open(td.path / "m")).format == Format::Marlin);
+
+  Result b = run_cli("convert " + q(td.path / "m") + " " + q(td.path / "back") + " --to gptq --json", td.path);
+  INFO(b.out << b.err);
+  REQUIRE(b.rc == 0);
+  nlohmann::json j = nlohmann::json::parse(b.out);
+  REQUIRE(j.at("ok") == true);
+  REQUIRE(j.at("source_format") == "marlin");
+  REQUIRE(j.at("modules").size() == 14);
+  REQUIRE(j.at("modules")[0].at("to") == "gptq");
+  REQUIRE(j.at("passthrough_tensors").get<int>() == 3 + 2 + 4);  // embed, norm, lm_head, 2 layernorms, 4 biases
+  require_same_tensors(td.path / "src", td.path / "back");
+
+  // The output exists now: without --overwrite the CLI refuses (usage error), with it it replaces.
+  Result again = run_cli("convert " + q(td.path / "m") + " " + q(td.path / "back") + " --to gptq", td.path);
+  REQUIRE(again.rc == 2);
+  REQUIRE(again.err.find("back") != std::string::npos);
+  Result over = run_cli("convert " + q(td.path / "m") + " " + q(td.path / "back") + " --to gptq_v2 --overwrite", td.path);
+  REQUIRE(over.rc == 0);
+  REQUIRE(Checkpoint::open(td.path / "back").quantize_config().at("checkpoint_format") == "gptq_v2");
+}
+
+TEST_CASE("marlinc convert: incompatible shapes exit 1 with the rule and leave no output", "[cli][convert]") {
+  TempDir td("cli-inc");
+  synth::Options o;
+  o.layers = synth::default_layers();
+  o.layers.push_back({"model.layers.0.mlp.odd_proj", 136, 72, false});
+  o.group = -1;
+  o.seed = 103;
+  synth::write_checkpoint(td.path / "src", o);
+  Result r = run_cli("convert " + q(td.path / "src") + " " + q(td.path / "m") + " --to marlin", td.path);
+  INFO(r.out << r.err);
+  REQUIRE(r.rc == 1);
+  REQUIRE(r.err.find("model.layers.0.mlp.odd_proj") != std::string::npos);
+  REQUIRE(r.err.find("k % 128") != std::string::npos);
+  REQUIRE(r.err.find("--keep-incompatible") != std::string::npos);
+  REQUIRE_FALSE(fs::exists(td.path / "m"));
+
+  Result k = run_cli("convert " + q(td.path / "src") + " " + q(td.path / "m") + " --to marlin --keep-incompatible", td.path);
+  INFO(k.out << k.err);
+  REQUIRE(k.rc == 0);
+  REQUIRE(k.out.find("kept dequantized: model.layers.0.mlp.odd_proj") != std::string::npos);
+  REQUIRE(Checkpoint::open(td.path / "m").contains("model.layers.0.mlp.odd_proj.weight"));
+
+  Result bad = run_cli("convert " + q(td.path / "src") + " " + q(td.path / "x") + " --to exl2", td.path);
+  REQUIRE(bad.rc == 2);
+  REQUIRE(bad.err.find("exl2") != std::string::npos);
+}
+
+TEST_CASE("marlinc convert: dense marlin -> marlin24 is refused unless the codes are 2:4", "[cli][convert]") {
+  TempDir td("cli-24");
+  synth::Options o;
+  o.layers = {{"model.layers.0.mlp.up_proj", 256, 256, false}};
+  o.seed = 105;
+  synth::write_checkpoint(td.path / "src", o);
+  Result r = run_cli("convert " + q(td.path / "src") + " " + q(td.path / "s") + " --to marlin24", td.path);
+  INFO(r.out << r.err);
+  REQUIRE(r.rc == 1);
+  REQUIRE(r.err.find("model.layers.0.mlp.up_proj") != std::string::npos);
+  REQUIRE(r.err.find("2 of every 4") != std::string::npos);
+  REQUIRE_FALSE(fs::exists(td.path / "s"));
+}

@@ -1,0 +1,285 @@
+// GPTQ unit tests: factorisation, damping retry, dead columns, grid, orders/g_idx, 2:4 mask,
+// determinism, the diagonal-H == RTN cross-check and the blocked fast path vs the scalar reference.
+#include <omp.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "checkpoint/error.h"
+#include "checkpoint/half.h"
+#include "quantizer/gptq.h"
+#include "quantizer/hessian.h"
+#include "quantizer/rtn.h"
+#include "tests/catch.hpp"
+#include "tests/quantizer/synth.h"
+
+namespace {
+
+using namespace marlinc;
+
+// Blocked (lazy) vs unblocked updates differ only by float rounding: codes may flip on rare ties.
+constexpr double kCodeMismatchMax = 1e-3;
+constexpr double kLossRelTol = 1e-3;
+// Fast (reversed-index) vs literal three-step factorisation of a well-conditioned H.
+constexpr double kFactorRelTol = 1e-4;
+
+struct Small {
+  int64_t n, k;
+  test::SynthLayer L;
+  Eigen::MatrixXf H;
+  Small(int64_t n_, int64_t k_, uint64_t seed) : n(n_), k(k_), L(test::make_synth_layer(n_, k_, 4 * k_, 16, seed)) {
+    HessianAccumulator acc(k);
+    acc.add(L.Xcal.data(), L.Xcal.rows());
+    H = acc.finalize();
+  }
+};
+
+double mismatch_rate(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
+  REQUIRE(a.size() == b.size());
+  size_t d = 0;
+  for (size_t i = 0; i < a.size(); ++i) d += a[i] != b[i];
+  return double(d) / double(a.size());
+}
+
+bool same(const QuantizedLinear& a, const QuantizedLinear& b) {
+  return a.codes == b.codes && a.scales == b.scales && a.mask == b.mask && a.g_idx == b.g_idx;
+}
+
+}  // namespace
+
+TEST_CASE("upper Cholesky factor of H^-1: fast equals the literal chol/inverse/chol", "[quantizer][gptq]") {
+  const Small s(8, 200, 1);
+  Eigen::MatrixXf Hd = s.H;
+  Hd.diagonal().array() += 0.01f * Hd.diagonal().mean();
+  gptq::RowMatrixXf U, Ur;
+  REQUIRE(gptq::inverse_cholesky_upper(Hd, U));
+  REQUIRE(gptq::inverse_cholesky_upper_ref(Hd, Ur));
+  CHECK((U - Ur).norm() / Ur.norm() < kFactorRelTol);
+  CHECK(U.triangularView<Eigen::StrictlyLower>().toDenseMatrix().norm() == 0.0f);
+  const Eigen::MatrixXd I = (U.cast<double>().transpose() * U.cast<double>()) * Hd.cast<double>();
+  CHECK((I - Eigen::MatrixXd::Identity(200, 200)).norm() / std::sqrt(200.0) < 1e-3);
+  // An indefinite matrix is reported, not factorised.
+  Eigen::MatrixXf bad = Eigen::MatrixXf::Identity(4, 4);
+  bad(2, 2) = -1.0f;
+  CHECK_FALSE(gptq::inverse_cholesky_upper(bad, U));
+  CHECK_FALSE(gptq::inverse_cholesky_upper_ref(bad, Ur));
+}
+
+TEST_CASE("damping grows by 0.01 until Cholesky succeeds; RTN fallback when it never does", "[quantizer][gptq]") {
+  const int64_t k = 64, n = 16;
+  // H = Q·diag(λ)·Qᵀ with one eigenvalue −0.025·mean(diag): 0.01 and 0.02 fail, 0.03 succeeds.
+  test::Normal g(5);
+  Eigen::MatrixXd A(k, k);
+  for (int64_t i = 0; i < A.size(); ++i) A.data()[i] = g();
+  const Eigen::MatrixXd Q = Eigen::HouseholderQR<Eigen::MatrixXd>(A).householderQ();
+  Eigen::VectorXd lam = Eigen::VectorXd::Ones(k);
+  lam(0) = -0.025 * double(k - 1) / double(k) / (1.0 + 0.025 / double(k));
+  const Eigen::MatrixXf H = (Q * lam.asDiagonal() * Q.transpose()).cast<float>();
+  const test::SynthLayer L = test::make_synth_layer(n, k, 1, 1, 2);
+  GptqOptions o;
+  o.group_size = 32;
+  GptqStats st;
+  gptq_quantize(L.W.data(), n, k, H, o, &st);
+  CHECK_FALSE(st.fell_back_to_rtn);
+  CHECK(std::fabs(st.damp_used - 0.03) < 1e-9);
+
+  RtnOptions ro;
+  ro.group_size = 32;
+  const QuantizedLinear rtn = rtn_quantize(L.W.data(), n, k, ro);
+  o.auto_damp = false;  // no retry: straight to the RTN fallback
+  QuantizedLinear q = gptq_quantize(L.W.data(), n, k, H, o, &st);
+  CHECK(st.fell_back_to_rtn);
+  CHECK(q.codes == rtn.codes);
+  CHECK(q.scales == rtn.scales);
+  // Far from positive definite: every damping up to 1 fails.
+  lam(0) = -3.0;
+  const Eigen::MatrixXf H2 = (Q * lam.asDiagonal() * Q.transpose()).cast<float>();
+  o.auto_damp = true;
+  q = gptq_quantize(L.W.data(), n, k, H2, o, &st);
+  CHECK(st.fell_back_to_rtn);
+  CHECK(st.damp_used == 0.0);
+  CHECK(q.codes == rtn.codes);
+}
+
+TEST_CASE("dead input channels get zero weights and the zero code", "[quantizer][gptq]") {
+  Small s(32, 128, 3);
+  const int64_t dead[] = {0, 5, 77, 127};
+  for (int64_t c : dead) {
+    s.H.row(c).setZero();
+    s.H.col(c).setZero();
+  }
+  GptqOptions o;
+  o.clip = GptqOptions::Marlin;
+  GptqStats st;
+  const QuantizedLinear q = gptq_quantize(s.L.W.data(), s.n, s.k, s.H, o, &st);
+  CHECK(st.dead_columns == 4);
+  for (int64_t c : dead)
+    for (int64_t r = 0; r < s.n; ++r) CHECK(q.codes[size_t(c * s.n + r)] == 8);
+}
+
+TEST_CASE("codes in range, dequant == (code-8)·s, fp16 scales used in the loop", "[quantizer][gptq]") {
+  const Small s(48, 256, 4);
+  for (int bits : {4, 8})
+    for (int group : {-1, 32, 128}) {
+      GptqOptions o;
+      o.bits = bits;
+      o.group_size = group;
+      o.clip = GptqOptions::Marlin;
+      GptqStats st;
+      const QuantizedLinear q = gptq_quantize(s.L.W.data(), s.n, s.k, s.H, o, &st);
+      q.validate();
+      const std::vector<float> w = dequantize(q);
+      const int zero = 1 << (bits - 1);
+      int bad = 0;
+      for (int64_t r = 0; r < s.k; ++r)
+        for (int64_t c = 0; c < s.n; ++c) {
+          const float sc = half_to_float(q.scales[size_t(q.group_of(r) * s.n + c)]);
+          bad += w[size_t(r * s.n + c)] != float(int(q.codes[size_t(r * s.n + c)]) - zero) * sc;
+        }
+      CHECK(bad == 0);
+      CHECK(st.loss > 0.0);
+      CHECK(st.rel_weight_err > 0.0);
+      CHECK(st.rel_weight_err < (bits == 4 ? 0.3 : 0.05));
+    }
+}
+
+TEST_CASE("column orders: static/GAR keep trivial g_idx, dynamic act-order a valid permutation g_idx", "[quantizer][gptq]") {
+  const Small s(32, 256, 6);
+  const int g = 64;
+  std::vector<float> diag(size_t(s.k));
+  for (int64_t j = 0; j < s.k; ++j) diag[size_t(j)] = s.H(j, j);
+  // GAR keeps group membership contiguous and orders groups by their max diag.
+  const std::vector<int32_t> gar = gptq::column_order(GptqOptions::Gar, diag.data(), s.k, g);
+  for (int64_t b = 0; b < s.k / g; ++b) {
+    const int32_t grp = gar[size_t(b * g)] / g;
+    for (int64_t t = 0; t < g; ++t) CHECK(gar[size_t(b * g + t)] / g == grp);
+    for (int64_t t = 1; t < g; ++t) CHECK(diag[size_t(gar[size_t(b * g + t - 1)])] >= diag[size_t(gar[size_t(b * g + t)])]);
+    if (b > 0) CHECK(diag[size_t(gar[size_t((b - 1) * g)])] >= diag[size_t(gar[size_t(b * g)])]);
+  }
+  GptqOptions o;
+  o.group_size = g;
+  for (auto order : {GptqOptions::StaticActOrder, GptqOptions::Gar}) {
+    o.order = order;
+    const QuantizedLinear q = gptq_quantize(s.L.W.data(), s.n, s.k, s.H, o);
+    CHECK(q.trivial_g_idx());
+  }
+  o.order = GptqOptions::DynamicActOrder;
+  const QuantizedLinear q = gptq_quantize(s.L.W.data(), s.n, s.k, s.H, o);
+  q.validate();
+  REQUIRE(q.g_idx.size() == size_t(s.k));
+  CHECK_FALSE(q.trivial_g_idx());
+  std::vector<int> count(size_t(s.k / g), 0);
+  for (int32_t gi : q.g_idx) ++count[size_t(gi)];
+  for (int c : count) CHECK(c == g);
+  const std::vector<int32_t> act = gptq::column_order(GptqOptions::DynamicActOrder, diag.data(), s.k, g);
+  for (int64_t p = 0; p < s.k; ++p) CHECK(q.g_idx[size_t(act[size_t(p)])] == p / g);
+}
+
+TEST_CASE("SparseGPT 2:4: exactly 2 kept per 4, pruned codes are the zero code", "[quantizer][gptq][sparse]") {
+  const Small s(40, 256, 7);
+  GptqOptions o;
+  o.sparse24 = true;
+  o.clip = GptqOptions::Marlin;
+  const QuantizedLinear q = gptq_quantize(s.L.W.data(), s.n, s.k, s.H, o);
+  q.validate();
+  REQUIRE(q.mask.size() == size_t(s.k * s.n));
+  for (int64_t c = 0; c < s.n; ++c)
+    for (int64_t r = 0; r < s.k; r += 4) {
+      int kept = 0;
+      for (int t = 0; t < 4; ++t) {
+        kept += q.mask[size_t((r + t) * s.n + c)];
+        if (!q.mask[size_t((r + t) * s.n + c)]) CHECK(q.codes[size_t((r + t) * s.n + c)] == 8);
+      }
+      CHECK(kept == 2);
+    }
+  o.order = GptqOptions::Gar;
+  CHECK(test::throws_with([&] { gptq_quantize(s.L.W.data(), s.n, s.k, s.H, o); }, {"natural column order"}));
+}
+
+TEST_CASE("GPTQ is deterministic: two runs and different thread counts are byte-identical", "[quantizer][gptq]") {
+  const Small s(300, 256, 8);  // n not a multiple of the 128-row chunk
+  for (bool sparse : {false, true}) {
+    GptqOptions o;
+    o.clip = GptqOptions::Marlin;
+    o.sparse24 = sparse;
+    o.group_size = 64;
+    const QuantizedLinear a = gptq_quantize(s.L.W.data(), s.n, s.k, s.H, o);
+    const QuantizedLinear b = gptq_quantize(s.L.W.data(), s.n, s.k, s.H, o);
+    CHECK(same(a, b));
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    const QuantizedLinear c = gptq_quantize(s.L.W.data(), s.n, s.k, s.H, o);
+    omp_set_num_threads(threads);
+    CHECK(same(a, c));
+  }
+}
+
+TEST_CASE("diagonal H (uncorrelated inputs): GPTQ without clip equals RTN exactly", "[quantizer][gptq]") {
+  const int64_t n = 64, k = 256;
+  const test::SynthLayer L = test::make_synth_layer(n, k, 1, 1, 9);
+  test::Normal g(10);
+  Eigen::MatrixXf H = Eigen::MatrixXf::Zero(k, k);
+  for (int64_t j = 0; j < k; ++j) H(j, j) = float(0.1 + std::fabs(g()));
+  for (int bits : {4, 8})
+    for (int group : {-1, 32, 128})
+      for (auto order : {GptqOptions::Natural, GptqOptions::StaticActOrder, GptqOptions::Gar}) {
+        GptqOptions o;
+        o.bits = bits;
+        o.group_size = group;
+        o.order = order;
+        RtnOptions ro;
+        ro.bits = bits;
+        ro.group_size = group;
+        const QuantizedLinear q = gptq_quantize(L.W.data(), n, k, H, o), r = rtn_quantize(L.W.data(), n, k, ro);
+        CHECK(q.codes == r.codes);
+        CHECK(q.scales == r.scales);
+      }
+}
+
+TEST_CASE("blocked fast path agrees with the unblocked scalar reference", "[quantizer][gptq]") {
+  const Small s(96, 256, 12);
+  struct Case { int group; GptqOptions::Order order; GptqOptions::Clip clip; bool sparse; int block; };
+  const Case cases[] = {
+      {128, GptqOptions::Natural, GptqOptions::None, false, 128},
+      {32, GptqOptions::Natural, GptqOptions::Marlin, false, 128},
+      {-1, GptqOptions::Natural, GptqOptions::None, false, 64},
+      {64, GptqOptions::StaticActOrder, GptqOptions::Marlin, false, 128},
+      {64, GptqOptions::Gar, GptqOptions::Marlin, false, 128},
+      {128, GptqOptions::DynamicActOrder, GptqOptions::None, false, 128},
+      {128, GptqOptions::Natural, GptqOptions::Marlin, true, 128},
+  };
+  for (const Case& c : cases) {
+    GptqOptions o;
+    o.group_size = c.group;
+    o.order = c.order;
+    o.clip = c.clip;
+    o.sparse24 = c.sparse;
+    o.block = c.block;
+    GptqStats fs, rs;
+    const QuantizedLinear f = gptq_quantize(s.L.W.data(), s.n, s.k, s.H, o, &fs);
+    const QuantizedLinear r = gptq_quantize_ref(s.L.W.data(), s.n, s.k, s.H, o, &rs);
+    INFO("group " << c.group << " order " << int(c.order) << " clip " << int(c.clip) << " sparse " << c.sparse);
+    CHECK(mismatch_rate(f.codes, r.codes) <= kCodeMismatchMax);
+    CHECK(std::fabs(fs.loss - rs.loss) <= kLossRelTol * rs.loss);
+    CHECK(f.g_idx == r.g_idx);
+  }
+}
+
+TEST_CASE("GPTQ rejects bad options and inputs, naming the layer", "[quantizer][gptq]") {
+  const Small s(8, 64, 13);
+  GptqOptions o;
+  o.name = "model.layers.3.self_attn.o_proj";
+  o.group_size = 32;
+  const Eigen::MatrixXf wrong = Eigen::MatrixXf::Identity(32, 32);
+  CHECK(test::throws_with([&] { gptq_quantize(s.L.W.data(), s.n, s.k, wrong, o); }, {"o_proj", "[32, 32]", "k=64"}));
+  o.damp = 1.5f;
+  CHECK(test::throws_with([&] { gptq_quantize(s.L.W.data(), s.n, s.k, s.H, o); }, {"o_proj", "--damp"}));
+  o.damp = 0.01f;
+  Eigen::MatrixXf Hn = s.H;
+  Hn(3, 4) = NAN;
+  CHECK(test::throws_with([&] { gptq_quantize(s.L.W.data(), s.n, s.k, Hn, o); }, {"o_proj", "non-finite"}));
+#ifndef MARLINC_HAVE_CUDA
+  o.device = GptqOptions::Device::Cuda;
+  CHECK(test::throws_with([&] { gptq_quantize(s.L.W.data(), s.n, s.k, s.H, o); }, {"without CUDA"}));
+#endif
+}

@@ -1,0 +1,286 @@
+// marlinc verify: a clean checkpoint passes, and each corruption from the issue is caught and named.
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <random>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/error.h"
+#include "checkpoint/half.h"
+#include "checkpoint/writer.h"
+#include "packer/adapters.h"
+#include "tests/common.h"
+#include "verify/verify.h"
+
+using namespace marlinc;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Layer {
+  std::string name;
+  int64_t n, k;  // HF weight [n, k]
+};
+const std::vector<Layer> kLayers = {{"model.layers.0.self_attn.q_proj", 256, 256},
+                                    {"model.layers.0.self_attn.k_proj", 256, 256},
+                                    {"model.layers.0.self_attn.v_proj", 256, 256},
+                                    {"model.layers.0.mlp.down_proj", 256, 512}};
+
+std::vector<float> random_weights(const Layer& l, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.f, 0.02f);
+  std::vector<float> w(size_t(l.n * l.k));
+  for (auto& x : w) x = half_to_float(float_to_half(d(rng)));  // exactly representable in fp16
+  return w;
+}
+
+// Round-to-nearest symmetric 4-bit with group 128 (2:4: keep the 2 largest of every 4 along k first).
+QuantizedLinear rtn(const Layer& l, const std::vector<float>& w, bool sparse24) {
+  QuantizedLinear q;
+  q.name = l.name; q.k = l.k; q.n = l.n; q.bits = 4; q.group_size = 128;
+  q.codes.assign(size_t(l.k * l.n), 8);
+  q.scales.resize(size_t(q.groups() * l.n));
+  if (sparse24) q.mask.assign(size_t(l.k * l.n), 0);
+  for (int64_t c = 0; c < l.n; ++c) {
+    if (sparse24)
+      for (int64_t g = 0; g < l.k / 4; ++g) {
+        int idx[4] = {0, 1, 2, 3};
+        std::sort(idx, idx + 4, [&](int a, int b) {
+          return std::fabs(w[size_t(c * l.k + 4 * g + a)]) > std::fabs(w[size_t(c * l.k + 4 * g + b)]);
+        });
+        q.mask[size_t((4 * g + idx[0]) * l.n + c)] = q.mask[size_t((4 * g + idx[1]) * l.n + c)] = 1;
+      }
+    for (int64_t g = 0; g < q.groups(); ++g) {
+      float amax = 0;
+      for (int64_t r = g * 128; r < (g + 1) * 128; ++r) amax = std::max(amax, std::fabs(w[size_t(c * l.k + r)]));
+      uint16_t s16 = float_to_half(amax / 7.5f);
+      q.scales[size_t(g * l.n + c)] = s16;
+      float s = half_to_float(s16);
+      for (int64_t r = g * 128; r < (g + 1) * 128; ++r) {
+        if (sparse24 && !q.mask[size_t(r * l.n + c)]) continue;
+        float code = std::nearbyint(w[size_t(c * l.k + r)] / s) + 8;
+        code = std::clamp(code, sparse24 ? 1.f : 0.f, 15.f);
+        if (sparse24 && code == 8) code = w[size_t(c * l.k + r)] >= 0 ? 9 : 7;  // a kept weight stays non-zero
+        q.codes[size_t(r * l.n + c)] = uint8_t(code);
+      }
+    }
+  }
+  return q;
+}
+
+void write_reference(const fs::path& dir) {
+  std::vector<TensorSpec> plan;
+  for (auto& l : kLayers) plan.push_back({l.name + ".weight", DType::F16, {l.n, l.k}});
+  CheckpointWriter w(dir, plan);
+  for (size_t i = 0; i < kLayers.size(); ++i) {
+    auto f = random_weights(kLayers[i], 100 + i);
+    std::vector<uint16_t> h(f.size());
+    float_to_half_n(f.data(), h.data(), f.size());
+    w.write(kLayers[i].name + ".weight", {reinterpret_cast<const uint8_t*>(h.data()), h.size() * 2});
+  }
+  w.add_file("config.json", "{\"architectures\": [\"LlamaForCausalLM\"]}\n");
+  w.commit();
+}
+
+void write_quantized(const fs::path& dir, TargetFormat t, WriterOptions opts = {}) {
+  const bool sparse = t == TargetFormat::Marlin24;
+  std::vector<std::vector<PackedTensor>> mods;
+  std::vector<TensorSpec> plan;
+  for (size_t i = 0; i < kLayers.size(); ++i) {
+    mods.push_back(write_module(t, rtn(kLayers[i], random_weights(kLayers[i], 100 + i), sparse)));
+    for (auto& p : mods.back()) plan.push_back(p.spec);
+  }
+  CheckpointWriter w(dir, plan, opts);
+  for (auto& m : mods)
+    for (auto& p : m) w.write(p.spec.name, p.bytes);
+  QuantSummary s;
+  TargetConfig cfg = target_config(t, nlohmann::json{{"architectures", {"LlamaForCausalLM"}}}, nlohmann::json::object(), s);
+  w.add_file("config.json", cfg.config.dump(2) + "\n");
+  if (cfg.quantize_config) w.add_file("quantize_config.json", cfg.quantize_config->dump(2) + "\n");
+  w.commit();
+}
+
+// Patches bytes of one tensor in place (the file is rewritten with the same length).
+void patch_tensor(const fs::path& dir, const std::string& name, const std::function<void(uint8_t*, size_t)>& edit) {
+  uint64_t offset = 0, len = 0;
+  fs::path file;
+  {
+    Checkpoint ck = Checkpoint::open(dir);
+    auto r = ck.at(name);
+    file = r.file->path();
+    std::span<const uint8_t> d = r.file->data(*r.info);
+    std::ifstream in(file, std::ios::binary);
+    uint64_t hlen = 0;
+    in.read(reinterpret_cast<char*>(&hlen), 8);
+    offset = 8 + hlen + r.info->begin;
+    len = d.size();
+  }
+  std::fstream f(file, std::ios::binary | std::ios::in | std::ios::out);
+  std::vector<uint8_t> buf(len);
+  f.seekg(std::streamoff(offset));
+  f.read(reinterpret_cast<char*>(buf.data()), std::streamsize(len));
+  edit(buf.data(), len);
+  f.seekp(std::streamoff(offset));
+  f.write(reinterpret_cast<const char*>(buf.data()), std::streamsize(len));
+}
+
+const LayerReport* layer(const VerifyReport& r, const std::string& name) {
+  for (auto& l : r.layers)
+    if (l.name == name) return &l;
+  return nullptr;
+}
+std::string failed_checks(const LayerReport& l) {
+  std::string s;
+  for (auto& c : l.checks)
+    if (!c.ok) s += c.name + ": " + c.detail + "\n";
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("a clean Marlin checkpoint verifies, with and without the reference", "[verify]") {
+  test::TempDir tmp("verify-clean");
+  write_reference(tmp.path / "fp");
+  write_quantized(tmp.path / "q", TargetFormat::Marlin);
+  VerifyOptions opt;
+  VerifyReport r = verify_checkpoint(tmp.path / "q", opt);
+  INFO(r.certificate().dump(1));
+  CHECK(r.ok());
+  REQUIRE(r.layers.size() == kLayers.size());
+  CHECK(r.format == "marlin");
+  opt.reference = tmp.path / "fp";
+  VerifyReport rr = verify_checkpoint(tmp.path / "q", opt);
+  INFO(rr.certificate().dump(1));
+  CHECK(rr.ok());
+  for (auto& l : rr.layers) {
+    CHECK(l.output_rel_err > 0);
+    CHECK(l.output_rel_err < 0.2);  // 4-bit RTN on Gaussian weights: about 0.1
+  }
+  // The certificate re-checks clean, and names a tensor whose bytes change.
+  nlohmann::json cert = rr.certificate();
+  CHECK(check_certificate(tmp.path / "q", cert).empty());
+  patch_tensor(tmp.path / "q", "model.layers.0.mlp.down_proj.s", [](uint8_t* p, size_t) { p[0] ^= 1; });
+  auto problems = check_certificate(tmp.path / "q", cert);
+  REQUIRE(!problems.empty());
+  bool named = false;
+  for (auto& p : problems) named |= p.find("model.layers.0.mlp.down_proj.s") != std::string::npos;
+  CHECK(named);
+}
+
+TEST_CASE("a flipped high bit in B is caught against the reference and named", "[verify]") {
+  test::TempDir tmp("verify-bitflip");
+  write_reference(tmp.path / "fp");
+  write_quantized(tmp.path / "q", TargetFormat::Marlin);
+  // Bit 3 of nibble 0 of word 77: the code moves by 8 steps.
+  patch_tensor(tmp.path / "q", "model.layers.0.self_attn.k_proj.B", [](uint8_t* p, size_t) { p[4 * 77] ^= 0x08; });
+  VerifyOptions opt;
+  opt.reference = tmp.path / "fp";
+  VerifyReport r = verify_checkpoint(tmp.path / "q", opt);
+  CHECK(!r.ok());
+  const LayerReport* l = layer(r, "model.layers.0.self_attn.k_proj");
+  REQUIRE(l);
+  CHECK(!l->ok());
+  CHECK(failed_checks(*l).find("quantization steps") != std::string::npos);
+  CHECK(layer(r, "model.layers.0.self_attn.q_proj")->ok());
+}
+
+TEST_CASE("swapped scale columns are caught against the reference and named", "[verify]") {
+  test::TempDir tmp("verify-scales");
+  write_reference(tmp.path / "fp");
+  write_quantized(tmp.path / "q", TargetFormat::Marlin);
+  // Swap stored columns 0 and 5 of row 0 of the permuted scales, then make them differ for sure by
+  // also doubling one (a swap of equal scales would be harmless).
+  patch_tensor(tmp.path / "q", "model.layers.0.self_attn.v_proj.s", [](uint8_t* p, size_t) {
+    uint16_t* s = reinterpret_cast<uint16_t*>(p);
+    std::swap(s[0], s[5]);
+    s[0] = float_to_half(half_to_float(s[0]) * 3.f);
+  });
+  VerifyOptions opt;
+  opt.reference = tmp.path / "fp";
+  VerifyReport r = verify_checkpoint(tmp.path / "q", opt);
+  const LayerReport* l = layer(r, "model.layers.0.self_attn.v_proj");
+  REQUIRE(l);
+  INFO(failed_checks(*l));
+  CHECK(!l->ok());
+  CHECK(failed_checks(*l).find("reference") != std::string::npos);
+}
+
+TEST_CASE("a 2:4 metadata nibble with its positions swapped fails the structure check", "[verify]") {
+  test::TempDir tmp("verify-meta");
+  write_quantized(tmp.path / "q", TargetFormat::Marlin24);
+  REQUIRE(verify_checkpoint(tmp.path / "q", {}).ok());
+  // Nibble idx0 | idx1 << 2 with idx0 < idx1: swapping the two 2-bit fields makes positions decrease.
+  patch_tensor(tmp.path / "q", "model.layers.0.mlp.down_proj.B_meta", [](uint8_t* p, size_t) {
+    uint8_t nib = p[10] & 0xf;
+    uint8_t swapped = uint8_t(((nib & 3) << 2) | (nib >> 2));
+    p[10] = uint8_t((p[10] & 0xf0) | swapped);
+  });
+  VerifyReport r = verify_checkpoint(tmp.path / "q", {});
+  const LayerReport* l = layer(r, "model.layers.0.mlp.down_proj");
+  REQUIRE(l);
+  INFO(failed_checks(*l));
+  CHECK(!l->ok());
+  CHECK(failed_checks(*l).find("structure") != std::string::npos);
+}
+
+TEST_CASE("a wrong group size in the config fails verification", "[verify]") {
+  test::TempDir tmp("verify-group");
+  write_quantized(tmp.path / "q", TargetFormat::GptqV1);
+  REQUIRE(verify_checkpoint(tmp.path / "q", {}).ok());
+  for (const char* f : {"config.json", "quantize_config.json"}) {
+    fs::path p = tmp.path / "q" / f;
+    if (!fs::exists(p)) continue;
+    std::ifstream in(p);
+    nlohmann::json j = nlohmann::json::parse(in);
+    if (j.contains("group_size")) j["group_size"] = 64;
+    if (j.contains("quantization_config")) j["quantization_config"]["group_size"] = 64;
+    std::ofstream(p) << j.dump(2);
+  }
+  VerifyReport r = verify_checkpoint(tmp.path / "q", {});
+  CHECK(!r.ok());
+  std::string all;
+  for (auto& l : r.layers) all += failed_checks(l);
+  for (auto& p : r.global_problems) all += p + "\n";
+  INFO(all);
+  CHECK(all.find("group") != std::string::npos);
+}
+
+TEST_CASE("GPTQ v2 zero points labelled v1 fail verification", "[verify]") {
+  test::TempDir tmp("verify-v2");
+  write_quantized(tmp.path / "q", TargetFormat::GptqV2);
+  REQUIRE(verify_checkpoint(tmp.path / "q", {}).ok());
+  for (const char* f : {"config.json", "quantize_config.json"}) {
+    fs::path p = tmp.path / "q" / f;
+    if (!fs::exists(p)) continue;
+    std::ifstream in(p);
+    nlohmann::json j = nlohmann::json::parse(in);
+    if (j.contains("checkpoint_format")) j["checkpoint_format"] = "gptq";
+    if (j.contains("quantization_config")) j["quantization_config"]["checkpoint_format"] = "gptq";
+    std::ofstream(p) << j.dump(2);
+  }
+  VerifyReport r = verify_checkpoint(tmp.path / "q", {});
+  CHECK(!r.ok());
+  std::string all;
+  for (auto& p : r.global_problems) all += p + "\n";
+  INFO(all);
+  CHECK(all.find("v2") != std::string::npos);
+}
+
+TEST_CASE("a missing shard is an error naming the shard", "[verify]") {
+  test::TempDir tmp("verify-shard");
+  WriterOptions opts;
+  opts.max_shard_bytes = 64 * 1024;
+  write_quantized(tmp.path / "q", TargetFormat::Marlin, opts);
+  REQUIRE(verify_checkpoint(tmp.path / "q", {}).ok());
+  fs::path victim;
+  for (auto& e : fs::directory_iterator(tmp.path / "q"))
+    if (e.path().filename().string().find("-00002-of-") != std::string::npos) victim = e.path();
+  REQUIRE(!victim.empty());
+  fs::remove(victim);
+  try {
+    verify_checkpoint(tmp.path / "q", {});
+    FAIL("verify accepted a checkpoint with a missing shard");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find(victim.filename().string()) != std::string::npos);
+  }
+}

@@ -1,0 +1,406 @@
+#include "verify/verify.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <map>
+#include <set>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/convert_dtype.h"
+#include "checkpoint/error.h"
+#include "checkpoint/format.h"
+#include "checkpoint/half.h"
+#include "checkpoint/sha256.h"
+#include "packer/adapters.h"
+#include "verify/arith.h"
+#include "verify/gpu_gemm.h"
+
+namespace marlinc {
+
+namespace {
+
+// The CPU arithmetic check evaluates at most this many output columns per layer (all of them on the
+// GPU): enough to exercise every 64-column tile pattern while keeping an 8B model's check in minutes.
+constexpr int64_t kCpuMaxColumns = 256;
+// Rows of random activations for the --reference output error.
+constexpr int kReferenceRows = 32;
+// Reference errors below this are never called outliers, however their peers do.
+constexpr double kOutlierFloor = 1e-3;
+// No weight of a kept position may sit further than this from its reference, in quantization steps of
+// its own scale: rounding gives at most 0.5, GPTQ's error feedback and clipping a few; a flipped high
+// code bit gives about 8.
+constexpr double kMaxStepError = 6.0;
+
+std::optional<TargetFormat> writer_for(Format f) {
+  switch (f) {
+    case Format::Marlin: return TargetFormat::Marlin;
+    case Format::Marlin24: return TargetFormat::Marlin24;
+    case Format::GptqV1: return TargetFormat::GptqV1;
+    case Format::GptqV2: return TargetFormat::GptqV2;
+    case Format::CompressedTensorsPack: return TargetFormat::CompressedTensors;
+    case Format::Awq: return TargetFormat::Awq;
+    default: return std::nullopt;
+  }
+}
+
+bool is_sparse(Format f) { return f == Format::Marlin24 || f == Format::CompressedTensorsMarlin24; }
+
+// Tensor-name endings that only quantized modules use; one of these outside every module is a leftover.
+const std::set<std::string> kQuantSuffixes = {"qweight", "qzeros", "scales", "g_idx", "B", "s", "B_24",
+                                              "B_meta", "meta", "s_24", "perm", "weight_packed",
+                                              "weight_scale", "weight_zero_point", "weight_g_idx",
+                                              "weight_shape", "scale_packed"};
+
+std::string suffix_of(const std::string& name) {
+  auto dot = name.rfind('.');
+  return dot == std::string::npos ? name : name.substr(dot + 1);
+}
+
+std::string fmt_double(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", v);
+  return buf;
+}
+
+CheckResult check_structure(const ModuleDesc& d, const FormatInfo& fi, const QuantizedLinear& q) {
+  CheckResult c{"structure", true, ""};
+  auto fail = [&](const std::string& why) {
+    if (c.ok) c.detail = why; else c.detail += "; " + why;
+    c.ok = false;
+  };
+  if (fi.bits && fi.bits != d.bits)
+    fail("config says bits " + std::to_string(fi.bits) + " but the tensors hold " + std::to_string(d.bits) + "-bit codes");
+  if (fi.group_size && fi.group_size != d.group_size && !(d.groups == 1 && (fi.group_size == -1 || fi.group_size == d.k)))
+    fail("config says group_size " + std::to_string(fi.group_size) + " but the scales have " + std::to_string(d.groups) +
+         " rows for k = " + std::to_string(d.k) + " (group size " + std::to_string(d.group_size) + ")");
+  if (!fi.sym == d.sym && fi.format != Format::Awq)
+    fail(std::string("config says sym=") + (fi.sym ? "true" : "false") + " but the zero points are " +
+         (d.sym ? "symmetric" : "asymmetric"));
+  for (size_t i = 0; i < q.scales.size(); ++i) {
+    float s = q.scale_type == ScaleType::F16 ? half_to_float(q.scales[i]) : bf16_to_float(q.scales[i]);
+    if (!std::isfinite(s) || s == 0.f) {
+      fail("scale at group " + std::to_string(i / size_t(q.n)) + ", column " + std::to_string(i % size_t(q.n)) +
+           " is " + (s == 0.f ? "zero" : "not finite"));
+      break;
+    }
+  }
+  return c;
+}
+
+// Unpack -> repack must give back the stored bytes exactly, tensor by tensor.
+CheckResult check_layout(const Checkpoint& ck, const ModuleDesc& d, const QuantizedLinear& q) {
+  auto target = writer_for(d.format);
+  if (!target) return {"layout", true, "not re-packed: no writer for " + format_name(d.format)};
+  std::vector<PackedTensor> packed = write_module(*target, q);
+  for (const PackedTensor& t : packed) {
+    auto ref = ck.find(t.spec.name);
+    if (!ref) return {"layout", false, "re-packing produces " + t.spec.name + ", which the checkpoint lacks"};
+    std::span<const uint8_t> stored = ref->file->data(*ref->info);
+    if (stored.size() != t.bytes.size())
+      return {"layout", false, t.spec.name + ": stored " + std::to_string(stored.size()) + " bytes, re-packed " +
+                                   std::to_string(t.bytes.size())};
+    auto mis = std::mismatch(stored.begin(), stored.end(), t.bytes.begin());
+    if (mis.first != stored.end())
+      return {"layout", false, t.spec.name + ": re-packed bytes differ from the stored ones first at byte " +
+                                   std::to_string(mis.first - stored.begin()) +
+                                   " (the packed weights do not follow the layout)"};
+  }
+  return {"layout", true, "re-packed " + std::to_string(packed.size()) + " tensors byte-identical"};
+}
+
+void check_arithmetic(LayerReport& L, const QuantizedLinear& q, const VerifyOptions& opt, bool gpu) {
+  const double gate = L.sparse24 ? opt.tol.arith_mean_rel_24 : opt.tol.arith_mean_rel_dense;
+  CheckResult c{"arithmetic", true, ""};
+  const std::vector<int64_t> cols = gpu ? sample_columns(q.n, q.n) : sample_columns(q.n, kCpuMaxColumns);
+  for (size_t bi = 0; bi < opt.batch_sizes.size(); ++bi) {
+    const int m = opt.batch_sizes[bi];
+    std::vector<uint16_t> A = random_activations(m, q.k, opt.seed * 1000003ULL + bi);
+    std::vector<double> ref = gemm_reference(A, m, q, cols);
+    std::vector<float> got;
+    std::string why;
+    if (!(gpu && gpu_gemm_packed(L.name, q, A, m, got, why))) got = gemm_kernel_numerics(A, m, q, cols);
+    RelErr e = compare(got, ref);
+    L.arith.push_back({m, e.mean_rel, e.max_rel, e.finite});
+    if (!e.finite || !(e.mean_rel <= gate)) {
+      c.ok = false;
+      c.detail = "m=" + std::to_string(m) + ": " + (e.finite ? "" : "non-finite outputs (fp16 overflow?), ") +
+                 "mean relative error " + fmt_double(e.mean_rel) + " > " + fmt_double(gate);
+    }
+  }
+  if (c.ok) {
+    double worst = 0;
+    for (auto& a : L.arith) worst = std::max(worst, a.mean_rel_err);
+    c.detail = "worst mean relative error " + fmt_double(worst) + " over m in {" ;
+    for (size_t i = 0; i < opt.batch_sizes.size(); ++i) c.detail += (i ? "," : "") + std::to_string(opt.batch_sizes[i]);
+    c.detail += "}" + std::string(gpu ? "" : ", " + std::to_string(cols.size()) + " of " + std::to_string(q.n) + " columns");
+  }
+  L.checks.push_back(c);
+}
+
+void check_reference(LayerReport& L, const QuantizedLinear& q, const Checkpoint& ref, const VerifyOptions& opt) {
+  const std::string wname = L.name + ".weight";
+  auto r = ref.find(wname);
+  if (!r) { L.checks.push_back({"reference", false, "reference checkpoint has no " + wname}); return; }
+  const auto& shape = r->info->shape;
+  if (shape.size() != 2 || shape[0] != q.n || shape[1] != q.k) {
+    L.checks.push_back({"reference", false, wname + " has shape other than [n=" + std::to_string(q.n) +
+                                                ", k=" + std::to_string(q.k) + "]"});
+    return;
+  }
+  std::vector<float> w = to_float(r->file->data(*r->info), r->info->dtype);  // [n, k]
+  const std::vector<float> wq = dequantize(q);                               // [k, n]
+  // Whole-layer error, the worst single weight in quantization steps (a flipped code bit or a wrong
+  // scale shows there), and per-column errors (swapped scale columns show there).
+  double dw = 0, nw = 0, worst_steps = 0;
+  int64_t worst_r = 0, worst_c = 0;
+  std::vector<double> col_err(size_t(q.n));
+  for (int64_t c = 0; c < q.n; ++c) {
+    double dc = 0, nc = 0;
+    for (int64_t k = 0; k < q.k; ++k) {
+      double a = w[size_t(c * q.k + k)], b = wq[size_t(k * q.n + c)];
+      dc += (a - b) * (a - b); nc += a * a;
+      if (!q.mask.empty() && !q.mask[size_t(k * q.n + c)]) continue;  // pruned: the original is not kept
+      double steps = std::fabs(a - b) / std::fabs(double(q.scale_of(k, c)));
+      if (steps > worst_steps) { worst_steps = steps; worst_r = k; worst_c = c; }
+    }
+    col_err[size_t(c)] = nc > 0 ? std::sqrt(dc / nc) : 0;
+    dw += dc; nw += nc;
+  }
+  std::vector<double> sorted_cols = col_err;
+  std::nth_element(sorted_cols.begin(), sorted_cols.begin() + q.n / 2, sorted_cols.end());
+  const double col_median = sorted_cols[size_t(q.n / 2)];
+  int64_t worst_col = std::max_element(col_err.begin(), col_err.end()) - col_err.begin();
+  std::string problems;
+  if (worst_steps > kMaxStepError)
+    problems += "weight (" + std::to_string(worst_r) + ", " + std::to_string(worst_c) + ") is " + fmt_double(worst_steps) +
+                " quantization steps from the reference (more than " + fmt_double(kMaxStepError) + ")";
+  if (col_err[size_t(worst_col)] > kOutlierFloor && col_err[size_t(worst_col)] > opt.tol.outlier_factor * col_median)
+    problems += std::string(problems.empty() ? "" : "; ") + "output column " + std::to_string(worst_col) + " has error " +
+                fmt_double(col_err[size_t(worst_col)]) + ", " + fmt_double(col_err[size_t(worst_col)] / col_median) +
+                "x the layer's median column (scales or codes of that column are wrong)";
+  L.weight_rel_err = nw > 0 ? std::sqrt(dw / nw) : 0;
+  std::vector<uint16_t> A = random_activations(kReferenceRows, q.k, opt.seed + 7);
+  std::vector<float> a(A.size());
+  half_to_float_n(A.data(), a.data(), A.size());
+  double dy = 0, ny = 0;
+#pragma omp parallel for reduction(+ : dy, ny) schedule(dynamic)
+  for (long long c = 0; c < q.n; ++c)
+    for (int i = 0; i < kReferenceRows; ++i) {
+      double y = 0, yq = 0;
+      for (int64_t k = 0; k < q.k; ++k) {
+        double x = a[size_t(i) * size_t(q.k) + size_t(k)];
+        y += x * w[size_t(c * q.k + k)];
+        yq += x * wq[size_t(k * q.n + c)];
+      }
+      dy += (y - yq) * (y - yq); ny += y * y;
+    }
+  L.output_rel_err = ny > 0 ? std::sqrt(dy / ny) : 0;
+  std::string summary = "weight error " + fmt_double(L.weight_rel_err) + ", output error " + fmt_double(L.output_rel_err) +
+                        ", worst weight " + fmt_double(worst_steps) + " steps";
+  L.checks.push_back({"reference", problems.empty(), problems.empty() ? summary : problems + " (" + summary + ")"});
+}
+
+// A layer far above the median of its peers (same module kind, e.g. all q_proj) is the usual sign of
+// a broken conversion even when every other check passes.
+void flag_outliers(std::vector<LayerReport>& layers, double factor) {
+  std::map<std::string, std::vector<double>> by_kind;
+  std::vector<double> all;
+  for (auto& L : layers)
+    if (L.output_rel_err >= 0) { by_kind[suffix_of(L.name)].push_back(L.output_rel_err); all.push_back(L.output_rel_err); }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  const double overall = median(all);
+  for (auto& L : layers) {
+    if (L.output_rel_err < 0) continue;
+    const auto& peers = by_kind[suffix_of(L.name)];
+    const double med = peers.size() >= 3 ? median(peers) : overall;
+    if (L.output_rel_err > kOutlierFloor && L.output_rel_err > factor * med) {
+      L.outlier = true;
+      for (auto& c : L.checks)
+        if (c.name == "reference") {
+          c.ok = false;
+          c.detail += "; outlier: " + fmt_double(L.output_rel_err / med) + "x the median output error of its peers (" +
+                      fmt_double(med) + ")";
+        }
+    }
+  }
+}
+
+std::string utc_now() {
+  std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+
+}  // namespace
+
+bool LayerReport::ok() const {
+  return std::all_of(checks.begin(), checks.end(), [](const CheckResult& c) { return c.ok; });
+}
+
+bool VerifyReport::ok() const {
+  return global_problems.empty() && !layers.empty() &&
+         std::all_of(layers.begin(), layers.end(), [](const LayerReport& l) { return l.ok(); });
+}
+
+VerifyReport verify_checkpoint(const std::filesystem::path& dir, const VerifyOptions& opt, const LayerCallback& on_layer) {
+  Checkpoint ck = Checkpoint::open(dir);
+  std::optional<Checkpoint> ref;
+  if (opt.reference) ref.emplace(Checkpoint::open(*opt.reference));
+  FormatInfo fi = detect_format(ck);
+  VerifyReport rep;
+  rep.checkpoint = ck.source().string();
+  rep.format = format_name(fi.format);
+  rep.format_notes = fi.notes;
+  rep.tol = opt.tol;
+  std::string gpu_name;
+  const bool gpu = !opt.force_cpu && gpu_available(gpu_name);
+  rep.backend = gpu ? "cuda:" + gpu_name : "cpu (fp16-emulating reference GEMM)";
+
+  for (const auto& f : ck.files()) rep.files.emplace_back(f.path().filename().string(), sha256_file(f.path()));
+  for (const char* extra : {"config.json", "quantize_config.json", "model.safetensors.index.json"})
+    if (std::filesystem::is_regular_file(ck.dir() / extra)) rep.files.emplace_back(extra, sha256_file(ck.dir() / extra));
+  std::sort(rep.files.begin(), rep.files.end());
+
+  // detect_format's notes that say the config and the data disagree are failures here: a loader
+  // trusting the label would compute wrong weights. The others (assumed defaults, act-order) inform.
+  for (const auto& note : fi.notes)
+    for (const char* marker : {" but ", "disagrees", "lacks the companion", "differs from", "not uniformly"})
+      if (note.find(marker) != std::string::npos) {
+        rep.global_problems.push_back("config and data disagree: " + note);
+        break;
+      }
+  if (fi.format == Format::Plain) {
+    rep.global_problems.push_back("no quantized layers: the checkpoint holds plain weights");
+    return rep;
+  }
+  std::vector<ModuleDesc> mods;
+  try {
+    mods = describe_modules(ck, fi);
+  } catch (const Error& e) {
+    rep.global_problems.push_back(e.what());
+    return rep;
+  }
+  std::set<std::string> owned;
+  for (const auto& d : mods) owned.insert(d.tensors.begin(), d.tensors.end());
+  for (const auto& name : ck.tensor_names())
+    if (!owned.count(name) && kQuantSuffixes.count(suffix_of(name)))
+      rep.global_problems.push_back("unexpected tensor " + name + ": it looks quantized but belongs to no complete module");
+
+  for (size_t i = 0; i < mods.size(); ++i) {
+    const ModuleDesc& d = mods[i];
+    auto t0 = std::chrono::steady_clock::now();
+    LayerReport L;
+    L.name = d.prefix; L.k = d.k; L.n = d.n; L.bits = d.bits; L.group_size = d.group_size;
+    L.sparse24 = d.sparse24 || is_sparse(d.format); L.act_order = d.act_order;
+    for (const auto& t : d.tensors) L.tensor_sha256.emplace_back(t, sha256_hex(ck.data(t)));
+    std::optional<QuantizedLinear> q;
+    try {
+      q = read_module(ck, d, fi);
+      q->validate();
+    } catch (const Error& e) {
+      L.checks.push_back({"structure", false, e.what()});
+    }
+    if (q) {
+      L.checks.push_back(check_structure(d, fi, *q));
+      try {
+        L.checks.push_back(check_layout(ck, d, *q));
+      } catch (const Error& e) {
+        L.checks.push_back({"layout", false, e.what()});
+      }
+      check_arithmetic(L, *q, opt, gpu);
+      if (ref) check_reference(L, *q, *ref, opt);
+    }
+    L.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    rep.layers.push_back(std::move(L));
+    if (on_layer) on_layer(rep.layers.back(), i, mods.size());
+  }
+  if (ref) flag_outliers(rep.layers, opt.tol.outlier_factor);
+  return rep;
+}
+
+nlohmann::json VerifyReport::certificate() const {
+  using nlohmann::json;
+  json j;
+  j["tool"] = {{"name", "marlinc"}, {"version", MARLINC_VERSION},
+#ifdef MARLINC_HAVE_CUDA
+               {"cuda", true},
+#else
+               {"cuda", false},
+#endif
+               {"cuda_architectures", MARLINC_CUDA_ARCHS}};
+  j["date"] = utc_now();
+  j["backend"] = backend;
+  j["checkpoint"] = {{"path", checkpoint}, {"format", format}, {"format_notes", format_notes}};
+  json files_j = json::array();
+  for (auto& [name, h] : files) files_j.push_back({{"name", name}, {"sha256", h}});
+  j["checkpoint"]["files"] = files_j;
+  j["tolerances"] = {{"arith_mean_rel_dense", tol.arith_mean_rel_dense}, {"arith_mean_rel_24", tol.arith_mean_rel_24},
+                     {"outlier_factor", tol.outlier_factor}, {"cpu_max_columns", kCpuMaxColumns}};
+  j["global_problems"] = global_problems;
+  json layers_j = json::array();
+  size_t passed = 0;
+  for (const auto& L : layers) {
+    json l = {{"name", L.name}, {"k", L.k}, {"n", L.n}, {"bits", L.bits}, {"group_size", L.group_size},
+              {"sparse24", L.sparse24}, {"act_order", L.act_order}, {"ok", L.ok()}, {"seconds", L.seconds}};
+    json tensors = json::object();
+    for (auto& [name, h] : L.tensor_sha256) tensors[name] = h;
+    l["tensors_sha256"] = tensors;
+    json checks = json::array();
+    for (auto& c : L.checks) checks.push_back({{"check", c.name}, {"ok", c.ok}, {"detail", c.detail}});
+    l["checks"] = checks;
+    json arith = json::array();
+    for (auto& a : L.arith)
+      arith.push_back({{"m", a.m}, {"mean_rel_err", a.mean_rel_err}, {"max_rel_err", a.max_rel_err}, {"finite", a.finite}});
+    l["arithmetic"] = arith;
+    if (L.output_rel_err >= 0)
+      l["reference"] = {{"weight_rel_err", L.weight_rel_err}, {"output_rel_err", L.output_rel_err}, {"outlier", L.outlier}};
+    passed += L.ok();
+    layers_j.push_back(l);
+  }
+  j["layers"] = layers_j;
+  j["summary"] = {{"layers", layers.size()}, {"passed", passed}, {"failed", layers.size() - passed}, {"ok", ok()}};
+  return j;
+}
+
+std::vector<std::string> check_certificate(const std::filesystem::path& dir, const nlohmann::json& cert) {
+  std::vector<std::string> problems;
+  auto need = [&](const nlohmann::json& j, const char* key) -> const nlohmann::json& {
+    if (!j.is_object() || !j.contains(key)) bad_data("certificate: missing key \"" + std::string(key) + "\"");
+    return j.at(key);
+  };
+  const auto& files = need(need(cert, "checkpoint"), "files");
+  const auto& layers = need(cert, "layers");
+  if (!files.is_array() || !layers.is_array()) bad_data("certificate: checkpoint.files and layers must be arrays");
+  Checkpoint ck = Checkpoint::open(dir);
+  for (const auto& f : files) {
+    const std::string name = need(f, "name").get<std::string>(), want = need(f, "sha256").get<std::string>();
+    if (name.find('/') != std::string::npos || name.find("..") != std::string::npos)
+      bad_data("certificate: file name \"" + name + "\" is not a plain file name");
+    std::filesystem::path p = ck.dir() / name;
+    if (!std::filesystem::exists(p)) { problems.push_back("file " + name + " is missing"); continue; }
+    if (sha256_file(p) != want) problems.push_back("file " + name + " changed (SHA-256 differs)");
+  }
+  std::set<std::string> listed;
+  for (const auto& l : layers) {
+    const std::string lname = need(l, "name").get<std::string>();
+    listed.insert(lname);
+    for (const auto& [tname, h] : need(l, "tensors_sha256").items()) {
+      auto r = ck.find(tname);
+      if (!r) { problems.push_back(lname + ": tensor " + tname + " is missing"); continue; }
+      if (sha256_hex(r->file->data(*r->info)) != h.get<std::string>())
+        problems.push_back(lname + ": tensor " + tname + " changed (its bytes differ from the certified ones)");
+    }
+  }
+  FormatInfo fi = detect_format(ck);
+  for (const auto& d : describe_modules(ck, fi))
+    if (!listed.count(d.prefix)) problems.push_back("layer " + d.prefix + " is not in the certificate");
+  return problems;
+}
+
+}  // namespace marlinc

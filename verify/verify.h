@@ -1,0 +1,85 @@
+// `marlinc verify`: certify every quantized layer of a checkpoint (Marlin, Marlin-24, GPTQ, ...).
+// Per layer: structure (tensors, dtypes, shapes, config agreement, finite non-zero scales, valid 2:4
+// metadata, g_idx), layout (unpack -> repack reproduces the stored bytes), arithmetic (a GEMM on the
+// packed weights against a float64 reference), and optionally the error against the original
+// FP16/BF16 weights. The result is a report and a JSON certificate.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace marlinc {
+
+// Gates, named so the certificate can record them. Mean relative error is the original tests' measure:
+// mean|C - C_ref| / mean|C_ref| (IST marlin test.py gates dense at 1e-3, Sparse-Marlin at 2e-3).
+struct VerifyTolerances {
+  double arith_mean_rel_dense = 1e-3;
+  double arith_mean_rel_24 = 2e-3;
+  // A layer whose error against the reference is this many times its peers' median is an outlier.
+  double outlier_factor = 4.0;
+};
+
+struct VerifyOptions {
+  std::optional<std::filesystem::path> reference;  // FP16/BF16 checkpoint the layers came from
+  std::vector<int> batch_sizes = {1, 13, 67};      // 1, one not a multiple of 16, one > 64
+  uint64_t seed = 0;                               // activations are drawn from this seed
+  bool force_cpu = false;                          // skip the GPU kernel even when one is present
+  VerifyTolerances tol;
+};
+
+struct CheckResult {
+  std::string name;  // "structure", "layout", "arithmetic", "reference"
+  bool ok = true;
+  std::string detail;
+};
+
+struct ArithSample {
+  int m = 0;
+  double mean_rel_err = 0, max_rel_err = 0;
+  bool finite = true;
+};
+
+struct LayerReport {
+  std::string name;
+  int64_t k = 0, n = 0;
+  int bits = 0, group_size = 0;
+  bool sparse24 = false, act_order = false;
+  std::vector<std::pair<std::string, std::string>> tensor_sha256;  // tensor name -> hash of its bytes
+  std::vector<CheckResult> checks;
+  std::vector<ArithSample> arith;
+  double weight_rel_err = -1, output_rel_err = -1;  // against --reference; -1 when not run
+  bool outlier = false;
+  double seconds = 0;
+  bool ok() const;
+};
+
+struct VerifyReport {
+  std::string checkpoint;
+  std::string format;          // detected format name
+  std::string backend;         // "cuda:<gpu name>" or "cpu (fp16-emulating reference GEMM)"
+  std::vector<std::string> format_notes;
+  std::vector<std::pair<std::string, std::string>> files;  // file name -> sha256
+  std::vector<std::string> global_problems;  // unexpected tensors, config disagreements, ...
+  std::vector<LayerReport> layers;
+  VerifyTolerances tol;
+  bool ok() const;
+  nlohmann::json certificate() const;  // everything above plus tool version, build and date
+};
+
+using LayerCallback = std::function<void(const LayerReport&, size_t index, size_t total)>;
+
+// Throws marlinc::Error only when the checkpoint cannot be opened at all; every per-layer problem is
+// recorded in the report instead, so one bad layer does not hide the others.
+VerifyReport verify_checkpoint(const std::filesystem::path& dir, const VerifyOptions& opt,
+                               const LayerCallback& on_layer = {});
+
+// Quick re-check against a certificate: file hashes, the layer list and every tensor's hash.
+// Returns the problems found (empty = the directory still matches the certificate).
+std::vector<std::string> check_certificate(const std::filesystem::path& dir, const nlohmann::json& cert);
+
+}  // namespace marlinc
