@@ -307,3 +307,31 @@ TEST_CASE("convert refuses plain checkpoints, an existing output and writing ove
   REQUIRE(parse_size("0") == 0);
   REQUIRE_THROWS_AS(parse_size("5 parsecs"), Error);
 }
+
+TEST_CASE("8-bit GPTQ -> Marlin (uint8b128) -> GPTQ is exact; 8-bit zero points are refused for Marlin", "[formats][convert]") {
+  TempDir td("b8");
+  synth::Options o;
+  o.bits = 8;
+  o.seed = 95;
+  synth::write_checkpoint(td.path / "src", o);
+  ConvertReport r = run(td.path / "src", td.path / "m", TargetFormat::Marlin);
+  REQUIRE(r.ok);
+  Checkpoint src = Checkpoint::open(td.path / "src"), m = Checkpoint::open(td.path / "m");
+  // 8-bit Marlin B is [k/16, 4n].
+  REQUIRE(m.at("model.layers.0.mlp.up_proj.B").info->shape == std::vector<int64_t>{256 / 16, 4 * 512});
+  require_same_dequant(src, m);
+  REQUIRE(run(td.path / "m", td.path / "back", TargetFormat::GptqV1).ok);
+  require_same_tensors(src, Checkpoint::open(td.path / "back"));
+
+  synth::Options a = o;
+  a.sym = false;
+  a.kind = synth::Kind::GptqV2;
+  synth::write_checkpoint(td.path / "asym", a);
+  ConvertReport ra = run(td.path / "asym", td.path / "am", TargetFormat::Marlin);
+  REQUIRE_FALSE(ra.ok);
+  REQUIRE(ra.incompatible.size() == 14);
+  REQUIRE(ra.incompatible[0].rule.find("4-bit") != std::string::npos);
+  // compressed-tensors holds 8-bit asymmetric layers.
+  REQUIRE(run(td.path / "asym", td.path / "ct", TargetFormat::CompressedTensors).ok);
+  require_same_dequant(Checkpoint::open(td.path / "asym"), Checkpoint::open(td.path / "ct"));
+}
