@@ -32,6 +32,33 @@ std::vector<T> copy_as(const Checkpoint& ck, const std::string& name) {
   return out;
 }
 
+// Read-only typed access to a tensor's elements: a zero-copy view into the mapping when the bytes are
+// aligned for T (the usual case), else an aligned copy. Not movable: data() may point into copy_.
+template <class T>
+class TensorData {
+ public:
+  TensorData(const Checkpoint& ck, const std::string& name) {
+    std::span<const uint8_t> b = ck.data(name);
+    n_ = b.size() / sizeof(T);
+    if (reinterpret_cast<uintptr_t>(b.data()) % alignof(T) == 0) {
+      ptr_ = reinterpret_cast<const T*>(b.data());
+    } else {
+      copy_.resize(n_);
+      if (n_) std::memcpy(copy_.data(), b.data(), n_ * sizeof(T));
+      ptr_ = copy_.data();
+    }
+  }
+  TensorData(const TensorData&) = delete;
+  TensorData& operator=(const TensorData&) = delete;
+  const T* data() const { return ptr_; }
+  size_t size() const { return n_; }
+
+ private:
+  std::vector<T> copy_;
+  const T* ptr_ = nullptr;
+  size_t n_ = 0;
+};
+
 ScaleType scale_type_of(DType dt);
 DType dtype_of(ScaleType st);
 

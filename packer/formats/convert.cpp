@@ -3,8 +3,13 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <exception>
 #include <map>
+#include <mutex>
 #include <set>
+#include <thread>
 
 #include "checkpoint/error.h"
 #include "checkpoint/writer.h"
@@ -71,6 +76,92 @@ namespace {
 double since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
+
+// One background thread performs every CheckpointWriter::write in submission order, so reading and
+// repacking module i+1 overlaps the copy into the page cache (and writeback throttling) of module i,
+// and the big pass-through tensors are written while the first modules are converted. Owned buffers
+// waiting in the queue are bounded by `max_pending` bytes: memory stays at about two layers.
+class WriteQueue {
+ public:
+  WriteQueue(CheckpointWriter& w, uint64_t max_pending) : w_(w), max_pending_(max_pending) {
+    th_ = std::thread([this] { loop(); });
+  }
+  WriteQueue(const WriteQueue&) = delete;
+  WriteQueue& operator=(const WriteQueue&) = delete;
+  ~WriteQueue() { stop(); }
+
+  // A tensor viewed in the (mapped) input: nothing is copied until the writer thread writes it.
+  void push_view(const std::string& name, std::span<const uint8_t> bytes) { push(Job{name, bytes, {}}); }
+  void push_owned(std::string name, std::vector<uint8_t> bytes) {
+    Job j{std::move(name), {}, std::move(bytes)};
+    j.view = j.owned;  // the buffer does not move when the vector does
+    push(std::move(j));
+  }
+  // Waits until everything is written; rethrows the writer's error.
+  void finish() {
+    std::unique_lock<std::mutex> lk(m_);
+    cv_.wait(lk, [&] { return (jobs_.empty() && !busy_) || err_; });
+    if (err_) std::rethrow_exception(err_);
+  }
+
+ private:
+  struct Job {
+    std::string name;
+    std::span<const uint8_t> view;
+    std::vector<uint8_t> owned;
+  };
+  void push(Job j) {
+    std::unique_lock<std::mutex> lk(m_);
+    const uint64_t add = j.owned.size();
+    cv_.wait(lk, [&] { return pending_ == 0 || pending_ + add <= max_pending_ || err_; });
+    if (err_) std::rethrow_exception(err_);
+    pending_ += add;
+    jobs_.push_back(std::move(j));
+    cv_.notify_all();
+  }
+  void loop() {
+    for (;;) {
+      Job j;
+      {
+        std::unique_lock<std::mutex> lk(m_);
+        cv_.wait(lk, [&] { return !jobs_.empty() || stop_; });
+        if (jobs_.empty()) return;
+        j = std::move(jobs_.front());
+        jobs_.pop_front();
+        busy_ = true;
+      }
+      try {
+        w_.write(j.name, j.view);
+      } catch (...) {
+        std::lock_guard<std::mutex> lk(m_);
+        err_ = std::current_exception();
+      }
+      std::lock_guard<std::mutex> lk(m_);
+      pending_ -= j.owned.size();
+      busy_ = false;
+      cv_.notify_all();
+      if (err_) return;
+    }
+  }
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      stop_ = true;
+      jobs_.clear();
+      cv_.notify_all();
+    }
+    if (th_.joinable()) th_.join();
+  }
+  CheckpointWriter& w_;
+  const uint64_t max_pending_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::deque<Job> jobs_;
+  uint64_t pending_ = 0;
+  bool busy_ = false, stop_ = false;
+  std::exception_ptr err_;
+  std::thread th_;
+};
 
 int effective_group(const ModuleDesc& d) { return d.groups == 1 ? -1 : d.group_size; }
 
@@ -194,7 +285,8 @@ ConvertReport convert_checkpoint(const fs::path& in, const fs::path& out, const 
 
   // 3. Stream. Nothing is visible at `out` until commit(); any throw removes the temporary output.
   CheckpointWriter w(out, plan, WriterOptions{opts.max_shard_bytes, "model", opts.overwrite});
-  for (const auto& name : passthrough) w.write(name, ck.data(name));
+  WriteQueue wq(w, 256ull << 20);
+  for (const auto& name : passthrough) wq.push_view(name, ck.data(name));
   for (size_t i = 0; i < descs.size(); ++i) {
     const ModuleDesc& d = descs[i];
     const auto t0 = std::chrono::steady_clock::now();
@@ -213,14 +305,15 @@ ConvertReport convert_checkpoint(const fs::path& in, const fs::path& out, const 
       if (a.name != b.name || a.dtype != b.dtype || a.shape != b.shape)
         fail(ErrorKind::Internal, d.prefix + ": written tensor " + a.name + " " + fmt::shape_str(a.shape) +
                                       " differs from the planned " + b.name + " " + fmt::shape_str(b.shape));
-      w.write(a.name, tensors[j].bytes);
       m.bytes_out += tensors[j].bytes.size();
+      wq.push_owned(a.name, std::move(tensors[j].bytes));
     }
     m.seconds = since(t0);
     rep.modules.push_back(m);
     if (opts.on_module) opts.on_module(rep.modules.back(), i, descs.size());
   }
 
+  wq.finish();
   w.add_file("config.json", cfg.config.dump(2) + "\n");
   rep.written_files.push_back("config.json");
   if (cfg.quantize_config) {

@@ -26,7 +26,7 @@ struct Run {
 };
 
 // Runs marlinc with `args` (already shell-quoted); `redirect` picks which streams are captured.
-Run marlinc(const std::string& args, const std::string& redirect = "2>&1") {
+Run run_marlinc(const std::string& args, const std::string& redirect = "2>&1") {
   const std::string cmd = std::string("'") + MARLINC_CLI_PATH + "' " + args + " " + redirect;
   FILE* p = ::popen(cmd.c_str(), "r");
   REQUIRE(p != nullptr);
@@ -67,13 +67,13 @@ TEST_CASE("inspect: every golden and data safetensors file and directory, text a
   for (const auto& t : targets) {
     CAPTURE(t.string());
     auto ck = Checkpoint::open(t);
-    Run text = marlinc("inspect " + q(t));
+    Run text = run_marlinc("inspect " + q(t));
     CHECK(text.rc == 0);
     // One line per tensor.
     for (const auto& n : ck.tensor_names()) CHECK(contains(text.out, "\n" + n + " "));
     CHECK(contains(text.out, "format: "));
     CHECK(contains(text.out, "totals: " + std::to_string(ck.tensor_names().size()) + " tensors"));
-    Run js = marlinc("inspect --json " + q(t), "2>/dev/null");
+    Run js = run_marlinc("inspect --json " + q(t), "2>/dev/null");
     REQUIRE(js.rc == 0);
     auto j = nlohmann::json::parse(js.out);
     CHECK(j["tensors"].size() == ck.tensor_names().size());
@@ -95,11 +95,11 @@ TEST_CASE("inspect: every golden and data safetensors file and directory, text a
 }
 
 TEST_CASE("inspect: sample model layers are all Marlin-compatible; stories260K's are not, with the rule") {
-  Run r = marlinc("inspect " + q(fs::path(MARLINC_SOURCE_DIR) / "data" / "sample" / "model"));
+  Run r = run_marlinc("inspect " + q(fs::path(MARLINC_SOURCE_DIR) / "data" / "sample" / "model"));
   REQUIRE(r.rc == 0);
   CHECK(contains(r.out, "marlin: 14 of 14 layers compatible"));
   MARLINC_REQUIRE_SHARED();
-  Run s = marlinc("inspect " + q(shared_dir() / "data" / "stories260K"));
+  Run s = run_marlinc("inspect " + q(shared_dir() / "data" / "stories260K"));
   REQUIRE(s.rc == 0);
   CHECK(contains(s.out, "FAIL"));
   CHECK(contains(s.out, "k % 128 == 0 required"));
@@ -117,12 +117,12 @@ TEST_CASE("inspect: synthetic sharded GPTQ checkpoint") {
                    {{"config.json", R"({"quantization_config":{"quant_method":"gptq","bits":4,"group_size":128,"sym":true,"desc_act":false,"checkpoint_format":"gptq"}})"}},
                    o);
   REQUIRE(fs::exists(tmp.path / "m" / "model.safetensors.index.json"));
-  Run r = marlinc("inspect " + q(tmp.path / "m"));
+  Run r = run_marlinc("inspect " + q(tmp.path / "m"));
   REQUIRE(r.rc == 0);
   CHECK(contains(r.out, "format: gptq-v1 (config: gptq/gptq)  bits 4  group_size 128  sym true  desc_act false"));
   CHECK(contains(r.out, "model-00001-of-"));
   CHECK(contains(r.out, "2 quantized layers"));
-  Run js = marlinc("inspect --json " + q(tmp.path / "m"), "2>/dev/null");
+  Run js = run_marlinc("inspect --json " + q(tmp.path / "m"), "2>/dev/null");
   REQUIRE(js.rc == 0);
   auto j = nlohmann::json::parse(js.out);
   REQUIRE(j["layers"].size() == 2);
@@ -144,24 +144,24 @@ TEST_CASE("inspect: errors are one line naming file, tensor and rule, with exit 
   SECTION("bad data -> exit 1") {
     auto b = raw_safetensors(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})", {0, 0, 0, 0});
     write_bytes(tmp.path / "bad.safetensors", b);
-    Run r = marlinc("inspect " + q(tmp.path / "bad.safetensors"), "2>&1 >/dev/null");
+    Run r = run_marlinc("inspect " + q(tmp.path / "bad.safetensors"), "2>&1 >/dev/null");
     CHECK(r.rc == 1);
     CHECK(r.out.rfind("marlinc: error: " + (tmp.path / "bad.safetensors").string() + ": w: shape [2] x F32", 0) == 0);
     CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);
   }
   SECTION("truncated file -> exit 1") {
     write_bytes(tmp.path / "t.safetensors", {0x10, 0, 0});
-    Run r = marlinc("inspect " + q(tmp.path / "t.safetensors"), "2>&1 >/dev/null");
+    Run r = run_marlinc("inspect " + q(tmp.path / "t.safetensors"), "2>&1 >/dev/null");
     CHECK(r.rc == 1);
     CHECK(contains(r.out, "truncated file"));
   }
   SECTION("missing path or argument -> exit 2") {
-    CHECK(marlinc("inspect " + q(tmp.path / "nothing")).rc == 2);
-    CHECK(marlinc("inspect").rc == 2);
-    CHECK(marlinc("inspect --bogus x").rc == 2);
+    CHECK(run_marlinc("inspect " + q(tmp.path / "nothing")).rc == 2);
+    CHECK(run_marlinc("inspect").rc == 2);
+    CHECK(run_marlinc("inspect --bogus x").rc == 2);
   }
   SECTION("--help lists --json") {
-    Run r = marlinc("inspect --help");
+    Run r = run_marlinc("inspect --help");
     CHECK(r.rc == 0);
     CHECK(contains(r.out, "--json"));
   }

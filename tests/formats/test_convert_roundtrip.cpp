@@ -53,7 +53,10 @@ void require_same_dequant(const Checkpoint& a, const Checkpoint& b) {
   for (size_t i = 0; i < da.size(); ++i) {
     INFO("module " << da[i].prefix);
     REQUIRE(da[i].prefix == db[i].prefix);
-    auto wa = dequantize(read_module(a, da[i], fa)), wb = dequantize(read_module(b, db[i], fb));
+    QuantizedLinear qa = read_module(a, da[i], fa), qb = read_module(b, db[i], fb);
+    qa.validate();
+    qb.validate();
+    auto wa = dequantize(qa), wb = dequantize(qb);
     REQUIRE(wa.size() == wb.size());
     REQUIRE(std::memcmp(wa.data(), wb.data(), wa.size() * sizeof(float)) == 0);
   }
