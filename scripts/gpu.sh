@@ -5,6 +5,7 @@
 # summary with the benchmark table LAST. Logs go under $OUT when set (the device tool returns them).
 #
 # Env knobs: GPU_TESTS (Catch2 filter, default "[gpu]"), SKIP_TESTS=1, SKIP_SAN=1, SKIP_BENCH=1,
+# TEST_TIMEOUT/SAN_TIMEOUT/BENCH_TIMEOUT (seconds; a hung stripe lock must not eat the whole call),
 # BENCH_ARGS (extra bench_marlin arguments, e.g. "--explore" or "--sets large --ms 1,16").
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,7 +30,7 @@ status=0
 summary=()
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   t0=$(date +%s)
-  "$BUILD/tests/test_gpu" "$GPU_TESTS" --durations yes > "$OUT/test_gpu.log" 2>&1
+  timeout "${TEST_TIMEOUT:-240}" "$BUILD/tests/test_gpu" "$GPU_TESTS" --durations yes > "$OUT/test_gpu.log" 2>&1
   rc=$?
   [ $rc -ne 0 ] && status=1 && grep -B5 -A25 -E "FAILED|REQUIRE\(" "$OUT/test_gpu.log" | head -80
   summary+=("tests $GPU_TESTS: rc=$rc, $(grep -E "^(All tests passed|test cases:)" "$OUT/test_gpu.log" | tail -1) ($(( $(date +%s) - t0 )) s)")
@@ -37,7 +38,7 @@ fi
 if [ "${SKIP_SAN:-0}" != 1 ]; then
   for tool in memcheck racecheck; do
     t0=$(date +%s)
-    compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/tests/test_gpu" "[sanitize]" > "$OUT/san_$tool.log" 2>&1
+    timeout "${SAN_TIMEOUT:-90}" compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/tests/test_gpu" "[sanitize]" > "$OUT/san_$tool.log" 2>&1
     rc=$?
     [ $rc -ne 0 ] && status=1 && tail -40 "$OUT/san_$tool.log"
     summary+=("compute-sanitizer $tool [sanitize]: rc=$rc, $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/san_$tool.log" | tail -1) ($(( $(date +%s) - t0 )) s)")
@@ -45,7 +46,7 @@ if [ "${SKIP_SAN:-0}" != 1 ]; then
 fi
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   # shellcheck disable=SC2086
-  "$BUILD/bench/bench_marlin" --json "$OUT/bench.json" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1 || { status=1; tail -20 "$OUT/bench.log"; }
+  timeout "${BENCH_TIMEOUT:-200}" "$BUILD/bench/bench_marlin" --json "$OUT/bench.json" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1 || { status=1; tail -20 "$OUT/bench.log"; }
 fi
 
 echo "==== summary"

@@ -11,6 +11,10 @@
 #include <set>
 #include <thread>
 
+#include <omp.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "checkpoint/error.h"
 #include "checkpoint/writer.h"
 #include "packer/formats/common.h"
@@ -163,6 +167,29 @@ class WriteQueue {
   std::thread th_;
 };
 
+// While the writer thread streams bytes into the page cache, the repacking runs on one thread fewer,
+// so the two do not fight for cores (on 2 cores OpenMP's spin-waiting otherwise starves the writer).
+// Restores the caller's setting on exit.
+class OmpThreadsGuard {
+ public:
+  OmpThreadsGuard() : prev_(omp_get_max_threads()) { omp_set_num_threads(std::max(1, prev_ - 1)); }
+  ~OmpThreadsGuard() { omp_set_num_threads(prev_); }
+  OmpThreadsGuard(const OmpThreadsGuard&) = delete;
+  OmpThreadsGuard& operator=(const OmpThreadsGuard&) = delete;
+
+ private:
+  int prev_;
+};
+
+// Asks the kernel to start reading a mapped byte range now (advice only: failures are harmless).
+void prefetch(std::span<const uint8_t> b) {
+  if (b.empty()) return;
+  static const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(b.data()) & ~(page - 1);
+  const uintptr_t hi = reinterpret_cast<uintptr_t>(b.data()) + b.size();
+  ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_WILLNEED);
+}
+
 int effective_group(const ModuleDesc& d) { return d.groups == 1 ? -1 : d.group_size; }
 
 // The (bits, group) most modules use becomes the checkpoint-wide value; the rest are overrides.
@@ -286,8 +313,41 @@ ConvertReport convert_checkpoint(const fs::path& in, const fs::path& out, const 
   // 3. Stream. Nothing is visible at `out` until commit(); any throw removes the temporary output.
   CheckpointWriter w(out, plan, WriterOptions{opts.max_shard_bytes, "model", opts.overwrite});
   WriteQueue wq(w, 256ull << 20);
-  for (const auto& name : passthrough) wq.push_view(name, ck.data(name));
-  for (size_t i = 0; i < descs.size(); ++i) {
+  OmpThreadsGuard omp_guard;
+  // Work in the order the bytes lie in the source files (pass-through tensors and modules interleaved,
+  // a module at its first tensor), so a cold input is read nearly sequentially; the next module's
+  // tensors are prefetched (MADV_WILLNEED) while the current one is repacked.
+  struct Work {
+    bool module;
+    size_t index;  // into descs, or into passthrough
+  };
+  std::vector<Work> order;
+  {
+    std::map<std::string, size_t> module_of, pass_of;
+    for (size_t i = 0; i < descs.size(); ++i)
+      for (const auto& t : descs[i].tensors) module_of[t] = i;
+    for (size_t i = 0; i < passthrough.size(); ++i) pass_of[passthrough[i]] = i;
+    std::vector<uint8_t> seen(descs.size(), 0);
+    for (const auto& f : ck.files())
+      for (const auto& t : f.tensors()) {
+        if (auto m = module_of.find(t.name); m != module_of.end()) {
+          if (!seen[m->second]) order.push_back({true, m->second}), seen[m->second] = 1;
+        } else if (auto p = pass_of.find(t.name); p != pass_of.end()) {
+          order.push_back({false, p->second});
+        }
+      }
+  }
+  for (size_t wi = 0; wi < order.size(); ++wi) {
+    for (size_t nx = wi + 1; nx < order.size(); ++nx)
+      if (order[nx].module) {
+        for (const auto& t : descs[order[nx].index].tensors) prefetch(ck.data(t));
+        break;
+      }
+    if (!order[wi].module) {
+      wq.push_view(passthrough[order[wi].index], ck.data(passthrough[order[wi].index]));
+      continue;
+    }
+    const size_t i = order[wi].index;
     const ModuleDesc& d = descs[i];
     const auto t0 = std::chrono::steady_clock::now();
     ConvertedModule m{d.prefix, d.k, d.n, d.bits, effective_group(d), format_name(d.format),
@@ -310,9 +370,11 @@ ConvertReport convert_checkpoint(const fs::path& in, const fs::path& out, const 
     }
     m.seconds = since(t0);
     rep.modules.push_back(m);
-    if (opts.on_module) opts.on_module(rep.modules.back(), i, descs.size());
+    if (opts.on_module) opts.on_module(rep.modules.back(), rep.modules.size() - 1, descs.size());
   }
 
+  std::sort(rep.modules.begin(), rep.modules.end(),
+            [](const ConvertedModule& a, const ConvertedModule& b) { return a.prefix < b.prefix; });
   wq.finish();
   w.add_file("config.json", cfg.config.dump(2) + "\n");
   rep.written_files.push_back("config.json");
