@@ -124,6 +124,19 @@ void patch_tensor(const fs::path& dir, const std::string& name, const std::funct
   f.write(reinterpret_cast<const char*>(buf.data()), std::streamsize(len));
 }
 
+// Rewrites the quantization keys of config.json / quantize_config.json wherever they stand.
+void edit_quant_configs(const fs::path& dir, const std::function<void(nlohmann::json&)>& edit) {
+  for (const char* f : {"config.json", "quantize_config.json"}) {
+    fs::path p = dir / f;
+    if (!fs::exists(p)) continue;
+    std::ifstream in(p);
+    nlohmann::json j = nlohmann::json::parse(in);
+    if (f == std::string("quantize_config.json")) edit(j);
+    else if (j.contains("quantization_config")) edit(j["quantization_config"]);
+    std::ofstream(p) << j.dump(2);
+  }
+}
+
 const LayerReport* layer(const VerifyReport& r, const std::string& name) {
   for (auto& l : r.layers)
     if (l.name == name) return &l;
@@ -227,15 +240,7 @@ TEST_CASE("a wrong group size in the config fails verification", "[verify]") {
   test::TempDir tmp("verify-group");
   write_quantized(tmp.path / "q", TargetFormat::GptqV1);
   REQUIRE(verify_checkpoint(tmp.path / "q", {}).ok());
-  for (const char* f : {"config.json", "quantize_config.json"}) {
-    fs::path p = tmp.path / "q" / f;
-    if (!fs::exists(p)) continue;
-    std::ifstream in(p);
-    nlohmann::json j = nlohmann::json::parse(in);
-    if (j.contains("group_size")) j["group_size"] = 64;
-    if (j.contains("quantization_config")) j["quantization_config"]["group_size"] = 64;
-    std::ofstream(p) << j.dump(2);
-  }
+  edit_quant_configs(tmp.path / "q", [](nlohmann::json& q) { q["group_size"] = 64; });
   VerifyReport r = verify_checkpoint(tmp.path / "q", {});
   CHECK(!r.ok());
   std::string all;
@@ -249,15 +254,7 @@ TEST_CASE("GPTQ v2 zero points labelled v1 fail verification", "[verify]") {
   test::TempDir tmp("verify-v2");
   write_quantized(tmp.path / "q", TargetFormat::GptqV2);
   REQUIRE(verify_checkpoint(tmp.path / "q", {}).ok());
-  for (const char* f : {"config.json", "quantize_config.json"}) {
-    fs::path p = tmp.path / "q" / f;
-    if (!fs::exists(p)) continue;
-    std::ifstream in(p);
-    nlohmann::json j = nlohmann::json::parse(in);
-    if (j.contains("checkpoint_format")) j["checkpoint_format"] = "gptq";
-    if (j.contains("quantization_config")) j["quantization_config"]["checkpoint_format"] = "gptq";
-    std::ofstream(p) << j.dump(2);
-  }
+  edit_quant_configs(tmp.path / "q", [](nlohmann::json& q) { q["checkpoint_format"] = "gptq"; });
   VerifyReport r = verify_checkpoint(tmp.path / "q", {});
   CHECK(!r.ok());
   std::string all;
