@@ -38,7 +38,7 @@ fi
 
 echo "== fuzzing the safetensors header parser for ${FUZZ_SECONDS}s"
 cmake --preset fuzz >/dev/null
-cmake --build --preset fuzz
+cmake --build build/fuzz --target fuzz_safetensors_header
 mkdir -p build/fuzz/corpus
 ./build/fuzz/tests/fuzz/fuzz_safetensors_header -max_total_time="$FUZZ_SECONDS" -print_final_stats=1 \
   build/fuzz/corpus tests/fuzz/corpus 2>&1 | tail -n 12 | tee "$logs/fuzz.log"
