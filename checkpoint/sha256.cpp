@@ -43,6 +43,7 @@ void Sha256::block(const uint8_t* p) {
 }
 
 void Sha256::update(const void* data, size_t len) {
+  if (len == 0) return;  // data may be null for an empty span; memcpy must not see it
   auto p = static_cast<const uint8_t*>(data);
   total_ += len;
   if (buf_len_) {
