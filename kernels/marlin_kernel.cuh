@@ -7,7 +7,7 @@
 // once with plain 16-byte cp.async.cg, grouped scales beside them), int4 -> 16-bit dequantization with
 // lop3 straight into mma.sync.m16n8k16 B fragments, warps splitting k inside a tile and reducing
 // through shared memory, and blocks that share a column slice reducing in fp32 through the workspace
-// under a per-slice lock. Layout facts: formats.md §1.3-§1.6.
+// (parallel deposits, one in-order sum by the slice's first block). Layout facts: formats.md §1.3-§1.6.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -302,48 +302,66 @@ __global__ void __launch_bounds__(kThreads) marlin_kernel(const KernelArgs p) {
       }
     }
 
-    // Blocks sharing this slice: ordered so the block that reaches its part first (the one holding the
-    // slice's last k-tiles at the start of its stripe) goes first, and the slice's first block, which
-    // gets there last, adds the final partial and writes C. Partial tiles are fp32.
+    // Blocks sharing this slice: every block but the slice's first deposits its fp32 partial tile in
+    // its own workspace slot and bumps the slice's counter, all at once; the first block (which reaches
+    // the slice last, at the end of its stripe) waits for count - 1 deposits, adds them in block order
+    // (deterministic) and writes C. A serial lock hand-off per block would put `count` global-memory
+    // round trips on the critical path, which dominates small layers where count reaches 16.
     const int first_b = (slice * k_tiles) / p.iters;
     const int last_b = ((slice + 1) * k_tiles - 1) / p.iters;
     const int count = last_b - first_b + 1;
-    const int idx = last_b - int(blockIdx.x);
+    const bool finisher = int(blockIdx.x) == first_b;
     const int valid_rows = min(S::kRows, p.m - row0);
     if (count > 1) {
-      int* lock = p.locks + first_b;
-      float* part = p.red + size_t(first_b) * (S::kRows * TN);  // [kRows, TN]
-      if (tid == 0)
-        while (ld_acquire(lock) != idx) {
-        }
-      __syncthreads();
-      if (wk == 0) {
+      int* counter = p.locks + first_b;
+      if (!finisher) {
+        if (wk == 0) {
+          float* mine = p.red + size_t(blockIdx.x) * (S::kRows * TN);  // [kRows, TN], one slot per block
 #pragma unroll
-        for (int mb = 0; mb < MB; ++mb)
+          for (int mb = 0; mb < MB; ++mb)
 #pragma unroll
-          for (int t = 0; t < 8; ++t)
+            for (int t = 0; t < 8; ++t)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const int r = mb * 16 + (lane >> 2) + 8 * h;
-              const int c = wn * 64 + 8 * t + 2 * (lane & 3);
-              if (r < valid_rows) {
-                float2* ptr = reinterpret_cast<float2*>(part + r * TN + c);
-                float* v = &acc[mb * 8 + t][2 * h];
-                if (idx > 0) {
-                  const float2 o = __ldcg(ptr);
-                  v[0] += o.x;
-                  v[1] += o.y;
-                }
-                if (idx < count - 1) __stcg(ptr, make_float2(v[0], v[1]));
+              for (int h = 0; h < 2; ++h) {
+                const int r = mb * 16 + (lane >> 2) + 8 * h;
+                const int c = wn * 64 + 8 * t + 2 * (lane & 3);
+                if (r < valid_rows)
+                  __stcg(reinterpret_cast<float2*>(mine + r * TN + c),
+                         make_float2(acc[mb * 8 + t][2 * h], acc[mb * 8 + t][2 * h + 1]));
               }
-            }
-        __threadfence();
+          __threadfence();  // each writer publishes its own stores before the counter moves
+        }
+        __syncthreads();
+        if (tid == 0) atomicAdd(counter, 1);
+      } else {
+        if (tid == 0)
+          while (ld_acquire(counter) != count - 1) {
+          }
+        __syncthreads();
+        if (wk == 0) {
+          for (int b = first_b + 1; b <= last_b; ++b) {
+            const float* other = p.red + size_t(b) * (S::kRows * TN);
+#pragma unroll
+            for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+              for (int t = 0; t < 8; ++t)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                  const int r = mb * 16 + (lane >> 2) + 8 * h;
+                  const int c = wn * 64 + 8 * t + 2 * (lane & 3);
+                  if (r < valid_rows) {
+                    const float2 o = __ldcg(reinterpret_cast<const float2*>(other + r * TN + c));
+                    acc[mb * 8 + t][2 * h] += o.x;
+                    acc[mb * 8 + t][2 * h + 1] += o.y;
+                  }
+                }
+          }
+        }
+        if (tid == 0) *counter = 0;  // every deposit has been counted: re-arm for the next launch
       }
-      __syncthreads();
-      if (tid == 0) atomicExch(lock, idx == count - 1 ? 0 : idx + 1);  // the last one re-zeroes the lock
     }
 
-    if ((count == 1 || idx == count - 1) && wk == 0) {
+    if ((count == 1 || finisher) && wk == 0) {
       uint16_t* C = static_cast<uint16_t*>(p.C);
       const uint16_t* s16 = static_cast<const uint16_t*>(p.s);
 #pragma unroll

@@ -21,8 +21,8 @@ struct KernelArgs {
   const int32_t* B;     // [k/16, 2n] packed codes
   const void* s;        // [G, n] permuted scales
   void* C;              // [m, n] output
-  int* locks;           // [grid] stripe-reduction locks (zero between launches)
-  float* red;           // [grid, MB*16*thread_n] fp32 partial tiles
+  int* locks;           // [grid] per-slice deposit counters, indexed by the slice's first block (zero between launches)
+  float* red;           // [grid, MB*16*thread_n] fp32 partial tile each block deposits for a shared slice
   int m, n, k;
   int groups;           // G; 1 = per-channel (scales applied to the output)
   int group_shift;      // log2(group_size) when groups > 1

@@ -14,10 +14,15 @@ mkdir -p "$OUT"
 BUILD=build/cuda
 GPU_TESTS=${GPU_TESTS:-"[gpu]"}
 
-# ../shared does not travel to the device machine; a copy of the golden files carried in the ignored
-# build/h3/carry-shared (formats.md + golden/marlin_*.safetensors) is put where the tests look.
-if [ ! -e ../shared/spec/formats.md ] && [ -d build/h3/carry-shared ]; then
-  mkdir -p ../shared && cp -r build/h3/carry-shared/. ../shared/ && echo "golden files: from build/h3/carry-shared"
+# ../shared does not travel to the device machine: `bash scripts/gpu.sh --stage` (run here, before the
+# device call) copies it into the ignored build/carry/shared, which the call carries; on the device
+# it is put where the tests look.
+if [ "${1:-}" = "--stage" ]; then
+  rm -rf build/carry/shared && mkdir -p build/carry && cp -r ../shared build/carry/shared && du -sh build/carry/shared
+  exit 0
+fi
+if [ ! -e ../shared/spec/formats.md ] && [ -d build/carry/shared ]; then
+  mkdir -p ../shared && cp -r build/carry/shared/. ../shared/ && echo "shared/: from build/carry/shared"
 fi
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"

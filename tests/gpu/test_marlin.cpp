@@ -6,6 +6,8 @@
 #include <cublas_v2.h>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -30,6 +32,7 @@ constexpr double kTolF16 = 1e-3;  // IST Marlin test.py gate on mean relative er
 constexpr double kTolBF16 = 4e-3;
 constexpr int kMaxRefRows = 8;    // rows checked against the reference for the large layer shapes
 constexpr uint32_t kSeed = 4242;
+constexpr int kHangSeconds = 20;  // far above any case here (the largest runs in milliseconds)
 
 #define CUDA_OK(x)                                                                                   \
   do {                                                                                               \
@@ -171,10 +174,20 @@ double run_case(const Layer& L, int64_t m, std::mt19937_64& rng, const RunOpts& 
   g.path = o.path;
   g.thread_k = o.thread_k;
   g.thread_n = o.thread_n;
+  INFO("m " << m << " k " << L.k << " n " << L.n << " g " << L.group << " act " << int(L.act) << " tiles ("
+            << o.thread_k << "," << o.thread_n << ") sms " << o.num_sms << " path " << int(o.path));
   const MarlinStatus st = marlin_gemm(g);
   INFO("status: " << marlin_status_name(st));
   REQUIRE(st == MarlinStatus::Ok);
-  CUDA_OK(cudaStreamSynchronize(c.stream));
+  // A stripe lock that never opens hangs the kernel: name the case instead of waiting forever.
+  const auto t0 = std::chrono::steady_clock::now();
+  cudaError_t q;
+  while ((q = cudaStreamQuery(c.stream)) == cudaErrorNotReady) {
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(kHangSeconds))
+      FAIL("the kernel did not finish within " << kHangSeconds << " s (deadlocked stripe reduction?)");
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  CUDA_OK(q);
   CUDA_OK(cudaGetLastError());
   std::vector<uint16_t> C(size_t(m * L.n));
   CUDA_OK(cudaMemcpy(C.data(), c.C.p, C.size() * 2, cudaMemcpyDeviceToHost));
@@ -208,9 +221,7 @@ double run_case(const Layer& L, int64_t m, std::mt19937_64& rng, const RunOpts& 
       mag += std::fabs(r);
     }
   const double rel = err / mag;
-  INFO("m " << m << " k " << L.k << " n " << L.n << " g " << L.group << " act " << int(L.act) << " tiles ("
-            << o.thread_k << "," << o.thread_n << ") sms " << o.num_sms << " path " << int(o.path)
-            << ": mean rel err " << rel);
+  INFO("mean rel err " << rel);
   REQUIRE(mag > 0);
   REQUIRE(rel <= (L.act == ActType::F16 ? kTolF16 : kTolBF16));
   return rel;
