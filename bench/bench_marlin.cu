@@ -114,7 +114,7 @@ struct Row {
 
 int main(int argc, char** argv) {
   std::vector<std::string> sets_wanted = {"llama3-8b", "llama3-70b", "large"};
-  std::vector<int> ms = {1, 2, 4, 8, 16, 32, 64, 128, 256, 1024};
+  std::vector<int> ms = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024};
   bool explore = false;
   std::string json_path;
   for (int i = 1; i < argc; ++i) {

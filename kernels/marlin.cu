@@ -180,7 +180,10 @@ size_t marlin_workspace_bytes(int num_sms, bool with_dequant_path) {
 int marlin_cublas_min_m(int n, int k) {
   (void)n;
   (void)k;
-  return 192;
+  // H100, docs/PERF.md 2026-11-23: at m = 256 the fused kernel beats dequantize + cuBLAS on every
+  // layer set (0.45x vs 0.28-0.41x of cuBLAS FP16); at m = 1024 the cuBLAS path wins (0.53-0.69x vs
+  // 0.41-0.49x). The m = 512 row of the next run places the switch between them.
+  return 512;
 }
 
 MarlinTileChoice marlin_choose_tiles(int m, int n, int k, int num_sms) {

@@ -18,9 +18,22 @@ have_file /usr/include/nlohmann/json.hpp || need+=(nlohmann-json3-dev)
 # clang's OpenMP and sanitizer runtimes, for the fuzz build.
 { ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1; } || need+=(libclang-rt-dev)
 { ls /usr/lib/llvm-*/lib/libomp.so >/dev/null 2>&1 || ls /usr/lib/x86_64-linux-gnu/libomp.so* >/dev/null 2>&1; } || need+=(libomp-dev)
+# Python only for the interop test (tests/interop): a venv in .deps/py with numpy and safetensors.
+command -v python3 >/dev/null || need+=(python3)
+python3 -c "import venv, ensurepip" >/dev/null 2>&1 || need+=(python3-venv)
 
+# The interop test's venv, made after the packages above are in (PyPI is reachable where Debian's
+# packages are; the GPU machine has neither and skips this when its python already has both).
+py_env() {
+  local py=.deps/py/bin/python3
+  if [ -x "$py" ] && "$py" -c "import numpy, safetensors" 2>/dev/null; then return 0; fi
+  python3 -m venv .deps/py && "$py" -m pip install --quiet --disable-pip-version-check numpy safetensors
+}
+
+cd "$(dirname "$0")/.."
 if [ ${#need[@]} -eq 0 ]; then
   echo "setup: all dependencies present"
+  py_env || echo "setup: could not make the Python venv .deps/py (the interop test will fail)" >&2
   exit 0
 fi
 echo "setup: installing ${need[*]}"
@@ -33,3 +46,4 @@ SUDO=""
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}"
+py_env
