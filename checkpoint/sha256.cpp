@@ -1,6 +1,9 @@
 #include "checkpoint/sha256.h"
 
 #include <cstring>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 #include <fstream>
 #include <vector>
 
@@ -21,25 +24,87 @@ constexpr std::array<uint32_t, 64> kRound = {
 inline uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
 }  // namespace
 
+void sha256_blocks_ref(uint32_t state[8], const uint8_t* p, size_t count) {
+  for (; count > 0; --count, p += 64) {
+    uint32_t w[64];
+    for (int i = 0; i < 16; ++i)
+      w[i] = uint32_t(p[4 * i]) << 24 | uint32_t(p[4 * i + 1]) << 16 | uint32_t(p[4 * i + 2]) << 8 | p[4 * i + 3];
+    for (int i = 16; i < 64; ++i) {
+      uint32_t s0 = rotr(w[i - 15], 7) ^ rotr(w[i - 15], 18) ^ (w[i - 15] >> 3);
+      uint32_t s1 = rotr(w[i - 2], 17) ^ rotr(w[i - 2], 19) ^ (w[i - 2] >> 10);
+      w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+    }
+    uint32_t a = state[0], b = state[1], c = state[2], d = state[3], e = state[4], f = state[5], g = state[6],
+             h = state[7];
+    for (int i = 0; i < 64; ++i) {
+      uint32_t t1 = h + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + kRound[i] + w[i];
+      uint32_t t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
+      h = g; g = f; f = e; e = d + t1; d = c; c = b; b = a; a = t1 + t2;
+    }
+    state[0] += a; state[1] += b; state[2] += c; state[3] += d;
+    state[4] += e; state[5] += f; state[6] += g; state[7] += h;
+  }
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+namespace {
+// x86 SHA extensions: sha256rnds2 does two rounds on the state split as (A,B,E,F) / (C,D,G,H);
+// sha256msg1/msg2 plus one alignr extend the message schedule four words at a time. About 6x the
+// scalar speed, which is what lets `verify` hash an 8B checkpoint's files and tensors in seconds.
+__attribute__((target("sha,sse4.1"))) void blocks_shani(uint32_t state[8], const uint8_t* p, size_t count) {
+  const __m128i bswap = _mm_set_epi64x(0x0c0d0e0f08090a0bLL, 0x0405060700010203LL);  // big-endian words
+  __m128i dcba = _mm_loadu_si128(reinterpret_cast<const __m128i*>(state));       // words 0..3 = A B C D
+  __m128i hgfe = _mm_loadu_si128(reinterpret_cast<const __m128i*>(state + 4));   // words 4..7 = E F G H
+  // Rearrange into the instruction's operands: abef = [F E B A] (high to low), cdgh = [H G D C].
+  __m128i t = _mm_shuffle_epi32(dcba, 0xB1);    // C D A B
+  hgfe = _mm_shuffle_epi32(hgfe, 0x1B);         // H G F E -> E F G H reversed
+  __m128i abef = _mm_alignr_epi8(t, hgfe, 8);   // A B E F
+  __m128i cdgh = _mm_blend_epi16(hgfe, t, 0xF0);  // C D G H
+  for (; count > 0; --count, p += 64) {
+    const __m128i abef0 = abef, cdgh0 = cdgh;
+    __m128i m[4];
+    for (int i = 0; i < 4; ++i)
+      m[i] = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * i)), bswap);
+    for (int r = 0; r < 16; ++r) {  // 16 x 4 rounds; m[r % 4] holds schedule words 4r..4r+3
+      __m128i& cur = m[r % 4];
+      if (r >= 4) {
+        // w[4r..4r+3] from w[4r-16..]: msg1 on the oldest two quads, + the alignr'd w[t-7], msg2 with the newest.
+        __m128i next = _mm_sha256msg1_epu32(cur, m[(r + 1) % 4]);
+        next = _mm_add_epi32(next, _mm_alignr_epi8(m[(r + 3) % 4], m[(r + 2) % 4], 4));
+        cur = _mm_sha256msg2_epu32(next, m[(r + 3) % 4]);
+      }
+      __m128i wk = _mm_add_epi32(cur, _mm_loadu_si128(reinterpret_cast<const __m128i*>(kRound.data() + 4 * r)));
+      cdgh = _mm_sha256rnds2_epu32(cdgh, abef, wk);
+      // Two rounds later the old (A,B,E,F) is the new (C,D,G,H): the variables' roles swap, and
+      // the second call swaps them back.
+      abef = _mm_sha256rnds2_epu32(abef, cdgh, _mm_shuffle_epi32(wk, 0x0E));
+    }
+    abef = _mm_add_epi32(abef, abef0);
+    cdgh = _mm_add_epi32(cdgh, cdgh0);
+  }
+  // Back to A..H order.
+  t = _mm_shuffle_epi32(abef, 0x1B);             // F E B A -> reversed
+  cdgh = _mm_shuffle_epi32(cdgh, 0xB1);
+  dcba = _mm_blend_epi16(t, cdgh, 0xF0);
+  hgfe = _mm_alignr_epi8(cdgh, t, 8);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(state), dcba);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(state + 4), hgfe);
+}
+const bool kHaveShani = __builtin_cpu_supports("sha") && __builtin_cpu_supports("sse4.1");
+}  // namespace
+bool sha256_uses_shani() { return kHaveShani; }
+#else
+bool sha256_uses_shani() { return false; }
+#endif
+
 Sha256::Sha256()
     : h_{0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19} {}
 
-void Sha256::block(const uint8_t* p) {
-  uint32_t w[64];
-  for (int i = 0; i < 16; ++i)
-    w[i] = uint32_t(p[4 * i]) << 24 | uint32_t(p[4 * i + 1]) << 16 | uint32_t(p[4 * i + 2]) << 8 | p[4 * i + 3];
-  for (int i = 16; i < 64; ++i) {
-    uint32_t s0 = rotr(w[i - 15], 7) ^ rotr(w[i - 15], 18) ^ (w[i - 15] >> 3);
-    uint32_t s1 = rotr(w[i - 2], 17) ^ rotr(w[i - 2], 19) ^ (w[i - 2] >> 10);
-    w[i] = w[i - 16] + s0 + w[i - 7] + s1;
-  }
-  uint32_t a = h_[0], b = h_[1], c = h_[2], d = h_[3], e = h_[4], f = h_[5], g = h_[6], h = h_[7];
-  for (int i = 0; i < 64; ++i) {
-    uint32_t t1 = h + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + kRound[i] + w[i];
-    uint32_t t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
-    h = g; g = f; f = e; e = d + t1; d = c; c = b; b = a; a = t1 + t2;
-  }
-  h_[0] += a; h_[1] += b; h_[2] += c; h_[3] += d; h_[4] += e; h_[5] += f; h_[6] += g; h_[7] += h;
+void Sha256::blocks(const uint8_t* p, size_t count) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if (kHaveShani) return blocks_shani(h_.data(), p, count);
+#endif
+  sha256_blocks_ref(h_.data(), p, count);
 }
 
 void Sha256::update(const void* data, size_t len) {
@@ -51,10 +116,12 @@ void Sha256::update(const void* data, size_t len) {
     std::memcpy(buf_.data() + buf_len_, p, take);
     buf_len_ += take; p += take; len -= take;
     if (buf_len_ < 64) return;
-    block(buf_.data());
+    blocks(buf_.data(), 1);
     buf_len_ = 0;
   }
-  for (; len >= 64; p += 64, len -= 64) block(p);
+  blocks(p, len / 64);
+  p += len / 64 * 64;
+  len %= 64;
   std::memcpy(buf_.data(), p, len);
   buf_len_ = len;
 }

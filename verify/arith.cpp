@@ -53,6 +53,8 @@ std::vector<float> gemm_kernel_numerics(const std::vector<uint16_t>& A, int m, c
 
 std::vector<double> gemm_reference(const std::vector<uint16_t>& A, int m, const QuantizedLinear& q,
                                    const std::vector<int64_t>& cols) {
+  std::vector<double> a(A.size());  // [m, k], exact
+  for (size_t i = 0; i < A.size(); ++i) a[i] = double(half_to_float(A[i]));
   std::vector<double> c(size_t(m) * cols.size());
 #pragma omp parallel for schedule(dynamic)
   for (long long ci = 0; ci < (long long)cols.size(); ++ci) {
@@ -60,8 +62,9 @@ std::vector<double> gemm_reference(const std::vector<uint16_t>& A, int m, const 
     std::vector<double> w(size_t(q.k));
     for (int64_t r = 0; r < q.k; ++r) w[size_t(r)] = double(q.weight(r, col));
     for (int i = 0; i < m; ++i) {
+      const double* ai = a.data() + size_t(i) * size_t(q.k);
       double acc = 0;
-      for (int64_t r = 0; r < q.k; ++r) acc += double(half_to_float(A[size_t(i) * size_t(q.k) + size_t(r)])) * w[size_t(r)];
+      for (int64_t r = 0; r < q.k; ++r) acc += ai[r] * w[size_t(r)];
       c[size_t(i) * cols.size() + size_t(ci)] = acc;
     }
   }

@@ -11,9 +11,12 @@
 namespace marlinc {
 
 bool gpu_available(std::string& device_name);
-// C[m, n] (fp16 results as float) from the packed Marlin form of q. Returns false with `why` when the
-// layer is outside what the kernel runs (the caller then falls back to the CPU path).
-bool gpu_gemm_packed(const std::string& name, const QuantizedLinear& q, const std::vector<uint16_t>& A, int m,
-                     std::vector<float>& C, std::string& why);
+// The arithmetic check of one layer on the GPU. A [M, k] fp16 stacks batches of `batches[i]` rows;
+// each batch runs through our Marlin kernel on the packed form of q (C [M, n], fp16 results as
+// float), and R [M, n] is the float64 reference from the exact dequantized weights (cuBLAS DGEMM).
+// Returns false with `why` when the layer is outside what the kernel runs, or on a CUDA failure
+// (the caller then falls back to the CPU path).
+bool gpu_arith(const std::string& name, const QuantizedLinear& q, const std::vector<uint16_t>& A,
+               const std::vector<int>& batches, std::vector<float>& C, std::vector<double>& R, std::string& why);
 
 }  // namespace marlinc

@@ -9,8 +9,8 @@ bool gpu_available(std::string& device_name) {
   return false;
 }
 
-bool gpu_gemm_packed(const std::string&, const QuantizedLinear&, const std::vector<uint16_t>&, int,
-                     std::vector<float>&, std::string& why) {
+bool gpu_arith(const std::string&, const QuantizedLinear&, const std::vector<uint16_t>&, const std::vector<int>&,
+               std::vector<float>&, std::vector<double>&, std::string& why) {
   why = "built without CUDA";
   return false;
 }
