@@ -19,6 +19,10 @@ inline int64_t scale_row(const GptqOptions& o, const Prepared& P, int64_t p) {
 // objective. Empty when the clip search does not run in the loop.
 std::vector<RowMatrixXf> clip_weights(const GptqOptions& o, const Prepared& P);
 
+// Weighting of the static-group clip search for natural group gi: chol(H_gg + damp_abs·I) lower,
+// [g, g] row-major, with zero (dead) diagonals set to 1 first; identity on failure or RTN fallback.
+RowMatrixXf static_clip_weight(const Eigen::MatrixXf& H, int64_t gi, int64_t g, double damp_abs, bool fell_back);
+
 // Empty QuantizedLinear of the right shape for the options (codes/scales/mask/g_idx sized).
 QuantizedLinear make_result(const GptqOptions& o, const Prepared& P);
 

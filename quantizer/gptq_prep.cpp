@@ -121,6 +121,18 @@ bool inverse_cholesky_upper_ref(const Eigen::MatrixXf& Hd, RowMatrixXf& U) {
   return finite_positive_diag(U);
 }
 
+RowMatrixXf static_clip_weight(const Eigen::MatrixXf& H, int64_t gi, int64_t g, double damp_abs, bool fell_back) {
+  RowMatrixXf M = RowMatrixXf::Identity(g, g);
+  if (fell_back) return M;
+  Eigen::MatrixXf Hg = H.block(gi * g, gi * g, g, g);
+  for (int64_t t = 0; t < g; ++t)
+    if (Hg(t, t) == 0.0f) Hg(t, t) = 1.0f;  // dead column, as in prepare
+  Hg.diagonal().array() += float(damp_abs);
+  Eigen::LLT<Eigen::MatrixXf> llt(Hg);
+  if (llt.info() == Eigen::Success) M = llt.matrixL();
+  return M;
+}
+
 Prepared prepare(const float* W, int64_t n, int64_t k, const Eigen::MatrixXf& H, const GptqOptions& o, bool ref) {
   check_options(o, n, k, H);
   quant::check_finite(o.name, W, n * k);
@@ -190,13 +202,7 @@ Prepared prepare(const float* W, int64_t n, int64_t k, const Eigen::MatrixXf& H,
         std::copy_n(P.Wt.data() + size_t(pos[size_t(gi * g + t)]) * size_t(n), n, X.data() + t * n);
       float* out = P.static_scales.data() + gi * n;
       if (clip) {
-        RowMatrixXf M = RowMatrixXf::Identity(g, g);
-        if (!P.fell_back) {
-          Eigen::MatrixXf Hg = Hc.block(gi * g, gi * g, g, g);
-          Hg.diagonal().array() += float(P.damp_used * mean);
-          Eigen::LLT<Eigen::MatrixXf> llt(Hg);
-          if (llt.info() == Eigen::Success) M = llt.matrixL();
-        }
+        const RowMatrixXf M = static_clip_weight(Hc, gi, g, P.damp_used * mean, P.fell_back);
         if (ref) {
           for (int64_t r = 0; r < n; ++r)
             out[r] = quant::weighted_clip_scale_ref(X.data() + r, g, n, M.data(), o.bits, quant::kMarlinClipGrid,

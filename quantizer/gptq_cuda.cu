@@ -1,0 +1,414 @@
+// GPTQ CUDA back end (spec: gptq.md §1.3–§1.11, §2.1, §4): the same algorithm and options as the
+// CPU fast path in gptq.cpp. The host does only O(k) work (diagonal, dead columns, column order,
+// damping constant, static-group Cholesky blocks of g×g); on the device run the validation of W
+// and H, the permuted damped Hessian, potrf + trtri (cuSOLVER) for the upper factor U of H⁻¹ with
+// the damping retry, the clip searches, the blocked column loop (one thread per output row) and the
+// lazy trailing update (cuBLAS SGEMM, TF32 off).
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cusolverDn.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "checkpoint/error.h"
+#include "checkpoint/half.h"
+#include "quantizer/gptq_cuda.cuh"
+#include "quantizer/gptq_cuda_kernels.cuh"
+#include "quantizer/gptq_internal.h"
+#include "quantizer/grid.h"
+#include "quantizer/rtn.h"
+
+namespace marlinc {
+
+namespace gptq_cuda {
+
+// ---- errors ----------------------------------------------------------------------------------------
+
+const char* status_text(cudaError_t e) { return cudaGetErrorString(e); }
+const char* status_text(cublasStatus_t e) { return cublasGetStatusString(e); }
+const char* status_text(cusolverStatus_t e) {
+  switch (e) {
+    case CUSOLVER_STATUS_NOT_INITIALIZED: return "CUSOLVER_STATUS_NOT_INITIALIZED";
+    case CUSOLVER_STATUS_ALLOC_FAILED: return "CUSOLVER_STATUS_ALLOC_FAILED";
+    case CUSOLVER_STATUS_INVALID_VALUE: return "CUSOLVER_STATUS_INVALID_VALUE";
+    case CUSOLVER_STATUS_ARCH_MISMATCH: return "CUSOLVER_STATUS_ARCH_MISMATCH";
+    case CUSOLVER_STATUS_EXECUTION_FAILED: return "CUSOLVER_STATUS_EXECUTION_FAILED";
+    case CUSOLVER_STATUS_INTERNAL_ERROR: return "CUSOLVER_STATUS_INTERNAL_ERROR";
+    case CUSOLVER_STATUS_NOT_SUPPORTED: return "CUSOLVER_STATUS_NOT_SUPPORTED";
+    default: return "cuSOLVER error";
+  }
+}
+bool ok(cudaError_t e) { return e == cudaSuccess; }
+bool ok(cublasStatus_t e) { return e == CUBLAS_STATUS_SUCCESS; }
+bool ok(cusolverStatus_t e) { return e == CUSOLVER_STATUS_SUCCESS; }
+
+template <class Status>
+void check(Status s, const char* stmt, const char* file, int line, const std::string& who) {
+  if (!ok(s))
+    fail(ErrorKind::Internal, who + ": " + stmt + " failed at " + file + ":" + std::to_string(line) + ": " +
+                                  status_text(s));
+}
+
+}  // namespace gptq_cuda
+
+// The one device-call check: statement, file, line and the layer (`who` must be in scope).
+#define CUDA_CHECK(call) ::marlinc::gptq_cuda::check((call), #call, __FILE__, __LINE__, who)
+
+namespace gptq_cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+// Owning device buffer; freed on scope exit, so a throw never leaks device memory.
+template <class T>
+struct DBuf {
+  T* p = nullptr;
+  size_t count = 0;
+  DBuf() = default;
+  DBuf(size_t c, const std::string& who) { alloc(c, who); }
+  DBuf(const DBuf&) = delete;
+  DBuf& operator=(const DBuf&) = delete;
+  ~DBuf() { reset(); }
+  void alloc(size_t c, const std::string& who) {
+    reset();
+    if (c == 0) return;
+    CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), c * sizeof(T)));
+    count = c;
+  }
+  void reset() {
+    if (p) cudaFree(p);
+    p = nullptr;
+    count = 0;
+  }
+};
+
+// Per host thread and device: one stream and the library handles. Creating a cuBLAS/cuSOLVER
+// handle costs tens of milliseconds, more than a small layer's whole quantization.
+struct Ctx {
+  int device = -1;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;
+  cusolverDnHandle_t solver = nullptr;
+  cusolverDnParams_t params = nullptr;
+  ~Ctx() {
+    if (params) cusolverDnDestroyParams(params);
+    if (solver) cusolverDnDestroy(solver);
+    if (blas) cublasDestroy(blas);
+    if (stream) cudaStreamDestroy(stream);
+  }
+};
+
+Ctx& context(const std::string& who) {
+  thread_local std::unique_ptr<Ctx> c;
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  if (!c || c->device != dev) {
+    c = std::make_unique<Ctx>();
+    c->device = dev;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    CUDA_CHECK(cublasCreate(&c->blas));
+    CUDA_CHECK(cublasSetStream(c->blas, c->stream));
+    // gptq.md §1.12: W, H and U stay fp32 end to end; TF32 would change the codes.
+    CUDA_CHECK(cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH));
+    CUDA_CHECK(cusolverDnCreate(&c->solver));
+    CUDA_CHECK(cusolverDnSetStream(c->solver, c->stream));
+    CUDA_CHECK(cusolverDnCreateParams(&c->params));
+  }
+  return *c;
+}
+
+unsigned blocks_for(int64_t count, int threads = kThreads) { return unsigned((count + threads - 1) / threads); }
+
+// Upper factor U [k, k] row-major of (Hp + damp·I)⁻¹ into dU, retrying with more damping exactly as
+// gptq::prepare does (same λ sequence, same fp32 damping constant); false when every try failed.
+bool factor_with_retry(const std::string& who, Ctx& c, const GptqOptions& o, const float* dH, const int32_t* dperm,
+                       int64_t k, double mean, float* dU, double* damp_used) {
+  constexpr double kDampStep = 0.01, kDampMax = 1.0;  // gptq_prep.cpp's retry (GPTQModel's increment)
+  DBuf<float> dA(size_t(k * k), who);  // [k, k] col-major: J·Hd·J, then L, then L⁻¹
+  DBuf<int> dinfo(2, who);             // [potrf/trtri info, failure flag]
+  size_t dev_potrf = 0, host_potrf = 0, dev_trtri = 0, host_trtri = 0;
+  CUDA_CHECK(cusolverDnXpotrf_bufferSize(c.solver, c.params, CUBLAS_FILL_MODE_LOWER, k, CUDA_R_32F, dA.p, k,
+                                         CUDA_R_32F, &dev_potrf, &host_potrf));
+  CUDA_CHECK(cusolverDnXtrtri_bufferSize(c.solver, CUBLAS_FILL_MODE_LOWER, CUBLAS_DIAG_NON_UNIT, k, CUDA_R_32F, dA.p,
+                                         k, &dev_trtri, &host_trtri));
+  DBuf<uint8_t> dwork(std::max<size_t>(1, std::max(dev_potrf, dev_trtri)), who);
+  std::vector<uint8_t> hwork(std::max<size_t>(1, std::max(host_potrf, host_trtri)));
+  const dim3 grid(blocks_for(k), unsigned(k));
+  for (int attempt = 0;; ++attempt) {
+    const double lambda = double(o.damp) + kDampStep * attempt;
+    if (attempt > 0 && (!o.auto_damp || lambda >= kDampMax)) return false;
+    gather_damped_kernel<<<grid, kThreads, 0, c.stream>>>(dH, dperm, k, float(lambda * mean), dA.p);
+    CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cusolverDnXpotrf(c.solver, c.params, CUBLAS_FILL_MODE_LOWER, k, CUDA_R_32F, dA.p, k, CUDA_R_32F,
+                                dwork.p, dwork.count, hwork.data(), hwork.size(), dinfo.p));
+    int info[2] = {0, 0};
+    CUDA_CHECK(cudaMemcpyAsync(info, dinfo.p, sizeof(int), cudaMemcpyDeviceToHost, c.stream));
+    CUDA_CHECK(cudaStreamSynchronize(c.stream));
+    if (info[0] < 0)
+      fail(ErrorKind::Internal, who + ": cusolverDnXpotrf rejected argument " + std::to_string(-info[0]));
+    if (info[0] > 0) continue;  // not numerically positive definite at this damping
+    CUDA_CHECK(cusolverDnXtrtri(c.solver, CUBLAS_FILL_MODE_LOWER, CUBLAS_DIAG_NON_UNIT, k, CUDA_R_32F, dA.p, k,
+                                dwork.p, dwork.count, hwork.data(), hwork.size(), dinfo.p));
+    CUDA_CHECK(cudaMemsetAsync(dinfo.p + 1, 0, sizeof(int), c.stream));
+    check_factor_kernel<<<grid, kThreads, 0, c.stream>>>(dA.p, k, dinfo.p + 1);
+    CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaMemcpyAsync(info, dinfo.p, 2 * sizeof(int), cudaMemcpyDeviceToHost, c.stream));
+    CUDA_CHECK(cudaStreamSynchronize(c.stream));
+    if (info[0] != 0 || info[1] != 0) continue;  // singular factor or non-finite/non-positive values
+    const dim3 tgrid(unsigned((k + 31) / 32), unsigned((k + 31) / 32)), tblock(32, 8);
+    reverse_transpose_kernel<<<tgrid, tblock, 0, c.stream>>>(dA.p, k, dU);
+    CUDA_CHECK(cudaGetLastError());
+    *damp_used = lambda;
+    return true;
+  }
+}
+
+// One group's scales: clip search (Marlin, weighting M) or plain absmax, into row srow of S/Sh.
+// rows: device list of the group's Wt rows, or null for the consecutive rows p0 .. p0+g−1.
+void fit_group(const std::string& who, Ctx& c, const GptqOptions& o, const float* dWt, int64_t n, const int32_t* rows,
+               int64_t p0, int g, const float* M, bool upper, int64_t srow, float* dS, uint16_t* dSh) {
+  if (!M) {
+    absmax_scale_kernel<<<blocks_for(n), kThreads, 0, c.stream>>>(dWt, n, rows, p0, g, o.bits, srow, dS, dSh);
+  } else if (g % 16 == 0 && g <= kClipMaxGroup) {
+    const size_t smem = clip_smem_bytes(g);
+    const unsigned grid = unsigned((n + kClipRows - 1) / kClipRows);
+    if (upper) {
+      CUDA_CHECK(cudaFuncSetAttribute(clip_search_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      clip_search_kernel<true><<<grid, g, smem, c.stream>>>(dWt, n, rows, p0, g, M, o.bits, quant::kMarlinClipGrid,
+                                                            quant::kMarlinClipCandidates, srow, dS, dSh);
+    } else {
+      CUDA_CHECK(cudaFuncSetAttribute(clip_search_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      clip_search_kernel<false><<<grid, g, smem, c.stream>>>(dWt, n, rows, p0, g, M, o.bits, quant::kMarlinClipGrid,
+                                                             quant::kMarlinClipCandidates, srow, dS, dSh);
+    }
+  } else {
+    clip_search_generic_kernel<<<blocks_for(n, 64), 64, 0, c.stream>>>(
+        dWt, n, rows, p0, g, M, o.bits, quant::kMarlinClipGrid, quant::kMarlinClipCandidates, srow, dS, dSh);
+  }
+  CUDA_CHECK(cudaGetLastError());
+}
+
+template <class T>
+void upload(const std::string& who, Ctx& c, DBuf<T>& d, const std::vector<T>& h) {
+  d.alloc(h.size(), who);
+  CUDA_CHECK(cudaMemcpyAsync(d.p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice, c.stream));
+}
+
+}  // namespace
+
+}  // namespace gptq_cuda
+
+QuantizedLinear gptq_quantize_cuda(const float* W, int64_t n, int64_t k, const Eigen::MatrixXf& H,
+                                   const GptqOptions& o, GptqStats* stats) {
+  using namespace gptq_cuda;
+  const auto t0 = std::chrono::steady_clock::now();
+  gptq::check_options(o, n, k, H);
+  const std::string who = o.name.empty() ? std::string("layer") : o.name;
+  Ctx& c = context(who);
+  cudaStream_t st = c.stream;
+
+  // Inputs up, validated on the device (a host pass over a 14336² Hessian costs ~0.1 s).
+  DBuf<float> dH(size_t(k * k), who), dW(size_t(n * k), who);  // [k, k] col-major natural, [n, k] HF
+  DBuf<int> dflag(2, who);
+  CUDA_CHECK(cudaMemsetAsync(dflag.p, 0, 2 * sizeof(int), st));
+  CUDA_CHECK(cudaMemcpyAsync(dW.p, W, size_t(n * k) * sizeof(float), cudaMemcpyHostToDevice, st));
+  CUDA_CHECK(cudaMemcpyAsync(dH.p, H.data(), size_t(k * k) * sizeof(float), cudaMemcpyHostToDevice, st));
+  nonfinite_kernel<<<1024, kThreads, 0, st>>>(dW.p, n * k, dflag.p);
+  nonfinite_kernel<<<1024, kThreads, 0, st>>>(dH.p, k * k, dflag.p + 1);
+  CUDA_CHECK(cudaGetLastError());
+  int flags[2] = {0, 0};
+  CUDA_CHECK(cudaMemcpyAsync(flags, dflag.p, sizeof(flags), cudaMemcpyDeviceToHost, st));
+  CUDA_CHECK(cudaStreamSynchronize(st));
+  if (flags[0]) quant::check_finite(o.name, W, n * k);  // throws with the element index
+  if (flags[1]) bad_data(who + ": Hessian holds non-finite values");
+
+  // O(k) host part of gptq::prepare: diagonal, dead columns, order, damping scale.
+  gptq::Prepared P;  // Wt / Hp / U stay empty: they live on the device
+  P.n = n;
+  P.k = k;
+  P.group = o.group_size <= 0 ? int(k) : o.group_size;
+  if (o.group_size > 0)
+    P.block = o.block < o.group_size ? o.group_size : o.block - o.block % o.group_size;
+  else
+    P.block = o.sparse24 ? std::max(4, o.block - o.block % 4) : o.block;
+  std::vector<float> diag(static_cast<size_t>(k));  // [k] dead-fixed diag H, natural order
+  std::vector<uint8_t> dead(static_cast<size_t>(k), 0);
+  for (int64_t j = 0; j < k; ++j) {
+    float v = H(j, j);
+    if (v < 0.0f) bad_data(who + ": Hessian diagonal H[" + std::to_string(j) + "," + std::to_string(j) + "] is negative");
+    if (v == 0.0f) { v = 1.0f; dead[size_t(j)] = 1; ++P.dead; }
+    diag[size_t(j)] = v;
+  }
+  P.perm = gptq::column_order(o.order, diag.data(), k, o.group_size);
+  double mean = 0.0;  // summed in processing order, as prepare sums diag(Hp)
+  for (int64_t p = 0; p < k; ++p) mean += diag[size_t(P.perm[size_t(p)])];
+  mean /= double(k);
+  const int64_t g = P.group, G = o.group_size <= 0 ? 1 : k / g, B = P.block;
+  std::vector<int32_t> src(static_cast<size_t>(k)), srow(static_cast<size_t>(k)), pos(static_cast<size_t>(k));
+  for (int64_t p = 0; p < k; ++p) {
+    const int32_t cidx = P.perm[size_t(p)];
+    src[size_t(p)] = dead[size_t(cidx)] ? -1 : cidx;
+    srow[size_t(p)] = int32_t(gptq::scale_row(o, P, p));
+    pos[size_t(cidx)] = int32_t(p);
+  }
+  DBuf<int32_t> dperm, dsrc, dsrow, dpos;
+  upload(who, c, dperm, P.perm);
+  upload(who, c, dsrc, src);
+  upload(who, c, dsrow, srow);
+  upload(who, c, dpos, pos);
+
+  DBuf<float> dWt(size_t(k * n), who);  // [k, n] working weights, processing order
+  {
+    const dim3 tgrid(unsigned((k + 31) / 32), unsigned((n + 31) / 32)), tblock(32, 8);
+    gather_weights_kernel<<<tgrid, tblock, 0, st>>>(dW.p, dsrc.p, n, k, dWt.p);
+    CUDA_CHECK(cudaGetLastError());
+  }
+
+  DBuf<float> dU(size_t(k * k), who);  // [k, k] row-major upper factor of the damped permuted H⁻¹
+  if (!factor_with_retry(who, c, o, dH.p, dperm.p, k, mean, dU.p, &P.damp_used)) {
+    P.fell_back = true;  // RTN: U := I, so errors are neither scaled nor propagated
+    P.damp_used = 0.0;
+    set_identity_kernel<<<dim3(blocks_for(k), unsigned(k)), kThreads, 0, st>>>(dU.p, k);
+    CUDA_CHECK(cudaGetLastError());
+  }
+  dH.reset();
+  dW.reset();
+
+  DBuf<float> dS(size_t(G * n), who);       // [G, n] scales as fp16-rounded floats
+  DBuf<uint16_t> dSh(size_t(G * n), who);   // [G, n] the same as fp16 bits
+  const bool clip = o.clip == GptqOptions::Marlin && o.group_size > 0;
+  const bool dyn = gptq::dynamic_groups(o);
+  DBuf<float> dM;  // [G, g, g] clip weights per group
+  if (clip && dyn) {
+    dM.alloc(size_t(G * g * g), who);
+    group_inverse_kernel<<<unsigned(G), unsigned(std::min<int64_t>(g, 1024)), 0, st>>>(dU.p, k, int(g), dM.p);
+    CUDA_CHECK(cudaGetLastError());
+  }
+  if (!dyn) {
+    // Static groups (§1.7) on the un-updated weights in natural order; with clip the group's own
+    // damped block chol(H_gg) weighs the error, factored on the host by prepare's own helper (g³/3
+    // per group, negligible; compiled by the host compiler, so bit-identical to the CPU path).
+    if (clip) {
+      std::vector<float> Ms(size_t(G * g * g));  // [G, g, g] row-major lower
+      for (int64_t gi = 0; gi < G; ++gi) {
+        const gptq::RowMatrixXf M = gptq::static_clip_weight(H, gi, g, P.damp_used * mean, P.fell_back);
+        std::copy_n(M.data(), g * g, Ms.data() + gi * g * g);
+      }
+      upload(who, c, dM, Ms);
+    }
+    for (int64_t gi = 0; gi < G; ++gi)
+      fit_group(who, c, o, dWt.p, n, dpos.p + gi * g, 0, int(g), clip ? dM.p + gi * g * g : nullptr, false, gi, dS.p,
+                dSh.p);
+  }
+
+  DBuf<uint8_t> dcodes(size_t(k * n), who), dmask;  // [k, n] original order
+  if (o.sparse24) dmask.alloc(size_t(k * n), who);
+  DBuf<float> dE(size_t(B * n), who);  // [B, n] scaled errors of the current block
+  DBuf<double> dloss(size_t(n), who);  // [n] Σ err² per output row
+  CUDA_CHECK(cudaMemsetAsync(dloss.p, 0, size_t(n) * sizeof(double), st));
+  LoopArgs la{};
+  la.Wt = dWt.p;
+  la.U = dU.p;
+  la.S = dS.p;
+  la.srow = dsrow.p;
+  la.perm = dperm.p;
+  la.codes = dcodes.p;
+  la.mask = dmask.p;
+  la.E = dE.p;
+  la.loss = dloss.p;
+  la.n = n;
+  la.k = k;
+  la.bits = o.bits;
+  // The block's working columns go to shared memory when they fit the default 48 KiB.
+  constexpr int64_t kTileLimit = 48 * 1024;
+  const unsigned loop_grid = unsigned((n + kLoopThreads - 1) / kLoopThreads);
+  const float one = 1.0f, minus_one = -1.0f;
+  for (int64_t i1 = 0; i1 < k; i1 += B) {
+    const int64_t i2 = std::min(i1 + B, k);
+    for (int64_t p0 = i1; p0 < i2;) {
+      int64_t p1 = i2;
+      if (dyn) {
+        // Fit on the working copy at each group boundary, which carries all earlier feedback.
+        if (p0 % g == 0) {
+          const int64_t gi = p0 / g;
+          fit_group(who, c, o, dWt.p, n, nullptr, p0, int(g), clip ? dM.p + gi * g * g : nullptr, true,
+                    srow[size_t(p0)], dS.p, dSh.p);
+        }
+        p1 = std::min(i2, (p0 / g + 1) * g);
+      }
+      la.i1 = i1;
+      la.i2 = i2;
+      la.p0 = p0;
+      la.p1 = p1;
+      const size_t tile = size_t(i2 - p0) * kLoopThreads * sizeof(float);
+      la.smem = tile <= size_t(kTileLimit);
+      column_loop_kernel<<<loop_grid, kLoopThreads, la.smem ? tile : 0, st>>>(la);
+      CUDA_CHECK(cudaGetLastError());
+      p0 = p1;
+    }
+    if (i2 < k) {
+      // W[:, i2:] −= E·U[i1:i2, i2:]; column-major view: C [n, k−i2] −= E [n, bs] · (U rows)ᵀ.
+      CUDA_CHECK(cublasSgemm(c.blas, CUBLAS_OP_N, CUBLAS_OP_T, int(n), int(k - i2), int(i2 - i1), &minus_one, dE.p,
+                             int(n), dU.p + i1 * k + i2, int(k), &one, dWt.p + i2 * n, int(n)));
+    }
+  }
+
+  QuantizedLinear q = gptq::make_result(o, P);
+  std::vector<double> loss(static_cast<size_t>(n));  // [n]
+  CUDA_CHECK(cudaMemcpyAsync(q.codes.data(), dcodes.p, q.codes.size(), cudaMemcpyDeviceToHost, st));
+  if (o.sparse24) CUDA_CHECK(cudaMemcpyAsync(q.mask.data(), dmask.p, q.mask.size(), cudaMemcpyDeviceToHost, st));
+  CUDA_CHECK(cudaMemcpyAsync(q.scales.data(), dSh.p, q.scales.size() * sizeof(uint16_t), cudaMemcpyDeviceToHost, st));
+  CUDA_CHECK(cudaMemcpyAsync(loss.data(), dloss.p, loss.size() * sizeof(double), cudaMemcpyDeviceToHost, st));
+  CUDA_CHECK(cudaStreamSynchronize(st));
+  double total = 0.0;
+  for (double l : loss) total += l;
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  gptq::finish_stats(W, q, P, 0.5 * total, secs, stats);
+  return q;
+}
+
+void hessian_add_cuda(float* d_sum, int64_t k, const void* X, int64_t t, ActDtype dtype, bool x_on_device,
+                      const std::string& name) {
+  using namespace gptq_cuda;
+  const std::string& who = name;
+  if (k <= 0 || t < 0) bad_usage(who + ": Hessian batch [" + std::to_string(t) + ", " + std::to_string(k) + "] is invalid");
+  if (t == 0) return;
+  Ctx& c = context(who);
+  const size_t elt = dtype == ActDtype::F32 ? 4 : 2;
+  DBuf<uint8_t> staged;
+  const void* dX = X;
+  if (!x_on_device) {
+    staged.alloc(size_t(t * k) * elt, who);
+    CUDA_CHECK(cudaMemcpyAsync(staged.p, X, size_t(t * k) * elt, cudaMemcpyHostToDevice, c.stream));
+    dX = staged.p;
+  }
+  const cudaDataType in = dtype == ActDtype::F32 ? CUDA_R_32F : dtype == ActDtype::F16 ? CUDA_R_16F : CUDA_R_16BF;
+  const float one = 1.0f;
+  // X row-major [t, k] is column-major [k, t]: Σ x xᵀ = X_cm·X_cmᵀ, fp32 accumulation (no TF32).
+  CUDA_CHECK(cublasGemmEx(c.blas, CUBLAS_OP_N, CUBLAS_OP_T, int(k), int(k), int(t), &one, dX, in, int(k), dX, in,
+                          int(k), &one, d_sum, CUDA_R_32F, int(k), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  CUDA_CHECK(cudaStreamSynchronize(c.stream));
+}
+
+Eigen::MatrixXf hessian_finalize_cuda(const float* d_sum, int64_t k, int64_t tokens, const std::string& name) {
+  using namespace gptq_cuda;
+  const std::string& who = name;
+  if (tokens <= 0) bad_usage(who + ": no calibration token was added, the Hessian is undefined");
+  Ctx& c = context(who);
+  DBuf<float> dH(size_t(k * k), who);  // [k, k]
+  finalize_hessian_kernel<<<dim3(blocks_for(k), unsigned(k)), kThreads, 0, c.stream>>>(d_sum, k,
+                                                                                     float(2.0 / double(tokens)), dH.p);
+  CUDA_CHECK(cudaGetLastError());
+  Eigen::MatrixXf H(k, k);
+  CUDA_CHECK(cudaMemcpyAsync(H.data(), dH.p, size_t(k * k) * sizeof(float), cudaMemcpyDeviceToHost, c.stream));
+  CUDA_CHECK(cudaStreamSynchronize(c.stream));
+  return H;
+}
+
+}  // namespace marlinc
