@@ -1,5 +1,7 @@
-// marlinc quantize MODEL_DIR OUT_DIR --method rtn --format {marlin,gptq,gptq_v2,compressed-tensors}
+// marlinc quantize MODEL_DIR OUT_DIR --method {rtn,gptq} --format {marlin,marlin24,gptq,gptq_v2,compressed-tensors}
 //                  --group {-1,32,64,128} [--clip/--no-clip] [--skip PATTERN]... [--json REPORT]
+//                  gptq: [--calib FILE --samples N --min-len L --max-len L --seed S] [--order O]
+//                        [--sparsity 2:4] [--true-sequential] [--damp D] [--device cpu|cuda]
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -8,6 +10,7 @@
 #include "cli/commands.h"
 #include "cli/output.h"
 #include "packer/formats/convert.h"
+#include "quantizer/calib/gptq_runner.h"
 #include "quantizer/quantize_checkpoint.h"
 
 namespace marlinc::cli {
@@ -19,7 +22,38 @@ struct QuantizeArgs {
   int group = 128, bits = 4;
   bool clip = true, overwrite = false, include_lm_head = false;
   std::vector<std::string> skip;
+  // gptq
+  std::string calib, calib_format = "auto", order = "natural", sparsity = "none", device = "cpu";
+  size_t samples = 128, min_len = 32, max_len = 2048;
+  uint64_t seed = 0;
+  float damp = 0.01f;
+  bool true_sequential = false;
+  std::vector<const CLI::Option*> gptq_only;  // options that mean nothing to --method rtn
 };
+
+GptqOptions::Order order_from_name(const std::string& s) {
+  if (s == "natural") return GptqOptions::Natural;
+  if (s == "static") return GptqOptions::StaticActOrder;
+  if (s == "gar") return GptqOptions::Gar;
+  return GptqOptions::DynamicActOrder;  // "dynamic" (CLI11 checks the set)
+}
+
+calib::GptqRunOptions gptq_run_options(const QuantizeArgs& a) {
+  calib::GptqRunOptions g;
+  if (!a.calib.empty()) g.calib_file = a.calib;
+  g.calib.format = calib::calib_format_from_name(a.calib_format);
+  g.calib.samples = a.samples;
+  g.calib.min_len = a.min_len;
+  g.calib.max_len = a.max_len;
+  g.calib.seed = a.seed;
+  g.gptq.clip = a.clip ? GptqOptions::Marlin : GptqOptions::None;
+  g.gptq.order = order_from_name(a.order);
+  g.gptq.sparse24 = a.sparsity == "2:4";
+  g.gptq.damp = a.damp;
+  g.gptq.device = a.device == "cuda" ? GptqOptions::Device::Cuda : GptqOptions::Device::Cpu;
+  g.true_sequential = a.true_sequential;
+  return g;
+}
 
 int run_quantize(const QuantizeArgs& a) {
   QuantizeOptions o;
@@ -36,23 +70,47 @@ int run_quantize(const QuantizeArgs& a) {
   o.max_shard_bytes = parse_size(a.shard_size);
   auto t0 = std::chrono::steady_clock::now();
   auto on_layer = [&](const QuantizedLayerReport& l, size_t i, size_t total) {
+    // The ETA counts from the first layer's start: calibration before it is not per-layer work.
+    if (i == 0) t0 = std::chrono::steady_clock::now() - std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                             std::chrono::duration<double>(l.seconds));
     double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     double eta = elapsed / double(i + 1) * double(total - i - 1);
-    std::printf("%-48s %6lld x %-6lld  rel err %.4e  %7.3fs  [%zu/%zu, eta %.0fs]\n", l.name.c_str(), (long long)l.n,
-                (long long)l.k, l.rel_weight_err, l.seconds, i + 1, total, eta);
+    char gptq[64] = "";
+    if (l.loss >= 0) std::snprintf(gptq, sizeof gptq, "  loss %.3e  damp %.3f", l.loss, l.damp);
+    std::printf("%-48s %6lld x %-6lld  rel err %.4e%s  %7.3fs  [%zu/%zu, eta %.0fs]\n", l.name.c_str(), (long long)l.n,
+                (long long)l.k, l.rel_weight_err, gptq, l.seconds, i + 1, total, eta);
     std::fflush(stdout);
   };
-  QuantizeReport r = quantize_checkpoint(a.in, a.out, o, on_layer);
+  QuantizeReport r;
+  calib::GptqRunInfo info;
+  if (a.method == "gptq") {
+    auto log = [](const std::string& s) { std::printf("%s\n", s.c_str()); std::fflush(stdout); };
+    r = calib::gptq_quantize_checkpoint(a.in, a.out, o, gptq_run_options(a), on_layer, log, &info);
+  } else {
+    for (const CLI::Option* opt : a.gptq_only)
+      if (opt->count() > 0) bad_usage(opt->get_name() + " applies to --method gptq only");
+    r = quantize_checkpoint(a.in, a.out, o, on_layer);
+  }
   for (auto& [name, why] : r.skipped) std::printf("%-48s skipped: %s\n", name.c_str(), why.c_str());
   double mean = 0;
   for (auto& l : r.layers) mean += l.rel_weight_err;
   mean /= double(std::max<size_t>(1, r.layers.size()));
-  std::printf("\nquantized  %zu layers (%s, %d-bit, group %d%s) -> %s\n", r.layers.size(), r.method.c_str(), a.bits, a.group,
-              a.clip ? ", clip search" : "", r.target.c_str());
+  std::printf("\nquantized  %zu layers (%s, %d-bit, group %d%s%s) -> %s\n", r.layers.size(), r.method.c_str(), a.bits,
+              a.group, a.clip ? ", clip search" : "", a.method == "gptq" && (a.sparsity == "2:4" || a.format == "marlin24") ? ", 2:4" : "",
+              r.target.c_str());
   std::printf("kept       %zu tensors unchanged, %zu linear layers skipped\n", r.passthrough_tensors, r.skipped.size());
-  std::printf("mean rel weight error %.4e\nbytes      %.2f MB -> %.2f MB\ntime       %.2fs\noutput     %s\n", mean,
-              double(r.bytes_in) / 1e6, double(r.bytes_out) / 1e6, r.seconds, r.output.c_str());
-  if (!a.json.empty()) write_file_atomic(a.json, r.to_json().dump(2) + "\n");
+  std::printf("mean rel weight error %.4e\nbytes      %.2f MB -> %.2f MB\ntime       %.2fs\n", mean,
+              double(r.bytes_in) / 1e6, double(r.bytes_out) / 1e6, r.seconds);
+  nlohmann::json j = r.to_json();
+  if (a.method == "gptq") {
+    std::printf("split      forward %.2fs, hessians %.2fs, gptq %.2fs, i/o %.2fs\ncalibrated %zu samples, %zu tokens\n",
+                info.seconds_forward, info.seconds_hessian, info.seconds_gptq, info.seconds_io, info.samples, info.tokens);
+    j["calibration"] = info.calibration;
+    j["split_seconds"] = {{"forward", info.seconds_forward}, {"hessians", info.seconds_hessian},
+                          {"gptq", info.seconds_gptq}, {"io", info.seconds_io}};
+  }
+  std::printf("output     %s\n", r.output.c_str());
+  if (!a.json.empty()) write_file_atomic(a.json, j.dump(2) + "\n");
   return 0;
 }
 
@@ -63,8 +121,9 @@ void register_quantize(CLI::App& app) {
   auto a = std::make_shared<QuantizeArgs>();
   cmd->add_option("MODEL_DIR", a->in, "Hugging Face checkpoint (directory or .safetensors file)")->required();
   cmd->add_option("OUT_DIR", a->out, "output directory (written atomically)")->required();
-  cmd->add_option("--method", a->method, "quantization method: rtn (data-free)")->check(CLI::IsMember({"rtn"}));
-  cmd->add_option("--format", a->format, "marlin, gptq, gptq_v2 or compressed-tensors");
+  cmd->add_option("--method", a->method, "rtn (data-free) or gptq (calibrated, sequential over blocks)")
+      ->check(CLI::IsMember({"rtn", "gptq"}));
+  cmd->add_option("--format", a->format, "marlin, marlin24 (gptq + 2:4), gptq, gptq_v2 or compressed-tensors");
   cmd->add_option("--group", a->group, "group size along k: -1 (per channel), 32, 64 or 128");
   cmd->add_option("--bits", a->bits, "4 or 8")->check(CLI::IsMember({4, 8}));
   cmd->add_flag("--clip,!--no-clip", a->clip, "search a clipping factor per group (default on)");
@@ -73,6 +132,25 @@ void register_quantize(CLI::App& app) {
   cmd->add_option("--shard-size", a->shard_size, "largest shard, e.g. 5GB, 500MB, 0 = one file");
   cmd->add_flag("--overwrite", a->overwrite, "replace OUT_DIR if it exists");
   cmd->add_option("--json", a->json, "write a JSON report to this file");
+  auto gptq_opt = [&](CLI::Option* o) { a->gptq_only.push_back(o); return o; };
+  gptq_opt(cmd->add_option("--calib", a->calib,
+                           "gptq: calibration text, JSONL with \"text\", or pre-tokenized JSONL (default: samples the "
+                           "model generates itself; real text is better)"));
+  gptq_opt(cmd->add_option("--calib-format", a->calib_format, "gptq: auto, text, text-whole, jsonl or tokens"))
+      ->check(CLI::IsMember({"auto", "text", "text-whole", "jsonl", "tokens"}));
+  gptq_opt(cmd->add_option("--samples", a->samples, "gptq: calibration samples (whole documents), default 128"));
+  gptq_opt(cmd->add_option("--min-len", a->min_len, "gptq: shortest document kept, in tokens (default 32)"));
+  gptq_opt(cmd->add_option("--max-len", a->max_len, "gptq: longest document kept, never truncated (default 2048)"));
+  gptq_opt(cmd->add_option("--seed", a->seed, "gptq: sampling seed (default 0)"));
+  gptq_opt(cmd->add_option("--order", a->order, "gptq: column order natural, static (act-order, static groups), gar "
+                                                "or dynamic (GPTQ formats only)"))
+      ->check(CLI::IsMember({"natural", "static", "gar", "dynamic"}));
+  gptq_opt(cmd->add_option("--sparsity", a->sparsity, "gptq: none or 2:4 (SparseGPT jointly with 4-bit)"))
+      ->check(CLI::IsMember({"none", "2:4"}));
+  gptq_opt(cmd->add_flag("--true-sequential", a->true_sequential,
+                         "gptq: re-run each block after every linear group is quantized"));
+  gptq_opt(cmd->add_option("--damp", a->damp, "gptq: relative damping (raised automatically when Cholesky fails)"));
+  gptq_opt(cmd->add_option("--device", a->device, "gptq: cpu or cuda"))->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->callback([a] { set_status(run_quantize(*a)); });
 }
 

@@ -35,8 +35,12 @@ std::string skip_reason(const std::string& prefix, const TensorInfo& t, const Qu
 
 nlohmann::json QuantizeReport::to_json() const {
   nlohmann::json layers_j = nlohmann::json::array();
-  for (const auto& l : layers)
-    layers_j.push_back({{"name", l.name}, {"n", l.n}, {"k", l.k}, {"rel_weight_err", l.rel_weight_err}, {"seconds", l.seconds}});
+  for (const auto& l : layers) {
+    nlohmann::json j = {{"name", l.name}, {"n", l.n}, {"k", l.k}, {"rel_weight_err", l.rel_weight_err}, {"seconds", l.seconds}};
+    if (l.loss >= 0) j["gptq_loss"] = l.loss;
+    if (l.damp >= 0) j["damp"] = l.damp;
+    layers_j.push_back(j);
+  }
   nlohmann::json skipped_j = nlohmann::json::array();
   for (const auto& [name, why] : skipped) skipped_j.push_back({{"name", name}, {"why", why}});
   return {{"input", input}, {"output", output}, {"target", target}, {"method", method}, {"layers", layers_j},
@@ -44,30 +48,12 @@ nlohmann::json QuantizeReport::to_json() const {
           {"bytes_out", bytes_out}, {"seconds", seconds}};
 }
 
-QuantizeReport quantize_checkpoint(const std::filesystem::path& in, const std::filesystem::path& out,
-                                   const QuantizeOptions& o, const LayerDone& on_layer) {
-  const auto t0 = std::chrono::steady_clock::now();
-  if (o.method != "rtn")
-    bad_usage("--method " + o.method + ": only rtn (data-free) is available here; GPTQ needs the calibration runner");
-  if (o.to == TargetFormat::Marlin24)
-    bad_usage("--format marlin24 needs 2:4 pruning (SparseGPT with calibration); RTN cannot choose a mask");
-  Checkpoint ck = Checkpoint::open(in);
+QuantPlan plan_quantization(const Checkpoint& ck, const QuantizeOptions& o, QuantizeReport& rep) {
   FormatInfo fi = detect_format(ck);
   if (fi.format != Format::Plain)
     bad_usage(ck.source().string() + ": already quantized (" + format_name(fi.format) +
               "); use `marlinc convert` to change its format");
-
-  QuantizeReport rep;
-  rep.input = ck.source().string();
-  rep.output = out.string();
-  rep.target = target_name(o.to);
-  rep.method = o.method;
-
-  // Plan: which weights become modules, and every output tensor's spec, before reading any data.
-  struct Job { std::string prefix; const TensorInfo* info; ModuleDesc desc; };
-  std::vector<Job> jobs;
-  std::vector<TensorSpec> plan;
-  std::map<std::string, size_t> job_of_tensor;
+  QuantPlan P;
   for (const auto& name : ck.tensor_names()) {
     auto ref = ck.at(name);
     const TensorInfo& t = *ref.info;
@@ -83,61 +69,93 @@ QuantizeReport quantize_checkpoint(const std::filesystem::path& in, const std::f
         why = d.groups == 0 ? "group size " + std::to_string(o.group_size) + " does not divide k = " + std::to_string(d.k)
                             : target_rule(o.to, d);
         if (why.empty()) {
-          job_of_tensor[name] = jobs.size();
-          for (auto& s : plan_module(o.to, d)) plan.push_back(s);
-          jobs.push_back({prefix, &t, d});
+          P.job_of_tensor[name] = P.jobs.size();
+          for (auto& s : plan_module(o.to, d)) P.specs.push_back(s);
+          P.jobs.push_back({prefix, &t, d});
           continue;
         }
       }
       if (t.shape.size() == 2) rep.skipped.emplace_back(prefix, why);
     }
-    plan.push_back({name, t.dtype, t.shape});
+    P.specs.push_back({name, t.dtype, t.shape});
     ++rep.passthrough_tensors;
   }
-  if (jobs.empty()) bad_usage(ck.source().string() + ": no linear layer can be quantized to " + target_name(o.to));
+  if (P.jobs.empty()) bad_usage(ck.source().string() + ": no linear layer can be quantized to " + target_name(o.to));
+  return P;
+}
+
+QuantizedLinear write_quantized(CheckpointWriter& w, const QuantizeOptions& o, const QuantJob& job, QuantizedLinear q,
+                                QuantizeReport& rep) {
+  q.name = job.prefix;
+  if (job.desc.scale_type == ScaleType::BF16 && q.scale_type == ScaleType::F16) {
+    // The grid used fp16-rounded scales; bf16 files keep the model's dtype, so re-encode them.
+    for (auto& s : q.scales) s = float_to_bf16(half_to_float(s));
+    q.scale_type = ScaleType::BF16;
+  }
+  for (const auto& p : write_module(o.to, q)) {
+    w.write(p.spec.name, p.bytes);
+    rep.bytes_out += p.bytes.size();
+  }
+  return q;
+}
+
+void finish_output(CheckpointWriter& w, const Checkpoint& ck, const QuantizeOptions& o, const nlohmann::json& extra_quant) {
+  QuantSummary s;
+  s.bits = o.bits; s.group_size = o.group_size; s.sym = true; s.desc_act = false;
+  TargetConfig cfg = target_config(o.to, ck.config(), nlohmann::json::object(), s);
+  if (!extra_quant.empty()) {
+    auto& qc = cfg.config["quantization_config"];
+    for (auto it = extra_quant.begin(); it != extra_quant.end(); ++it) qc[it.key()] = it.value();
+    if (cfg.quantize_config)
+      for (auto it = extra_quant.begin(); it != extra_quant.end(); ++it) (*cfg.quantize_config)[it.key()] = it.value();
+  }
+  w.add_file("config.json", cfg.config.dump(2) + "\n");
+  if (cfg.quantize_config) w.add_file("quantize_config.json", cfg.quantize_config->dump(2) + "\n");
+  if (std::filesystem::is_directory(ck.dir())) copy_non_tensor_files(ck.dir(), w);
+  w.commit();
+}
+
+QuantizeReport quantize_checkpoint(const std::filesystem::path& in, const std::filesystem::path& out,
+                                   const QuantizeOptions& o, const LayerDone& on_layer) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (o.method != "rtn")
+    bad_usage("--method " + o.method + ": quantize_checkpoint runs rtn; gptq needs calibration (calib::gptq_quantize_checkpoint)");
+  if (o.to == TargetFormat::Marlin24)
+    bad_usage("--format marlin24 needs 2:4 pruning (--method gptq --sparsity 2:4); RTN cannot choose a mask");
+  Checkpoint ck = Checkpoint::open(in);
+  QuantizeReport rep;
+  rep.input = ck.source().string();
+  rep.output = out.string();
+  rep.target = target_name(o.to);
+  rep.method = o.method;
+  const QuantPlan P = plan_quantization(ck, o, rep);
 
   WriterOptions wo;
   wo.max_shard_bytes = o.max_shard_bytes;
   wo.overwrite = o.overwrite;
-  CheckpointWriter w(out, plan, wo);
+  CheckpointWriter w(out, P.specs, wo);
   for (const auto& name : ck.tensor_names()) {
     std::span<const uint8_t> bytes = ck.data(name);
     rep.bytes_in += bytes.size();
-    auto it = job_of_tensor.find(name);
-    if (it == job_of_tensor.end()) {
+    auto it = P.job_of_tensor.find(name);
+    if (it == P.job_of_tensor.end()) {
       w.write(name, bytes);
       rep.bytes_out += bytes.size();
       continue;
     }
-    const Job& job = jobs[it->second];
+    const QuantJob& job = P.jobs[it->second];
     const auto t1 = std::chrono::steady_clock::now();
     std::vector<float> W = to_float(bytes, job.info->dtype);  // [n, k]
     RtnOptions ro;
     ro.bits = o.bits; ro.group_size = o.group_size; ro.clip = o.clip; ro.name = job.prefix;
     RtnStats st;
-    QuantizedLinear q = rtn_quantize(W.data(), job.desc.n, job.desc.k, ro, &st);
-    q.name = job.prefix;
-    if (job.desc.scale_type == ScaleType::BF16) {
-      // The grid used fp16-rounded scales; bf16 files keep the model's dtype, so re-encode them.
-      for (auto& s : q.scales) s = float_to_bf16(half_to_float(s));
-      q.scale_type = ScaleType::BF16;
-    }
-    for (const auto& p : write_module(o.to, q)) {
-      w.write(p.spec.name, p.bytes);
-      rep.bytes_out += p.bytes.size();
-    }
+    write_quantized(w, o, job, rtn_quantize(W.data(), job.desc.n, job.desc.k, ro, &st), rep);
     QuantizedLayerReport lr{job.prefix, job.desc.n, job.desc.k, st.rel_weight_err,
                             std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count()};
     rep.layers.push_back(lr);
-    if (on_layer) on_layer(lr, rep.layers.size() - 1, jobs.size());
+    if (on_layer) on_layer(lr, rep.layers.size() - 1, P.jobs.size());
   }
-  QuantSummary s;
-  s.bits = o.bits; s.group_size = o.group_size; s.sym = true; s.desc_act = false;
-  TargetConfig cfg = target_config(o.to, ck.config(), nlohmann::json::object(), s);
-  w.add_file("config.json", cfg.config.dump(2) + "\n");
-  if (cfg.quantize_config) w.add_file("quantize_config.json", cfg.quantize_config->dump(2) + "\n");
-  if (std::filesystem::is_directory(ck.dir())) copy_non_tensor_files(ck.dir(), w);
-  w.commit();
+  finish_output(w, ck, o);
   rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return rep;
 }

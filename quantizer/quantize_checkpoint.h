@@ -5,18 +5,21 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/writer.h"
 #include "packer/adapters.h"
 
 namespace marlinc {
 
 struct QuantizeOptions {
   TargetFormat to = TargetFormat::Marlin;
-  std::string method = "rtn";          // the data-free path; GPTQ needs calibration (calibration runner)
+  std::string method = "rtn";          // rtn here; gptq through calib::gptq_quantize_checkpoint
   int bits = 4;
   int group_size = 128;
   bool clip = true;                    // RTN: unweighted Lp clip search
@@ -31,6 +34,7 @@ struct QuantizedLayerReport {
   int64_t n = 0, k = 0;                // HF weight [n, k]
   double rel_weight_err = 0;
   double seconds = 0;
+  double loss = -1, damp = -1;         // GPTQ only: OBS loss estimate and the relative damping used
 };
 
 struct QuantizeReport {
@@ -44,6 +48,29 @@ struct QuantizeReport {
 };
 
 using LayerDone = std::function<void(const QuantizedLayerReport&, size_t index, size_t total)>;
+
+// The plan shared by every method: which `<p>.weight` tensors become quantized modules (with the
+// reason for each one left alone, in rep.skipped), and every output tensor's spec, before any data
+// is read. Throws BadUsage when the input is already quantized or nothing can be quantized.
+struct QuantJob {
+  std::string prefix;
+  const TensorInfo* info = nullptr;
+  ModuleDesc desc;
+};
+struct QuantPlan {
+  std::vector<QuantJob> jobs;
+  std::vector<TensorSpec> specs;
+  std::map<std::string, size_t> job_of_tensor;  // "<p>.weight" -> index into jobs
+};
+QuantPlan plan_quantization(const Checkpoint& ck, const QuantizeOptions& o, QuantizeReport& rep);
+// Packs q for the target and writes its tensors; q's scales are re-encoded to the model's dtype (bf16
+// models keep bf16 scales). Adds the bytes written to rep.bytes_out; returns q as written.
+QuantizedLinear write_quantized(CheckpointWriter& w, const QuantizeOptions& o, const QuantJob& job, QuantizedLinear q,
+                     QuantizeReport& rep);
+// config.json (+ quantize_config.json) for the target, the non-tensor files, commit. `extra_quant`
+// is merged into the quantization config (e.g. the calibration record).
+void finish_output(CheckpointWriter& w, const Checkpoint& ck, const QuantizeOptions& o,
+                   const nlohmann::json& extra_quant = nlohmann::json::object());
 
 // Throws BadUsage (options, quantized input, nothing to quantize) and BadData (corrupt input).
 QuantizeReport quantize_checkpoint(const std::filesystem::path& in, const std::filesystem::path& out,

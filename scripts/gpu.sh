@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The one script for the lent GPU machine (H100/H200, CUDA 13): configures the `cuda` preset for
-# sm_90 only, builds the GPU test and benchmark targets, runs the [gpu] tests, compute-sanitizer
-# memcheck + racecheck on the stripe-reduction subset, the Marlin benchmark, and prints a short
-# summary with the benchmark table LAST. Logs go under $OUT when set (the device tool returns them).
+# sm_90 only, builds everything, runs the [gpu] tests, compute-sanitizer memcheck + racecheck on the
+# [sanitize] subset, the Marlin and GPU-GPTQ benchmarks, the CLI end to end (the sample quantized and
+# verified with the kernel; an 8B-shaped checkpoint certified and timed), and prints a short summary
+# with the kernel benchmark table LAST. Logs go under $OUT when set (the device tool returns them).
 #
 # Env knobs: GPU_TESTS (Catch2 filter, default "[gpu]"), SKIP_TESTS=1, SKIP_SAN=1, SKIP_BENCH=1,
-# TEST_TIMEOUT/SAN_TIMEOUT/BENCH_TIMEOUT (seconds; a hung stripe lock must not eat the whole call),
+# SKIP_GPTQ_BENCH=1, SKIP_VERIFY=1, SKIP_VERIFY_8B=1, VERIFY_BLOCKS (default 32),
+# TEST_TIMEOUT/SAN_TIMEOUT/BENCH_TIMEOUT/GPTQ_BENCH_TIMEOUT (seconds; a hang must not eat the call),
 # BENCH_ARGS (extra bench_marlin arguments, e.g. "--explore" or "--sets large --ms 1,16").
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -28,7 +30,8 @@ fi
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
 t0=$(date +%s)
 cmake --preset cuda -DCMAKE_CUDA_ARCHITECTURES=90 > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
-cmake --build "$BUILD" --target test_gpu bench_marlin -j "$(nproc)" > "$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -40; exit 1; }
+# Everything: the CLI and every test and benchmark must build with CUDA on, not only the kernels.
+cmake --build "$BUILD" -j "$(nproc)" > "$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -40; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
 
 status=0
@@ -54,8 +57,35 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
   timeout "${BENCH_TIMEOUT:-200}" "$BUILD/bench/bench_marlin" --json "$OUT/bench.json" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1 || { status=1; tail -20 "$OUT/bench.log"; }
 fi
 
+if [ "${SKIP_GPTQ_BENCH:-0}" != 1 ] && [ -x "$BUILD/bench/bench_gptq_cuda" ]; then
+  timeout "${GPTQ_BENCH_TIMEOUT:-150}" "$BUILD/bench/bench_gptq_cuda" > "$OUT/bench_gptq_cuda.log" 2>&1 || { status=1; tail -20 "$OUT/bench_gptq_cuda.log"; }
+fi
+# The CLI end to end with the kernel: the sample quantized and verified on the GPU, then every linear
+# layer of a Llama-3-8B-shaped Marlin checkpoint (synthesized by bench_convert, 32 blocks) certified.
+if [ "${SKIP_VERIFY:-0}" != 1 ]; then
+  bin="$BUILD/cli/marlinc"
+  tmp=${VERIFY_TMP:-/tmp/marlinc-gpu}
+  rm -rf "$tmp/sample"; mkdir -p "$tmp"
+  "$bin" quantize data/sample/model "$tmp/sample" --method rtn --format marlin --group 128 > "$OUT/sample_quantize.log" 2>&1 &&
+    "$bin" verify "$tmp/sample" --reference data/sample/model --certificate "$OUT/sample_certificate.json" > "$OUT/sample_verify.log" 2>&1
+  rc=$?
+  [ $rc -ne 0 ] && status=1 && tail -20 "$OUT/sample_verify.log"
+  summary+=("sample quantize + verify on the GPU: rc=$rc, $(grep -E "^backend" "$OUT/sample_verify.log")")
+  if [ "${SKIP_VERIFY_8B:-0}" != 1 ]; then
+    t0=$(date +%s)
+    "$BUILD/bench/bench_convert" --dir "$tmp/bc" --blocks "${VERIFY_BLOCKS:-32}" --reps 1 --keep > "$OUT/bench_convert.log" 2>&1 || status=1
+    t1=$(date +%s)
+    /usr/bin/time -f "%e s wall, %M KB peak RSS" "$bin" verify "$tmp/bc/marlin" --certificate "$OUT/cert_8b.json" > "$OUT/verify_8b.log" 2>&1
+    rc=$?
+    [ $rc -ne 0 ] && status=1 && tail -20 "$OUT/verify_8b.log"
+    summary+=("8B-shaped checkpoint ($(( t1 - t0 )) s to synthesize + convert): verify rc=$rc, $(tail -n 1 "$OUT/verify_8b.log"), $(grep -E "^layers" "$OUT/verify_8b.log")")
+    rm -rf "$tmp/bc"
+  fi
+fi
+
 echo "==== summary"
 for s in "${summary[@]}"; do echo "$s"; done
+[ -f "$OUT/bench_gptq_cuda.log" ] && tail -n 20 "$OUT/bench_gptq_cuda.log"
 if [ -f "$OUT/bench.log" ]; then
   grep -E "^explore" "$OUT/bench.log" | head -120
   sed -n '/^device:/,/^copy bandwidth/p' "$OUT/bench.log" | head -3

@@ -10,6 +10,7 @@ command -v cmake >/dev/null || need+=(cmake)
 command -v ninja >/dev/null || need+=(ninja-build)
 command -v g++ >/dev/null || need+=(g++)
 command -v clang++ >/dev/null || need+=(clang)                 # the libFuzzer target
+command -v ccache >/dev/null || need+=(ccache)                 # rebuilds in fresh clones (CI) hit the cache
 have_file /usr/include/eigen3/Eigen/Core || need+=(libeigen3-dev)
 have_file /usr/include/CLI/CLI.hpp || need+=(libcli11-dev)
 have_file /usr/include/nlohmann/json.hpp || need+=(nlohmann-json3-dev)

@@ -22,6 +22,9 @@ count() {  # add ctest's "x% tests passed, F tests failed out of T" from log $1
   passed=$((passed + t - f)); failed=$((failed + f))
 }
 stamp() { echo "== $1 ($(date +%T))"; }
+# ccache (CMakeLists.txt uses it when present): paths relative to the clone, so a fresh clone in another
+# folder hits what an earlier one compiled; the Catch2 precompiled header needs the pch sloppiness.
+export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=true CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
 
 if [ -z "${CUDACXX:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then export CUDACXX=/usr/local/cuda/bin/nvcc; fi
 if command -v "${CUDACXX:-nvcc}" >/dev/null 2>&1; then

@@ -1,0 +1,282 @@
+#include "quantizer/calib/gptq_runner.h"
+
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <random>
+
+#include "checkpoint/convert_dtype.h"
+#include "checkpoint/error.h"
+#include "quantizer/calib/tokenizer.h"
+#include "quantizer/hessian.h"
+#include "quantizer/rtn.h"
+
+namespace marlinc::calib {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// The built-in default loads every block to generate, so it is for small models only.
+constexpr double kMaxGenerateModelBytes = 2e9;
+
+std::string mb(double bytes) { return std::to_string(int64_t(std::llround(bytes / 1e6))) + " MB"; }
+
+int64_t in_features(const LlamaConfig& c, LinearInput g) {
+  switch (g) {
+    case LinearInput::QKV: case LinearInput::GateUp: return c.hidden;
+    case LinearInput::O: return c.heads * c.head_dim;
+    case LinearInput::Down: return c.intermediate;
+  }
+  return 0;
+}
+constexpr LinearInput kGroups[] = {LinearInput::QKV, LinearInput::O, LinearInput::GateUp, LinearInput::Down};
+int group_index(LinearInput g) { return int(g); }
+
+// Hidden states + one block in fp32 + the four Hessians (fp32 [k, k]) + the dequantize scratch.
+double peak_estimate(const LlamaConfig& c, size_t tokens) {
+  const double qd = double(c.heads * c.head_dim), kvd = double(c.kv_heads * c.head_dim), h = double(c.hidden),
+               f = double(c.intermediate);
+  const double block = 4.0 * (h * qd * 2 + h * kvd * 2 + 3 * h * f);
+  const double hess = 4.0 * (2 * h * h + qd * qd + f * f);
+  return 4.0 * double(tokens) * h + block * 2 + hess;
+}
+
+}  // namespace
+
+std::vector<std::vector<int32_t>> generate_samples(const LlamaModel& model, int32_t bos, int32_t eos, size_t count,
+                                                   size_t min_len, size_t max_len, uint64_t seed) {
+  if (bos < 0) bad_usage("the built-in calibration needs a BOS token to start from; give --calib FILE");
+  if (min_len < 2 || max_len < min_len) bad_usage("generated sample lengths need 2 <= min <= max");
+  const LlamaConfig& c = model.config();
+  std::vector<BlockWeights> blocks;
+  for (int64_t b = 0; b < c.layers; ++b) blocks.push_back(model.load_block(b));
+  // Samples are independent: each has its own generator (seed, sample index), so the result does not
+  // depend on the thread count, and they run in parallel (no KV cache: each step is a full forward).
+  std::vector<std::vector<int32_t>> gen(count);
+#pragma omp parallel for schedule(dynamic, 1)
+  for (long long s = 0; s < (long long)count; ++s) {
+    std::mt19937_64 rng(seed * 0x9e3779b97f4a7c15ULL + uint64_t(s));
+    const size_t len = min_len + size_t(uniform_below(rng, max_len - min_len + 1));
+    std::vector<int32_t> ids = {bos};
+    while (ids.size() < len) {
+      const Matrix logits = model.forward(ids, blocks);  // [T, vocab]
+      const auto row = logits.row(logits.rows() - 1);
+      double mx = -INFINITY;
+      for (int64_t v = 0; v < row.size(); ++v) mx = std::max(mx, double(row(v)));
+      double total = 0;
+      for (int64_t v = 0; v < row.size(); ++v) total += std::exp(double(row(v)) - mx);
+      // u in [0, 1) from 53 bits: the same draw on every platform.
+      double u = double(rng() >> 11) * 0x1.0p-53 * total;
+      int32_t next = int32_t(row.size() - 1);
+      for (int64_t v = 0; v < row.size(); ++v) {
+        u -= std::exp(double(row(v)) - mx);
+        if (u < 0) { next = int32_t(v); break; }
+      }
+      if (next == eos) break;
+      ids.push_back(next);
+    }
+    gen[size_t(s)] = std::move(ids);
+  }
+  std::vector<std::vector<int32_t>> out;
+  for (auto& ids : gen)
+    if (ids.size() >= 2) out.push_back(std::move(ids));
+  return out;
+}
+
+QuantizeReport gptq_quantize_checkpoint(const std::filesystem::path& in, const std::filesystem::path& out,
+                                        const QuantizeOptions& qo, const GptqRunOptions& go, const LayerDone& on_layer,
+                                        const RunLog& log, GptqRunInfo* info) {
+  const auto t_start = Clock::now();
+  auto say = [&](const std::string& s) { if (log) log(s); };
+  GptqRunInfo I;
+  const LlamaModel model = LlamaModel::open(in);
+  const LlamaConfig& c = model.config();
+  const Checkpoint& ck = model.checkpoint();
+  QuantizeReport rep;
+  rep.input = ck.source().string();
+  rep.output = out.string();
+  rep.target = target_name(qo.to);
+  rep.method = "gptq";
+  const QuantPlan P = plan_quantization(ck, qo, rep);
+  GptqOptions base = go.gptq;
+  base.bits = qo.bits;
+  base.group_size = qo.group_size;
+  if (qo.to == TargetFormat::Marlin24) base.sparse24 = true;
+  if (base.sparse24 && base.order != GptqOptions::Natural)
+    bad_usage("--sparsity 2:4 runs in natural column order (SparseGPT); drop --order or use --order natural");
+  if (base.order == GptqOptions::DynamicActOrder &&
+      (qo.to == TargetFormat::Marlin || qo.to == TargetFormat::Marlin24))
+    bad_usage("--order dynamic gives a non-monotone g_idx, which Marlin files cannot hold; use static or gar");
+
+  // Calibration: the file, or samples the model writes itself.
+  CalibSet cs;
+  if (go.calib_file) {
+    std::unique_ptr<Tokenizer> tok;
+    if (go.calib.format != CalibFormat::Tokens) tok = load_tokenizer(ck.dir());
+    cs = load_calibration(*go.calib_file, tok.get(), go.calib);
+  } else {
+    double model_bytes = 0;
+    for (const auto& name : ck.tensor_names()) model_bytes += double(ck.data(name).size());
+    if (model_bytes > kMaxGenerateModelBytes)
+      bad_usage(rep.input + ": the built-in calibration (samples the model generates) is for small models; give "
+                "--calib FILE with real text");
+    say("calibration: none given, so the model generates " + std::to_string(go.generated_samples) +
+        " samples itself (seed " + std::to_string(go.calib.seed) + "); real text (--calib FILE) calibrates better");
+    // BOS/EOS from config.json (every HF model has them there); the tokenizer only when it lacks them.
+    auto id_of = [&](const char* key) -> std::optional<int32_t> {
+      const auto it = ck.config().find(key);
+      if (it != ck.config().end() && it->is_number_integer()) return it->get<int32_t>();
+      return std::nullopt;
+    };
+    std::optional<int32_t> bos = id_of("bos_token_id"), eos = id_of("eos_token_id");
+    if (!bos) {
+      std::unique_ptr<Tokenizer> tok = load_tokenizer(ck.dir());
+      bos = tok->bos_id();
+      if (!eos) eos = tok->eos_id();
+    }
+    cs.name = "generated-by-model";
+    cs.format = "generated";
+    cs.samples = generate_samples(model, *bos, eos.value_or(-1), go.generated_samples, go.generated_min_len,
+                                  go.generated_max_len, go.calib.seed);
+    for (const auto& s : cs.samples) cs.tokens += s.size();
+    cs.requested = go.generated_samples;
+    cs.seed = go.calib.seed;
+    cs.min_len = go.generated_min_len;
+    cs.max_len = go.generated_max_len;
+  }
+  if (cs.samples.empty()) bad_usage("calibration: no sample qualified (check --min-len/--max-len against the data)");
+  I.calibration = cs.to_json();
+  I.samples = cs.samples.size();
+  I.tokens = cs.tokens;
+  I.estimated_peak_bytes = peak_estimate(c, cs.tokens);
+  say("calibration: " + std::to_string(I.samples) + " samples, " + std::to_string(I.tokens) + " tokens (" + cs.name +
+      "); needs about " + mb(I.estimated_peak_bytes) + " of memory");
+
+  WriterOptions wo;
+  wo.max_shard_bytes = qo.max_shard_bytes;
+  wo.overwrite = qo.overwrite;
+  CheckpointWriter w(out, P.specs, wo);
+  auto t_io = Clock::now();
+  for (const auto& name : ck.tensor_names()) {
+    std::span<const uint8_t> bytes = ck.data(name);
+    rep.bytes_in += bytes.size();
+    if (!P.job_of_tensor.count(name)) {
+      w.write(name, bytes);
+      rep.bytes_out += bytes.size();
+    }
+  }
+  I.seconds_io += since(t_io);
+
+  std::vector<bool> done(P.jobs.size(), false);
+  auto report = [&](size_t job, const QuantizedLayerReport& lr) {
+    done[job] = true;
+    rep.layers.push_back(lr);
+    if (on_layer) on_layer(lr, rep.layers.size() - 1, P.jobs.size());
+  };
+
+  // Embeddings of every sample: the first block's inputs. [T_i, hidden] each.
+  auto t_fw = Clock::now();
+  std::vector<Matrix> hs(cs.samples.size());
+  for (size_t i = 0; i < hs.size(); ++i) hs[i] = model.embed(cs.samples[i]);
+  I.seconds_forward += since(t_fw);
+
+  for (int64_t b = 0; b < c.layers; ++b) {
+    const auto t_block = Clock::now();
+    BlockWeights W = model.load_block(b);
+    // Quantizes the linears of one input group with its finalized Hessian and puts the dequantized
+    // weights into W, so the passes after it see the quantized block.
+    auto quantize_group = [&](LinearInput g, const HessianAccumulator& acc) {
+      const auto t_h = Clock::now();
+      const Eigen::MatrixXf H = acc.finalize();
+      I.seconds_hessian += since(t_h);
+      for (Linear l : linears_of(g)) {
+        const std::string prefix = linear_name(b, l);
+        auto it = P.job_of_tensor.find(prefix + ".weight");
+        if (it == P.job_of_tensor.end()) continue;  // skipped by the plan: stays as it is
+        const QuantJob& job = P.jobs[it->second];
+        Matrix& Wl = W.weight(l);  // [n, k]
+        const auto t_q = Clock::now();
+        GptqOptions o = base;
+        o.name = prefix;
+        GptqStats st;
+        QuantizedLinear q = gptq_quantize(Wl.data(), Wl.rows(), Wl.cols(), H, o, &st);
+        I.seconds_gptq += since(t_q);
+        const auto t_w = Clock::now();
+        q = write_quantized(w, qo, job, std::move(q), rep);
+        I.seconds_io += since(t_w);
+        const std::vector<float> dq = dequantize(q);  // [k, n]
+        for (int64_t r = 0; r < q.k; ++r)
+          for (int64_t col = 0; col < q.n; ++col) Wl(col, r) = dq[size_t(r * q.n + col)];
+        QuantizedLayerReport lr{prefix, q.n, q.k, st.rel_weight_err, since(t_q), st.loss, st.damp_used};
+        report(it->second, lr);
+      }
+    };
+    // Runs every sample through the block and accumulates the Hessians of the groups in `want`.
+    auto capture = [&](std::initializer_list<LinearInput> want) {
+      std::vector<std::unique_ptr<HessianAccumulator>> acc(4);
+      for (LinearInput g : want) acc[size_t(group_index(g))] = std::make_unique<HessianAccumulator>(in_features(c, g));
+      for (const Matrix& h0 : hs) {
+        Matrix x = h0;
+        const auto t0 = Clock::now();
+        double hess = 0;
+        model.block_forward(x, W, [&](LinearInput g, const Matrix& X) {
+          auto& a = acc[size_t(group_index(g))];
+          if (!a) return;
+          const auto th = Clock::now();
+          a->add(X.data(), X.rows());
+          hess += since(th);
+        });
+        I.seconds_hessian += hess;
+        I.seconds_forward += since(t0) - hess;
+      }
+      return acc;
+    };
+    if (go.true_sequential) {
+      for (LinearInput g : kGroups) {
+        auto acc = capture({g});
+        quantize_group(g, *acc[size_t(group_index(g))]);
+      }
+    } else {
+      auto acc = capture({LinearInput::QKV, LinearInput::O, LinearInput::GateUp, LinearInput::Down});
+      for (LinearInput g : kGroups) quantize_group(g, *acc[size_t(group_index(g))]);
+    }
+    // The next block's inputs come from this block with its quantized weights.
+    t_fw = Clock::now();
+    for (Matrix& h : hs) model.block_forward(h, W);
+    I.seconds_forward += since(t_fw);
+    say("block " + std::to_string(b + 1) + "/" + std::to_string(c.layers) + " done in " +
+        std::to_string(since(t_block)).substr(0, 5) + " s");
+  }
+
+  // Linears outside the decoder blocks (lm_head with --include-lm-head): no calibrated inputs here,
+  // so round-to-nearest with the clip search.
+  for (size_t j = 0; j < P.jobs.size(); ++j) {
+    if (done[j]) continue;
+    const QuantJob& job = P.jobs[j];
+    const auto t_q = Clock::now();
+    std::vector<float> Wf = to_float(ck.data(job.prefix + ".weight"), job.info->dtype);  // [n, k]
+    RtnOptions ro;
+    ro.bits = qo.bits; ro.group_size = qo.group_size; ro.clip = true; ro.name = job.prefix;
+    RtnStats st;
+    write_quantized(w, qo, job, rtn_quantize(Wf.data(), job.desc.n, job.desc.k, ro, &st), rep);
+    report(j, QuantizedLayerReport{job.prefix, job.desc.n, job.desc.k, st.rel_weight_err, since(t_q)});
+    say(job.prefix + ": outside the decoder blocks, quantized with RTN + clip (no calibrated inputs)");
+  }
+
+  nlohmann::json record = {{"method", "gptq"},
+                           {"clip", base.clip == GptqOptions::Marlin ? "marlin" : "none"},
+                           {"damp", base.damp},
+                           {"sparsity", base.sparse24 ? "2:4" : "none"},
+                           {"true_sequential", go.true_sequential},
+                           {"calibration", I.calibration}};
+  t_io = Clock::now();
+  finish_output(w, ck, qo, nlohmann::json{{"marlinc", record}});
+  I.seconds_io += since(t_io);
+  rep.seconds = since(t_start);
+  if (info) *info = I;
+  return rep;
+}
+
+}  // namespace marlinc::calib
