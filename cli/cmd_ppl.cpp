@@ -1,8 +1,11 @@
-// marlinc ppl: perplexity of a model on a text file with marlinc's own forward pass (CPU, fp32).
+// marlinc ppl: perplexity of a model on a text file with marlinc's own forward pass (CPU, fp32). A
+// quantized checkpoint (GPTQ, Marlin, Marlin-24, AWQ, compressed-tensors) runs with its linears
+// dequantized, so quantization quality is measured with the same forward pass as the original.
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -12,6 +15,7 @@
 #include "cli/commands.h"
 #include "quantizer/calib/llama.h"
 #include "quantizer/calib/perplexity.h"
+#include "quantizer/calib/quantized_linears.h"
 #include "quantizer/calib/tokenizer.h"
 
 namespace marlinc::cli {
@@ -32,7 +36,10 @@ void run_ppl(const PplArgs& a) {
   ss << f.rdbuf();
   const std::string text = normalize_newlines(ss.str());
 
-  auto model = LlamaModel::open(a.model_dir);
+  const bool quantized = detect_format(Checkpoint::open(a.model_dir)).format != Format::Plain;
+  auto model = LlamaModel::open(a.model_dir, quantized);
+  std::optional<QuantizedLinears> qlin;
+  if (quantized) qlin.emplace(model.checkpoint());
   auto tok = load_tokenizer(a.model_dir);
   if (tok->vocab_size() > model.config().vocab)
     bad_data(a.model_dir + ": the tokenizer has " + std::to_string(tok->vocab_size()) + " tokens but config.json vocab_size is " +
@@ -52,11 +59,12 @@ void run_ppl(const PplArgs& a) {
     std::fprintf(stderr, "ppl: window %zu/%zu, %zu tokens scored, running ppl %.4f\n", done, total, predicted,
                  std::exp(nll / static_cast<double>(predicted ? predicted : 1)));
   };
-  PplResult r = perplexity(model, ids, opt, progress);
+  PplResult r = perplexity(model, ids, opt, progress, qlin ? &*qlin : nullptr);
   const size_t stride = a.stride ? a.stride : a.ctx;
   if (a.json) {
     nlohmann::json j = {{"model", a.model_dir},
                         {"architecture", model.config().architecture},
+                        {"weights", qlin ? format_name(qlin->format().format) + " (dequantized)" : "plain"},
                         {"text", a.text},
                         {"text_sha256", sha256_file(a.text)},
                         {"tokenizer", tok->description()},
@@ -71,6 +79,7 @@ void run_ppl(const PplArgs& a) {
                         {"seconds", r.seconds}};
     std::cout << j.dump(2) << "\n";
   } else {
+    if (qlin) std::printf("weights: %s, %zu quantized linears dequantized\n", format_name(qlin->format().format).c_str(), qlin->modules());
     std::printf("ppl %.4f  (mean NLL %.6f over %zu predicted tokens; %zu tokens, %zu windows, ctx %zu, stride %zu, %.1f s)\n",
                 r.ppl, r.mean_nll, r.predicted, r.tokens, r.windows, a.ctx, stride, r.seconds);
   }

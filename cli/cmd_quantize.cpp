@@ -2,6 +2,7 @@
 //                  --group {-1,32,64,128} [--clip/--no-clip] [--skip PATTERN]... [--json REPORT]
 //                  gptq: [--calib FILE --samples N --min-len L --max-len L --seed S] [--order O]
 //                        [--sparsity 2:4] [--true-sequential] [--damp D] [--device cpu|cuda]
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -43,6 +44,7 @@ calib::GptqRunOptions gptq_run_options(const QuantizeArgs& a) {
   if (!a.calib.empty()) g.calib_file = a.calib;
   g.calib.format = calib::calib_format_from_name(a.calib_format);
   g.calib.samples = a.samples;
+  if (a.calib.empty()) g.generated_samples = std::min<size_t>(a.samples, g.generated_samples);
   g.calib.min_len = a.min_len;
   g.calib.max_len = a.max_len;
   g.calib.seed = a.seed;
@@ -138,7 +140,8 @@ void register_quantize(CLI::App& app) {
                            "model generates itself; real text is better)"));
   gptq_opt(cmd->add_option("--calib-format", a->calib_format, "gptq: auto, text, text-whole, jsonl or tokens"))
       ->check(CLI::IsMember({"auto", "text", "text-whole", "jsonl", "tokens"}));
-  gptq_opt(cmd->add_option("--samples", a->samples, "gptq: calibration samples (whole documents), default 128"));
+  gptq_opt(cmd->add_option("--samples", a->samples, "gptq: calibration samples (whole documents), default 128; without "
+                                                    "--calib, at most this many (32) generated ones"));
   gptq_opt(cmd->add_option("--min-len", a->min_len, "gptq: shortest document kept, in tokens (default 32)"));
   gptq_opt(cmd->add_option("--max-len", a->max_len, "gptq: longest document kept, never truncated (default 2048)"));
   gptq_opt(cmd->add_option("--seed", a->seed, "gptq: sampling seed (default 0)"));

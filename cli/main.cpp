@@ -1,5 +1,6 @@
 // marlinc command-line front end: parse, call the libraries, print, map errors to exit codes.
 #include <CLI/CLI.hpp>
+#include <Eigen/Core>
 #include <cstdio>
 #include <iostream>
 
@@ -13,6 +14,11 @@
 #endif
 
 int main(int argc, char** argv) {
+  // Eigen's own multithreading picks its GEMM blocking from the thread count, which changes float
+  // summation order: outputs would then depend on OMP_NUM_THREADS. The libraries parallelise over
+  // independent work with OpenMP instead, so Eigen runs single-threaded and a given input and set of
+  // options gives byte-identical files on any machine.
+  Eigen::setNbThreads(1);
   CLI::App app{"marlinc: quantize LLM checkpoints with GPTQ and pack them for the Marlin INT4 kernels"};
   app.require_subcommand(1);
   app.set_version_flag("--version",

@@ -1,5 +1,8 @@
 #include "quantizer/calib/gptq_runner.h"
 
+#include <omp.h>
+
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -213,23 +216,30 @@ QuantizeReport gptq_quantize_checkpoint(const std::filesystem::path& in, const s
         report(it->second, lr);
       }
     };
-    // Runs every sample through the block and accumulates the Hessians of the groups in `want`.
+    // Runs every sample through the block and accumulates the Hessians of the groups in `want`. The
+    // forwards of a chunk of samples run in parallel and keep their captured inputs; the sums then
+    // take them in sample order, so the Hessians do not depend on the thread count.
     auto capture = [&](std::initializer_list<LinearInput> want) {
       std::vector<std::unique_ptr<HessianAccumulator>> acc(4);
       for (LinearInput g : want) acc[size_t(group_index(g))] = std::make_unique<HessianAccumulator>(in_features(c, g));
-      for (const Matrix& h0 : hs) {
-        Matrix x = h0;
+      const size_t chunk = size_t(std::max(1, 2 * omp_get_max_threads()));
+      for (size_t c0 = 0; c0 < hs.size(); c0 += chunk) {
+        const size_t cn = std::min(chunk, hs.size() - c0);
+        std::vector<std::array<Matrix, 4>> inputs(cn);  // [sample][group] -> [T, in]
         const auto t0 = Clock::now();
-        double hess = 0;
-        model.block_forward(x, W, [&](LinearInput g, const Matrix& X) {
-          auto& a = acc[size_t(group_index(g))];
-          if (!a) return;
-          const auto th = Clock::now();
-          a->add(X.data(), X.rows());
-          hess += since(th);
-        });
-        I.seconds_hessian += hess;
-        I.seconds_forward += since(t0) - hess;
+#pragma omp parallel for schedule(dynamic, 1)
+        for (long long i = 0; i < (long long)cn; ++i) {
+          Matrix x = hs[c0 + size_t(i)];
+          model.block_forward(x, W, [&](LinearInput g, const Matrix& X) {
+            if (acc[size_t(group_index(g))]) inputs[size_t(i)][size_t(group_index(g))] = X;
+          });
+        }
+        I.seconds_forward += since(t0);
+        const auto th = Clock::now();
+        for (size_t i = 0; i < cn; ++i)
+          for (size_t g = 0; g < 4; ++g)
+            if (acc[g]) acc[g]->add(inputs[i][g].data(), inputs[i][g].rows());
+        I.seconds_hessian += since(th);
       }
       return acc;
     };
@@ -244,7 +254,8 @@ QuantizeReport gptq_quantize_checkpoint(const std::filesystem::path& in, const s
     }
     // The next block's inputs come from this block with its quantized weights.
     t_fw = Clock::now();
-    for (Matrix& h : hs) model.block_forward(h, W);
+#pragma omp parallel for schedule(dynamic, 1)
+    for (long long i = 0; i < (long long)hs.size(); ++i) model.block_forward(hs[size_t(i)], W);
     I.seconds_forward += since(t_fw);
     say("block " + std::to_string(b + 1) + "/" + std::to_string(c.layers) + " done in " +
         std::to_string(since(t_block)).substr(0, 5) + " s");

@@ -202,7 +202,7 @@ void expect_shape(const Checkpoint& ck, const std::string& name, std::vector<int
 
 }  // namespace
 
-LlamaModel LlamaModel::open(const std::filesystem::path& dir) {
+LlamaModel LlamaModel::open(const std::filesystem::path& dir, bool quantized_linears) {
   LlamaModel m;
   m.ckpt_ = std::make_shared<Checkpoint>(Checkpoint::open(dir));
   const Checkpoint& ck = *m.ckpt_;
@@ -215,13 +215,18 @@ LlamaModel LlamaModel::open(const std::filesystem::path& dir) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
     expect_shape(ck, p + "input_layernorm.weight", {c.hidden});
     expect_shape(ck, p + "post_attention_layernorm.weight", {c.hidden});
-    expect_shape(ck, p + "self_attn.q_proj.weight", {qd, c.hidden});
-    expect_shape(ck, p + "self_attn.k_proj.weight", {kvd, c.hidden});
-    expect_shape(ck, p + "self_attn.v_proj.weight", {kvd, c.hidden});
-    expect_shape(ck, p + "self_attn.o_proj.weight", {c.hidden, qd});
-    expect_shape(ck, p + "mlp.gate_proj.weight", {c.intermediate, c.hidden});
-    expect_shape(ck, p + "mlp.up_proj.weight", {c.intermediate, c.hidden});
-    expect_shape(ck, p + "mlp.down_proj.weight", {c.hidden, c.intermediate});
+    // A quantized checkpoint has no plain weight for its quantized linears: load_block then takes
+    // them from the LinearProvider (QuantizedLinears), which checks their shapes.
+    const bool plain_linears = !quantized_linears;
+    if (plain_linears) {
+      expect_shape(ck, p + "self_attn.q_proj.weight", {qd, c.hidden});
+      expect_shape(ck, p + "self_attn.k_proj.weight", {kvd, c.hidden});
+      expect_shape(ck, p + "self_attn.v_proj.weight", {kvd, c.hidden});
+      expect_shape(ck, p + "self_attn.o_proj.weight", {c.hidden, qd});
+      expect_shape(ck, p + "mlp.gate_proj.weight", {c.intermediate, c.hidden});
+      expect_shape(ck, p + "mlp.up_proj.weight", {c.intermediate, c.hidden});
+      expect_shape(ck, p + "mlp.down_proj.weight", {c.hidden, c.intermediate});
+    }
     if (c.family == Family::Qwen2) {
       expect_shape(ck, p + "self_attn.q_proj.bias", {qd});
       expect_shape(ck, p + "self_attn.k_proj.bias", {kvd});

@@ -86,8 +86,10 @@ using InputHook = std::function<void(LinearInput, const Matrix&)>;
 class LlamaModel {
  public:
   // Opens dir (config.json + safetensors through marlinc::Checkpoint) and validates every tensor shape
-  // the forward pass will use. Weights are converted to fp32 block by block, on demand.
-  static LlamaModel open(const std::filesystem::path& dir);
+  // the forward pass will use. Weights are converted to fp32 block by block, on demand. With
+  // quantized_linears the block linears' plain weights are not required (a QuantizedLinears provider
+  // supplies them).
+  static LlamaModel open(const std::filesystem::path& dir, bool quantized_linears = false);
 
   const LlamaConfig& config() const { return cfg_; }
   const Checkpoint& checkpoint() const { return *ckpt_; }

@@ -13,39 +13,20 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/format.h"
+#include "tests/cli/cli_runner.h"
 #include "tests/common.h"
 #include "tests/formats/synth_checkpoint.h"
 
 namespace fs = std::filesystem;
 using namespace marlinc;
 using marlinc::test::TempDir;
+using marlinc::test::Result;
+using marlinc::test::q;
+using marlinc::test::run_cli;
 
 namespace {
 
 constexpr uint64_t kShard = 200'000;  // several shards for the 2-block synthetic model
-
-struct Result {
-  int rc;
-  std::string out, err;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::ostringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
-// Runs the CLI with `args`, capturing stdout and stderr through files in `tmp`.
-Result run_cli(const std::string& args, const fs::path& tmp) {
-  const fs::path o = tmp / "stdout.txt", e = tmp / "stderr.txt";
-  const std::string cmd = std::string("'") + MARLINC_CLI_PATH + "' " + args + " >'" + o.string() + "' 2>'" + e.string() + "'";
-  int st = std::system(cmd.c_str());
-  Result r{WIFEXITED(st) ? WEXITSTATUS(st) : -1, slurp(o), slurp(e)};
-  return r;
-}
-
-std::string q(const fs::path& p) { return "'" + p.string() + "'"; }
 
 void require_same_tensors(const fs::path& a_dir, const fs::path& b_dir) {
   Checkpoint a = Checkpoint::open(a_dir), b = Checkpoint::open(b_dir);

@@ -1,0 +1,33 @@
+// The block linears of a quantized checkpoint (GPTQ, Marlin, Marlin-24, AWQ, compressed-tensors) for
+// the forward pass: read through the packer's adapters and dequantized to fp32 [out, in], so
+// `marlinc ppl` measures a quantized model with the same forward pass as the original.
+#pragma once
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/format.h"
+#include "packer/adapters.h"
+#include "quantizer/calib/llama.h"
+
+namespace marlinc::calib {
+
+class QuantizedLinears : public LinearProvider {
+ public:
+  // Throws BadUsage when ck holds no quantized layer. ck must outlive this object.
+  explicit QuantizedLinears(const Checkpoint& ck);
+  // The dequantized weight of a quantized module; nullopt (the plain weight) for one that is not.
+  std::optional<Matrix> weight(int64_t block, Linear l) const override;
+  const FormatInfo& format() const { return fi_; }
+  size_t modules() const { return mods_.size(); }
+
+ private:
+  const Checkpoint& ck_;
+  FormatInfo fi_;
+  std::vector<ModuleDesc> mods_;
+  std::map<std::string, size_t> by_prefix_;
+};
+
+}  // namespace marlinc::calib
