@@ -30,12 +30,18 @@ fi
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
 t0=$(date +%s)
 cmake --preset cuda -DCMAKE_CUDA_ARCHITECTURES=90 > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
-# Everything: the CLI and every test and benchmark must build with CUDA on, not only the kernels.
-cmake --build "$BUILD" -j "$(nproc)" > "$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -40; exit 1; }
+cmake --build "$BUILD" --target test_gpu bench_marlin bench_gptq_cuda bench_convert marlinc -j "$(nproc)" > "$OUT/build.log" 2>&1 ||
+  { grep -E "error|FAILED" "$OUT/build.log" | head -40; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
 
 status=0
 summary=()
+# Everything else too (the CPU tests against this machine's Catch2 v3): reported, not fatal.
+if ! cmake --build "$BUILD" -j "$(nproc)" -- -k 0 > "$OUT/build_all.log" 2>&1; then
+  status=1
+  grep -E "error:" "$OUT/build_all.log" | sort -u | head -20
+  summary+=("full build: FAILED ($(grep -c "FAILED:" "$OUT/build_all.log") targets)")
+fi
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   t0=$(date +%s)
   timeout "${TEST_TIMEOUT:-240}" "$BUILD/tests/test_gpu" "$GPU_TESTS" --durations yes > "$OUT/test_gpu.log" 2>&1
@@ -66,11 +72,11 @@ if [ "${SKIP_VERIFY:-0}" != 1 ]; then
   bin="$BUILD/cli/marlinc"
   tmp=${VERIFY_TMP:-/tmp/marlinc-gpu}
   rm -rf "$tmp/sample"; mkdir -p "$tmp"
-  "$bin" quantize data/sample/model "$tmp/sample" --method rtn --format marlin --group 128 > "$OUT/sample_quantize.log" 2>&1 &&
+  "$bin" quantize data/sample/model "$tmp/sample" --method gptq --device cuda --format marlin --group 128 > "$OUT/sample_quantize.log" 2>&1 &&
     "$bin" verify "$tmp/sample" --reference data/sample/model --certificate "$OUT/sample_certificate.json" > "$OUT/sample_verify.log" 2>&1
   rc=$?
   [ $rc -ne 0 ] && status=1 && tail -20 "$OUT/sample_verify.log"
-  summary+=("sample quantize + verify on the GPU: rc=$rc, $(grep -E "^backend" "$OUT/sample_verify.log")")
+  summary+=("sample gptq (--device cuda) + verify on the GPU: rc=$rc, $(grep -E "^backend" "$OUT/sample_verify.log"), $(grep -E "^layers" "$OUT/sample_verify.log")")
   if [ "${SKIP_VERIFY_8B:-0}" != 1 ]; then
     t0=$(date +%s)
     "$BUILD/bench/bench_convert" --dir "$tmp/bc" --blocks "${VERIFY_BLOCKS:-32}" --reps 1 --keep > "$OUT/bench_convert.log" 2>&1 || status=1
