@@ -232,11 +232,8 @@ QuantizedLinear gptq_quantize_cuda(const float* W, int64_t n, int64_t k, const E
   gptq::Prepared P;  // Wt / Hp / U stay empty: they live on the device
   P.n = n;
   P.k = k;
-  P.group = o.group_size <= 0 ? int(k) : o.group_size;
-  if (o.group_size > 0)
-    P.block = o.block < o.group_size ? o.group_size : o.block - o.block % o.group_size;
-  else
-    P.block = o.sparse24 ? std::max(4, o.block - o.block % 4) : o.block;
+  P.group = gptq::effective_group(o, k);
+  P.block = gptq::effective_block(o);
   std::vector<float> diag(static_cast<size_t>(k));  // [k] dead-fixed diag H, natural order
   std::vector<uint8_t> dead(static_cast<size_t>(k), 0);
   for (int64_t j = 0; j < k; ++j) {

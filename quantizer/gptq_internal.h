@@ -1,10 +1,19 @@
 // Helpers shared by the GPTQ back ends (CPU fast path, scalar reference, CUDA); not a public API.
 #pragma once
+#include <algorithm>
 #include <vector>
 
 #include "quantizer/gptq.h"
 
 namespace marlinc::gptq {
+
+// Effective group length (k for per-channel) and lazy-update block: with groups the block is a
+// multiple of the group (raised to it when smaller); with 2:4 a multiple of 4.
+inline int effective_group(const GptqOptions& o, int64_t k) { return o.group_size <= 0 ? int(k) : o.group_size; }
+inline int effective_block(const GptqOptions& o) {
+  if (o.group_size > 0) return o.block < o.group_size ? o.group_size : o.block - o.block % o.group_size;
+  return o.sparse24 ? std::max(4, o.block - o.block % 4) : o.block;
+}
 
 // True when scales are fitted during the loop at processing-order group boundaries.
 inline bool dynamic_groups(const GptqOptions& o) { return o.order != GptqOptions::StaticActOrder; }

@@ -7,6 +7,7 @@
 #include "checkpoint/error.h"
 #include "quantizer/clip.h"
 #include "quantizer/gptq.h"
+#include "quantizer/gptq_internal.h"
 #include "quantizer/grid.h"
 #include "quantizer/rtn.h"
 
@@ -140,11 +141,8 @@ Prepared prepare(const float* W, int64_t n, int64_t k, const Eigen::MatrixXf& H,
   Prepared P;
   P.n = n;
   P.k = k;
-  P.group = o.group_size <= 0 ? int(k) : o.group_size;
-  if (o.group_size > 0)
-    P.block = o.block < o.group_size ? o.group_size : o.block - o.block % o.group_size;
-  else
-    P.block = o.sparse24 ? std::max(4, o.block - o.block % 4) : o.block;
+  P.group = effective_group(o, k);
+  P.block = effective_block(o);
 
   // Dead columns (§1.3): the channel never fired, so its weight cannot matter on this data.
   Eigen::MatrixXf Hc = H;  // [k, k] natural order

@@ -175,14 +175,7 @@ TEST_CASE("GPTQ CUDA: other block sizes, Marlin's 10% damping and dead columns",
 TEST_CASE("GPTQ CUDA: damping retry and RTN fallback as on the CPU", "[gpu][gptq]") {
   REQUIRE_GPU();
   const int64_t k = 64, n = 16;
-  // H = Q·diag(λ)·Qᵀ with one eigenvalue −0.025·mean(diag): 0.01 and 0.02 fail, 0.03 succeeds.
-  test::Normal g(5);
-  Eigen::MatrixXd A(k, k);
-  for (int64_t i = 0; i < A.size(); ++i) A.data()[i] = g();
-  const Eigen::MatrixXd Q = Eigen::HouseholderQR<Eigen::MatrixXd>(A).householderQ();
-  Eigen::VectorXd lam = Eigen::VectorXd::Ones(k);
-  lam(0) = -0.025 * double(k - 1) / double(k) / (1.0 + 0.025 / double(k));
-  const Eigen::MatrixXf H = (Q * lam.asDiagonal() * Q.transpose()).cast<float>();
+  const Eigen::MatrixXf H = test::indefinite_hessian(k);  // damping 0.01 and 0.02 fail, 0.03 succeeds
   const test::SynthLayer L = test::make_synth_layer(n, k, 1, 1, 2);
   GptqOptions o;
   o.group_size = 32;

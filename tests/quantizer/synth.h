@@ -98,4 +98,18 @@ inline bool throws_with(const std::function<void()>& f, std::initializer_list<st
   return false;
 }
 
+// A [k, k] Hessian Q·diag(λ)·Qᵀ, all eigenvalues 1 but λ₀. The default λ₀ (-0.025·mean(diag)) makes
+// damping 0.01 and 0.02 fail and 0.03 succeed (the damping-retry tests on both back ends); a λ₀
+// like -3 stays indefinite for every damping below 1.
+inline constexpr double kLambdaDamp003 = -1.0;  // sentinel: the 0.03 case
+inline Eigen::MatrixXf indefinite_hessian(int64_t k, double lambda0 = kLambdaDamp003, uint64_t seed = 5) {
+  Normal g(seed);
+  Eigen::MatrixXd A(k, k);
+  for (int64_t i = 0; i < A.size(); ++i) A.data()[i] = g();
+  const Eigen::MatrixXd Q = Eigen::HouseholderQR<Eigen::MatrixXd>(A).householderQ();
+  Eigen::VectorXd lam = Eigen::VectorXd::Ones(k);
+  lam(0) = lambda0 == kLambdaDamp003 ? -0.025 * double(k - 1) / double(k) / (1.0 + 0.025 / double(k)) : lambda0;
+  return (Q * lam.asDiagonal() * Q.transpose()).cast<float>();
+}
+
 }  // namespace marlinc::test

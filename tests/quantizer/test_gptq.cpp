@@ -67,14 +67,7 @@ TEST_CASE("upper Cholesky factor of H^-1: fast equals the literal chol/inverse/c
 
 TEST_CASE("damping grows by 0.01 until Cholesky succeeds; RTN fallback when it never does", "[quantizer][gptq]") {
   const int64_t k = 64, n = 16;
-  // H = Q·diag(λ)·Qᵀ with one eigenvalue −0.025·mean(diag): 0.01 and 0.02 fail, 0.03 succeeds.
-  test::Normal g(5);
-  Eigen::MatrixXd A(k, k);
-  for (int64_t i = 0; i < A.size(); ++i) A.data()[i] = g();
-  const Eigen::MatrixXd Q = Eigen::HouseholderQR<Eigen::MatrixXd>(A).householderQ();
-  Eigen::VectorXd lam = Eigen::VectorXd::Ones(k);
-  lam(0) = -0.025 * double(k - 1) / double(k) / (1.0 + 0.025 / double(k));
-  const Eigen::MatrixXf H = (Q * lam.asDiagonal() * Q.transpose()).cast<float>();
+  const Eigen::MatrixXf H = test::indefinite_hessian(k);  // damping 0.01 and 0.02 fail, 0.03 succeeds
   const test::SynthLayer L = test::make_synth_layer(n, k, 1, 1, 2);
   GptqOptions o;
   o.group_size = 32;
@@ -92,8 +85,7 @@ TEST_CASE("damping grows by 0.01 until Cholesky succeeds; RTN fallback when it n
   CHECK(q.codes == rtn.codes);
   CHECK(q.scales == rtn.scales);
   // Far from positive definite: every damping up to 1 fails.
-  lam(0) = -3.0;
-  const Eigen::MatrixXf H2 = (Q * lam.asDiagonal() * Q.transpose()).cast<float>();
+  const Eigen::MatrixXf H2 = test::indefinite_hessian(k, -3.0);
   o.auto_damp = true;
   q = gptq_quantize(L.W.data(), n, k, H2, o, &st);
   CHECK(st.fell_back_to_rtn);
