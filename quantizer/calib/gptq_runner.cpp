@@ -107,6 +107,13 @@ QuantizeReport gptq_quantize_checkpoint(const std::filesystem::path& in, const s
   base.bits = qo.bits;
   base.group_size = qo.group_size;
   if (qo.to == TargetFormat::Marlin24) base.sparse24 = true;
+  // Options every layer would refuse are refused before the calibration pass, not after it.
+  if (!(base.damp >= 0.0f && base.damp < 1.0f))
+    bad_usage("--damp " + std::to_string(base.damp) + ": the relative damping must be in [0, 1)");
+#ifndef MARLINC_HAVE_CUDA
+  if (base.device == GptqOptions::Device::Cuda)
+    bad_usage("--device cuda: this marlinc was built without CUDA (configure with -DMARLINC_CUDA=ON)");
+#endif
   if (base.sparse24 && base.order != GptqOptions::Natural)
     bad_usage("--sparsity 2:4 runs in natural column order (SparseGPT); drop --order or use --order natural");
   if (base.order == GptqOptions::DynamicActOrder &&

@@ -118,6 +118,10 @@ TEST_CASE("gptq options that do not fit exit 2 naming the option, leaving no out
   r = run_cli("quantize " + q(sample) + " " + q(td.path / "o") + " --method gptq --order dynamic --format marlin", td.path);
   CHECK(r.rc == 2);
   CHECK(r.err.find("--order dynamic") != std::string::npos);
+  r = run_cli("quantize " + q(sample) + " " + q(td.path / "o") + " --method gptq --damp 1.5", td.path);
+  CHECK(r.rc == 2);
+  CHECK(r.err.find("--damp") != std::string::npos);
+  CHECK(r.out.find("calibration") == std::string::npos);  // refused before any calibration work
   r = run_cli("quantize " + q(sample) + " " + q(td.path / "o") + " --method gptq --calib-format tokens --calib " +
                   q(td.path / "missing.txt"),
               td.path);
