@@ -93,6 +93,8 @@ Prepared prepare(const float* W, int64_t n, int64_t k, const Eigen::MatrixXf& H,
 
 // Validates options against the shape (BadUsage naming o.name and the option).
 void check_options(const GptqOptions& o, int64_t n, int64_t k, const Eigen::MatrixXf& H);
+// The same for a Hessian of h_rows x h_cols held elsewhere (e.g. on the GPU).
+void check_options(const GptqOptions& o, int64_t n, int64_t k, int64_t h_rows, int64_t h_cols);
 
 }  // namespace gptq
 

@@ -204,11 +204,17 @@ void upload(const std::string& who, Ctx& c, DBuf<T>& d, const std::vector<T>& h)
 
 }  // namespace gptq_cuda
 
-QuantizedLinear gptq_quantize_cuda(const float* W, int64_t n, int64_t k, const Eigen::MatrixXf& H,
-                                   const GptqOptions& o, GptqStats* stats) {
-  using namespace gptq_cuda;
+namespace gptq_cuda {
+namespace {
+
+// The back end proper. The Hessian comes from the host (H_host) or from device memory (d_H, e.g.
+// straight from hessian_add_cuda): then only its diagonal crosses to the host, and the whole matrix
+// only for static act-order, whose clip weights are factored there.
+QuantizedLinear quantize(const float* W, int64_t n, int64_t k, const Eigen::MatrixXf* H_host, const float* d_H,
+                         const GptqOptions& o, GptqStats* stats) {
   const auto t0 = std::chrono::steady_clock::now();
-  gptq::check_options(o, n, k, H);
+  if (H_host) gptq::check_options(o, n, k, *H_host);
+  else gptq::check_options(o, n, k, k, k);
   const std::string who = o.name.empty() ? std::string("layer") : o.name;
   Ctx& c = context(who);
   cudaStream_t st = c.stream;
@@ -218,7 +224,8 @@ QuantizedLinear gptq_quantize_cuda(const float* W, int64_t n, int64_t k, const E
   DBuf<int> dflag(2, who);
   CUDA_CHECK(cudaMemsetAsync(dflag.p, 0, 2 * sizeof(int), st));
   CUDA_CHECK(cudaMemcpyAsync(dW.p, W, size_t(n * k) * sizeof(float), cudaMemcpyHostToDevice, st));
-  CUDA_CHECK(cudaMemcpyAsync(dH.p, H.data(), size_t(k * k) * sizeof(float), cudaMemcpyHostToDevice, st));
+  CUDA_CHECK(cudaMemcpyAsync(dH.p, H_host ? H_host->data() : d_H, size_t(k * k) * sizeof(float),
+                             H_host ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice, st));
   nonfinite_kernel<<<1024, kThreads, 0, st>>>(dW.p, n * k, dflag.p);
   nonfinite_kernel<<<1024, kThreads, 0, st>>>(dH.p, k * k, dflag.p + 1);
   CUDA_CHECK(cudaGetLastError());
@@ -236,8 +243,16 @@ QuantizedLinear gptq_quantize_cuda(const float* W, int64_t n, int64_t k, const E
   P.block = gptq::effective_block(o);
   std::vector<float> diag(static_cast<size_t>(k));  // [k] dead-fixed diag H, natural order
   std::vector<uint8_t> dead(static_cast<size_t>(k), 0);
+  std::vector<float> hdiag(static_cast<size_t>(k));  // [k] diag H as given
+  if (H_host) {
+    for (int64_t j = 0; j < k; ++j) hdiag[size_t(j)] = (*H_host)(j, j);
+  } else {  // every (k + 1)-th float of the device matrix
+    CUDA_CHECK(cudaMemcpy2DAsync(hdiag.data(), sizeof(float), dH.p, size_t(k + 1) * sizeof(float), sizeof(float),
+                                 size_t(k), cudaMemcpyDeviceToHost, st));
+    CUDA_CHECK(cudaStreamSynchronize(st));
+  }
   for (int64_t j = 0; j < k; ++j) {
-    float v = H(j, j);
+    float v = hdiag[size_t(j)];
     if (v < 0.0f) bad_data(who + ": Hessian diagonal H[" + std::to_string(j) + "," + std::to_string(j) + "] is negative");
     if (v == 0.0f) { v = 1.0f; dead[size_t(j)] = 1; ++P.dead; }
     diag[size_t(j)] = v;
@@ -292,6 +307,13 @@ QuantizedLinear gptq_quantize_cuda(const float* W, int64_t n, int64_t k, const E
     // damped block chol(H_gg) weighs the error, factored on the host by prepare's own helper (g³/3
     // per group, negligible; compiled by the host compiler, so bit-identical to the CPU path).
     if (clip) {
+      Eigen::MatrixXf H_down;  // [k, k] host copy when the Hessian came from the device
+      if (!H_host) {
+        H_down.resize(k, k);
+        CUDA_CHECK(cudaMemcpyAsync(H_down.data(), d_H, size_t(k * k) * sizeof(float), cudaMemcpyDeviceToHost, st));
+        CUDA_CHECK(cudaStreamSynchronize(st));
+      }
+      const Eigen::MatrixXf& H = H_host ? *H_host : H_down;
       std::vector<float> Ms(size_t(G * g * g));  // [G, g, g] row-major lower
       for (int64_t gi = 0; gi < G; ++gi) {
         const gptq::RowMatrixXf M = gptq::static_clip_weight(H, gi, g, P.damp_used * mean, P.fell_back);
@@ -370,6 +392,19 @@ QuantizedLinear gptq_quantize_cuda(const float* W, int64_t n, int64_t k, const E
   return q;
 }
 
+}  // namespace
+}  // namespace gptq_cuda
+
+QuantizedLinear gptq_quantize_cuda(const float* W, int64_t n, int64_t k, const Eigen::MatrixXf& H,
+                                   const GptqOptions& o, GptqStats* stats) {
+  return gptq_cuda::quantize(W, n, k, &H, nullptr, o, stats);
+}
+
+QuantizedLinear gptq_quantize_cuda_device(const float* W, int64_t n, int64_t k, const float* d_H,
+                                          const GptqOptions& o, GptqStats* stats) {
+  return gptq_cuda::quantize(W, n, k, nullptr, d_H, o, stats);
+}
+
 void hessian_add_cuda(float* d_sum, int64_t k, const void* X, int64_t t, ActDtype dtype, bool x_on_device,
                       const std::string& name) {
   using namespace gptq_cuda;
@@ -393,15 +428,23 @@ void hessian_add_cuda(float* d_sum, int64_t k, const void* X, int64_t t, ActDtyp
   CUDA_CHECK(cudaStreamSynchronize(c.stream));
 }
 
+void hessian_finalize_cuda_device(const float* d_sum, int64_t k, int64_t tokens, float* d_H, const std::string& name) {
+  using namespace gptq_cuda;
+  const std::string& who = name;  // CUDA_CHECK names it
+  if (tokens <= 0) bad_usage(who + ": no calibration token was added, the Hessian is undefined");
+  Ctx& c = context(who);
+  finalize_hessian_kernel<<<dim3(blocks_for(k), unsigned(k)), kThreads, 0, c.stream>>>(d_sum, k,
+                                                                                     float(2.0 / double(tokens)), d_H);
+  CUDA_CHECK(cudaGetLastError());
+  CUDA_CHECK(cudaStreamSynchronize(c.stream));
+}
+
 Eigen::MatrixXf hessian_finalize_cuda(const float* d_sum, int64_t k, int64_t tokens, const std::string& name) {
   using namespace gptq_cuda;
   const std::string& who = name;
-  if (tokens <= 0) bad_usage(who + ": no calibration token was added, the Hessian is undefined");
   Ctx& c = context(who);
   DBuf<float> dH(size_t(k * k), who);  // [k, k]
-  finalize_hessian_kernel<<<dim3(blocks_for(k), unsigned(k)), kThreads, 0, c.stream>>>(d_sum, k,
-                                                                                     float(2.0 / double(tokens)), dH.p);
-  CUDA_CHECK(cudaGetLastError());
+  hessian_finalize_cuda_device(d_sum, k, tokens, dH.p, name);
   Eigen::MatrixXf H(k, k);
   CUDA_CHECK(cudaMemcpyAsync(H.data(), dH.p, size_t(k * k) * sizeof(float), cudaMemcpyDeviceToHost, c.stream));
   CUDA_CHECK(cudaStreamSynchronize(c.stream));

@@ -18,6 +18,12 @@ namespace marlinc {
 QuantizedLinear gptq_quantize_cuda(const float* W, int64_t n, int64_t k, const Eigen::MatrixXf& H,
                                    const GptqOptions& opts, GptqStats* stats);
 
+// The same with the finalized Hessian d_H [k, k] already in device memory (as
+// hessian_finalize_cuda_device leaves it): the matrix never crosses to the host (only its diagonal,
+// and the whole of it for static act-order).
+QuantizedLinear gptq_quantize_cuda_device(const float* W, int64_t n, int64_t k, const float* d_H,
+                                          const GptqOptions& opts, GptqStats* stats);
+
 enum class ActDtype { F32, F16, BF16 };
 
 // Adds Σ x xᵀ of t tokens X [t, k] row-major (fp32, or raw fp16/bf16 words) to an un-normalised
@@ -28,6 +34,9 @@ enum class ActDtype { F32, F16, BF16 };
 void hessian_add_cuda(float* d_sum, int64_t k, const void* X, int64_t t, ActDtype dtype, bool x_on_device,
                       const std::string& name = "hessian");
 
+// H = (2 / tokens)·sum into the caller's device buffer d_H [k, k] (for gptq_quantize_cuda_device).
+void hessian_finalize_cuda_device(const float* d_sum, int64_t k, int64_t tokens, float* d_H,
+                                  const std::string& name = "hessian");
 // H = (2 / tokens)·sum, copied to the host (the layout gptq_quantize takes).
 Eigen::MatrixXf hessian_finalize_cuda(const float* d_sum, int64_t k, int64_t tokens,
                                       const std::string& name = "hessian");

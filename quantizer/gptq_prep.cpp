@@ -33,9 +33,13 @@ bool finite_positive_diag(const RowMatrixXf& U) {
 }  // namespace
 
 void check_options(const GptqOptions& o, int64_t n, int64_t k, const Eigen::MatrixXf& H) {
+  check_options(o, n, k, H.rows(), H.cols());
+}
+
+void check_options(const GptqOptions& o, int64_t n, int64_t k, int64_t h_rows, int64_t h_cols) {
   quant::check_common(o.name, o.bits, o.group_size, n, k);
-  if (H.rows() != k || H.cols() != k)
-    bad_usage(who(o) + ": Hessian is [" + std::to_string(H.rows()) + ", " + std::to_string(H.cols()) +
+  if (h_rows != k || h_cols != k)
+    bad_usage(who(o) + ": Hessian is [" + std::to_string(h_rows) + ", " + std::to_string(h_cols) +
               "] but the weight has k=" + std::to_string(k) + " input features (expected [k, k])");
   if (!(o.damp >= 0.0f && o.damp < 1.0f))
     bad_usage(who(o) + ": relative damping " + std::to_string(o.damp) + " must be in [0, 1) (option --damp)");

@@ -228,3 +228,27 @@ TEST_CASE("GPU Hessian accumulation equals the CPU accumulator", "[gpu][gptq]") 
   const Eigen::MatrixXf Hc = acc.finalize();
   CHECK((Hg - Hc).norm() / Hc.norm() < 1e-5);
 }
+
+TEST_CASE("GPTQ CUDA with the Hessian already on the device gives the same bytes as from the host", "[gpu][gptq]") {
+  REQUIRE_GPU();
+  const Layer l(256, 512, 31);
+  float* dH = nullptr;
+  REQUIRE(cudaMalloc(&dH, size_t(l.H.size()) * sizeof(float)) == cudaSuccess);
+  REQUIRE(cudaMemcpy(dH, l.H.data(), size_t(l.H.size()) * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
+  for (GptqOptions::Order order : {GptqOptions::Natural, GptqOptions::StaticActOrder, GptqOptions::Gar}) {
+    GptqOptions o;
+    o.group_size = 128;
+    o.clip = GptqOptions::Marlin;
+    o.order = order;
+    o.device = GptqOptions::Device::Cuda;
+    INFO("order " << order_name(order));
+    GptqStats sh, sd;
+    const QuantizedLinear qh = gptq_quantize(l.L.W.data(), l.n, l.k, l.H, o, &sh);
+    const QuantizedLinear qd = gptq_quantize_cuda_device(l.L.W.data(), l.n, l.k, dH, o, &sd);
+    CHECK(qh.codes == qd.codes);
+    CHECK(qh.scales == qd.scales);
+    CHECK(sh.loss == sd.loss);
+    CHECK(sh.damp_used == sd.damp_used);
+  }
+  cudaFree(dH);
+}
