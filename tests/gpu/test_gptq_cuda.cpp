@@ -15,6 +15,7 @@
 #include "quantizer/hessian.h"
 #include "quantizer/rtn.h"
 #include "tests/common.h"
+#include "tests/quantizer/damping_case.h"
 #include "tests/quantizer/synth.h"
 
 using namespace marlinc;
@@ -174,26 +175,7 @@ TEST_CASE("GPTQ CUDA: other block sizes, Marlin's 10% damping and dead columns",
 
 TEST_CASE("GPTQ CUDA: damping retry and RTN fallback as on the CPU", "[gpu][gptq]") {
   REQUIRE_GPU();
-  const int64_t k = 64, n = 16;
-  const Eigen::MatrixXf H = test::indefinite_hessian(k);  // damping 0.01 and 0.02 fail, 0.03 succeeds
-  const test::SynthLayer L = test::make_synth_layer(n, k, 1, 1, 2);
-  GptqOptions o;
-  o.group_size = 32;
-  o.device = GptqOptions::Device::Cuda;
-  GptqStats st;
-  gptq_quantize(L.W.data(), n, k, H, o, &st);
-  CHECK_FALSE(st.fell_back_to_rtn);
-  CHECK(std::fabs(st.damp_used - 0.03) < 1e-9);
-
-  RtnOptions ro;
-  ro.group_size = 32;
-  const QuantizedLinear rtn = rtn_quantize(L.W.data(), n, k, ro);
-  o.auto_damp = false;
-  QuantizedLinear q = gptq_quantize(L.W.data(), n, k, H, o, &st);
-  CHECK(st.fell_back_to_rtn);
-  CHECK(st.damp_used == 0.0);
-  CHECK(q.codes == rtn.codes);
-  CHECK(q.scales == rtn.scales);
+  test::check_damping_retry(GptqOptions::Device::Cuda);
 }
 
 TEST_CASE("GPTQ CUDA rejects bad inputs naming the layer", "[gpu][gptq]") {

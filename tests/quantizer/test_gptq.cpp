@@ -11,6 +11,7 @@
 #include "quantizer/hessian.h"
 #include "quantizer/rtn.h"
 #include "tests/catch.hpp"
+#include "tests/quantizer/damping_case.h"
 #include "tests/quantizer/synth.h"
 
 namespace {
@@ -66,31 +67,7 @@ TEST_CASE("upper Cholesky factor of H^-1: fast equals the literal chol/inverse/c
 }
 
 TEST_CASE("damping grows by 0.01 until Cholesky succeeds; RTN fallback when it never does", "[quantizer][gptq]") {
-  const int64_t k = 64, n = 16;
-  const Eigen::MatrixXf H = test::indefinite_hessian(k);  // damping 0.01 and 0.02 fail, 0.03 succeeds
-  const test::SynthLayer L = test::make_synth_layer(n, k, 1, 1, 2);
-  GptqOptions o;
-  o.group_size = 32;
-  GptqStats st;
-  gptq_quantize(L.W.data(), n, k, H, o, &st);
-  CHECK_FALSE(st.fell_back_to_rtn);
-  CHECK(std::fabs(st.damp_used - 0.03) < 1e-9);
-
-  RtnOptions ro;
-  ro.group_size = 32;
-  const QuantizedLinear rtn = rtn_quantize(L.W.data(), n, k, ro);
-  o.auto_damp = false;  // no retry: straight to the RTN fallback
-  QuantizedLinear q = gptq_quantize(L.W.data(), n, k, H, o, &st);
-  CHECK(st.fell_back_to_rtn);
-  CHECK(q.codes == rtn.codes);
-  CHECK(q.scales == rtn.scales);
-  // Far from positive definite: every damping up to 1 fails.
-  const Eigen::MatrixXf H2 = test::indefinite_hessian(k, -3.0);
-  o.auto_damp = true;
-  q = gptq_quantize(L.W.data(), n, k, H2, o, &st);
-  CHECK(st.fell_back_to_rtn);
-  CHECK(st.damp_used == 0.0);
-  CHECK(q.codes == rtn.codes);
+  test::check_damping_retry(GptqOptions::Device::Cpu);
 }
 
 TEST_CASE("dead input channels get zero weights and the zero code", "[quantizer][gptq]") {
