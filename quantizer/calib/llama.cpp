@@ -268,7 +268,7 @@ Vector LlamaModel::load_optional_vector(const std::string& name, int64_t n) cons
   return ckpt_->contains(name) ? load_vector(name, n) : Vector();
 }
 
-BlockWeights LlamaModel::load_block(int64_t i, const LinearProvider* provider) const {
+BlockWeights LlamaModel::load_block(int64_t i, const LinearProvider* provider, bool linears) const {
   const LlamaConfig& c = cfg_;
   if (i < 0 || i >= c.layers)
     bad_usage("block " + std::to_string(i) + " is out of range (the model has " + std::to_string(c.layers) + ")");
@@ -281,6 +281,8 @@ BlockWeights LlamaModel::load_block(int64_t i, const LinearProvider* provider) c
                           {Linear::Up, c.intermediate, c.hidden}, {Linear::Down, c.hidden, c.intermediate}};
   for (const Shape& s : shapes) {
     const std::string name = linear_name(i, s.l);
+    const_cast<Vector&>(w.bias(s.l)) = load_optional_vector(name + ".bias", s.out);
+    if (!linears) continue;
     std::optional<Matrix> repl = provider ? provider->weight(i, s.l) : std::nullopt;
     if (repl) {
       if (repl->rows() != s.out || repl->cols() != s.in)
@@ -290,7 +292,6 @@ BlockWeights LlamaModel::load_block(int64_t i, const LinearProvider* provider) c
     } else {
       w.weight(s.l) = load_matrix(name + ".weight", s.out, s.in);
     }
-    const_cast<Vector&>(w.bias(s.l)) = load_optional_vector(name + ".bias", s.out);
   }
   w.input_norm = load_vector(p + "input_layernorm.weight", c.hidden);
   w.post_norm = load_vector(p + "post_attention_layernorm.weight", c.hidden);

@@ -94,7 +94,8 @@ class LlamaModel {
   const LlamaConfig& config() const { return cfg_; }
   const Checkpoint& checkpoint() const { return *ckpt_; }
 
-  BlockWeights load_block(int64_t i, const LinearProvider* provider = nullptr) const;
+  // linears = false: norms and biases only (the GPU pass uploads the linears' checkpoint bytes).
+  BlockWeights load_block(int64_t i, const LinearProvider* provider = nullptr, bool linears = true) const;
 
   Matrix embed(std::span<const int32_t> tokens) const;  // [T, hidden]
   // One decoder block on one unpadded sequence at positions 0..T-1 (causal mask), in place on

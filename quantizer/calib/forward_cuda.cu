@@ -1,0 +1,625 @@
+// The calibration forward pass on the GPU: see forward_cuda.h. The arithmetic follows
+// LlamaModel::block_forward (llama.cpp) step for step; what differs is only where values are rounded:
+// the linears and attention products read 16-bit inputs (fp32 accumulation, fp32 outputs), the
+// residual stream, norms, RoPE and softmax stay fp32.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "quantizer/calib/forward_cuda.h"
+#include "quantizer/cuda_util.cuh"
+
+#define FWD_CHECK(call) ::marlinc::cuda_util::check((call), #call, __FILE__, __LINE__, who)
+
+namespace marlinc::calib {
+
+namespace {
+
+using cuda_util::DBuf;
+
+constexpr int kThreads = 256;
+constexpr int kLinears = 7;
+
+unsigned blocks_for(int64_t count, int threads = kThreads) { return unsigned((count + threads - 1) / threads); }
+
+// ---- element conversions --------------------------------------------------------------------------
+
+template <class T> __device__ __forceinline__ T to_act(float x);
+template <> __device__ __forceinline__ __half to_act<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 to_act<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+__device__ __forceinline__ float load_raw(const void* src, int64_t i, int dt) {  // dt: 0 f32, 1 f16, 2 bf16
+  if (dt == 0) return static_cast<const float*>(src)[i];
+  if (dt == 1) return __half2float(static_cast<const __half*>(src)[i]);
+  return __bfloat162float(static_cast<const __nv_bfloat16*>(src)[i]);
+}
+
+// ---- kernels ---------------------------------------------------------------------------------------
+
+// Checkpoint bytes [out, in] (any float type) into the block's 16-bit weight [out, in].
+template <class T>
+__global__ void convert_kernel(const void* src, int dt, int64_t count, T* dst) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = to_act<T>(load_raw(src, i, dt));
+}
+
+// dequantize()'s [in, out] fp32 into [out, in] 16-bit: a tiled transpose through shared memory.
+template <class T>
+__global__ void transpose_convert_kernel(const float* kn /*[in, out]*/, int64_t in, int64_t out, T* w /*[out, in]*/) {
+  __shared__ float tile[32][33];
+  const int64_t r0 = int64_t(blockIdx.y) * 32, c0 = int64_t(blockIdx.x) * 32;  // rows of kn (in), cols (out)
+  for (int dy = threadIdx.y; dy < 32; dy += blockDim.y) {
+    const int64_t r = r0 + dy, c = c0 + threadIdx.x;
+    if (r < in && c < out) tile[dy][threadIdx.x] = kn[r * out + c];
+  }
+  __syncthreads();
+  for (int dy = threadIdx.y; dy < 32; dy += blockDim.y) {
+    const int64_t o = c0 + dy, i = r0 + threadIdx.x;
+    if (o < out && i < in) w[o * in + i] = to_act<T>(tile[threadIdx.x][dy]);
+  }
+}
+
+// Block-wide sum of one float per thread (blockDim.x a multiple of 32, at most 1024).
+__device__ float block_sum(float v) {
+  __shared__ float part[32];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();  // part[] may still be read by a previous call
+  if (lane == 0) part[warp] = v;
+  __syncthreads();
+  float t = 0.0f;
+  for (int w = 0; w < int(blockDim.x >> 5); ++w) t += part[w];
+  return t;
+}
+
+// y[r] = w ⊙ x[r] / sqrt(mean(x[r]²) + eps), one block per row, into the GEMM input type.
+template <class T>
+__global__ void rms_norm_kernel(const float* x /*[rows, n]*/, int64_t n, const float* w, float eps, T* y) {
+  const float* xr = x + int64_t(blockIdx.x) * n;
+  float ss = 0.0f;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) ss += xr[j] * xr[j];
+  const float inv = 1.0f / sqrtf(block_sum(ss) / float(n) + eps);
+  T* yr = y + int64_t(blockIdx.x) * n;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) yr[j] = to_act<T>(w[j] * (xr[j] * inv));
+}
+
+// Where each token of the calibration set sits: its sample's first token and length, its position.
+struct TokenMap {
+  const int64_t* start;  // [T] global index of the sample's first token
+  const int32_t* len;    // [T]
+  const int32_t* pos;    // [T] position within the sample (0-based)
+};
+
+// q/k/v projections [Tc, heads·hd] fp32 -> bias, per-head RMSNorm (Qwen3), RoPE (rotate_half pairs
+// (i, i + hd/2)), into the attention layout: per sample, per head, [len, hd] 16-bit. One block per
+// (token, head of q|k|v); thread i < hd/2 owns rotation pair i.
+struct QkvArgs {
+  const float *q, *k, *v;                    // [Tc, H·hd], [Tc, KV·hd], [Tc, KV·hd]
+  const float *qb, *kb, *vb;                 // biases or null
+  const float *qn, *kn;                      // q/k norm weights [hd] or null
+  const float *cosv, *sinv;                  // [max_len, hd/2]
+  int64_t t0;                                // global index of the chunk's first token
+  int heads, kv_heads, hd;
+  float eps;
+};
+template <class T>
+__global__ void qkv_rope_kernel(QkvArgs a, TokenMap tm, T* Qt, T* Kt, T* Vt) {
+  const int64_t t = blockIdx.x;  // chunk-relative token
+  const int hh = blockIdx.y;     // 0..H-1 q, then KV k heads, then KV v heads
+  const int i = threadIdx.x, half = a.hd / 2;
+  const int64_t g = a.t0 + t;
+  const int64_t s0 = tm.start[g] - a.t0;  // the sample's first token, chunk-relative
+  const int64_t L = tm.len[g], p = tm.pos[g];
+  const float *src, *bias, *nw;
+  T* dst;
+  int head, nheads;
+  if (hh < a.heads) {
+    head = hh; nheads = a.heads; src = a.q; bias = a.qb; nw = a.qn; dst = Qt;
+  } else if (hh < a.heads + a.kv_heads) {
+    head = hh - a.heads; nheads = a.kv_heads; src = a.k; bias = a.kb; nw = a.kn; dst = Kt;
+  } else {
+    head = hh - a.heads - a.kv_heads; nheads = a.kv_heads; src = a.v; bias = a.vb; nw = nullptr; dst = Vt;
+  }
+  const int64_t col = int64_t(head) * a.hd;
+  const float* row = src + t * int64_t(nheads) * a.hd + col;
+  // The block is rounded up to whole warps for block_sum; the extra threads only add zeros.
+  const bool mine = i < half;
+  float x0 = mine ? row[i] : 0.0f, x1 = mine ? row[i + half] : 0.0f;
+  if (bias && mine) { x0 += bias[col + i]; x1 += bias[col + i + half]; }
+  const bool is_v = hh >= a.heads + a.kv_heads;
+  if (!is_v && nw) {  // uniform per block: every thread reaches block_sum
+    const float inv = 1.0f / sqrtf(block_sum(x0 * x0 + x1 * x1) / float(a.hd) + a.eps);
+    if (mine) {
+      x0 = nw[i] * (x0 * inv);
+      x1 = nw[i + half] * (x1 * inv);
+    }
+  }
+  if (!mine) return;
+  if (!is_v) {
+    const float co = a.cosv[p * half + i], si = a.sinv[p * half + i];
+    const float r0 = x0 * co - x1 * si, r1 = x1 * co + x0 * si;
+    x0 = r0; x1 = r1;
+  }
+  T* out = dst + s0 * int64_t(nheads) * a.hd + (int64_t(head) * L + p) * a.hd;
+  out[i] = to_act<T>(x0);
+  out[i + half] = to_act<T>(x1);
+}
+
+// Rows of scores S [rows, L] (already scaled): causal (and windowed) softmax into P [rows, L] 16-bit,
+// zero outside the mask. Row r is query position r mod L. One block per row.
+template <class T>
+__global__ void softmax_kernel(const float* S, int64_t L, int64_t window, T* P) {
+  const int64_t r = blockIdx.x, i = r % L;
+  const int64_t lo = i - window + 1 > 0 ? i - window + 1 : 0;
+  const float* s = S + r * L;
+  T* p = P + r * L;
+  __shared__ float red[32];
+  float mx = -INFINITY;
+  for (int64_t j = lo + threadIdx.x; j <= i; j += blockDim.x) mx = fmaxf(mx, s[j]);
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = mx;
+  __syncthreads();
+  mx = -INFINITY;
+  for (int w = 0; w < int(blockDim.x >> 5); ++w) mx = fmaxf(mx, red[w]);
+  float sum = 0.0f;
+  for (int64_t j = lo + threadIdx.x; j <= i; j += blockDim.x) sum += expf(s[j] - mx);
+  const float inv = 1.0f / block_sum(sum);
+  for (int64_t j = threadIdx.x; j < L; j += blockDim.x)
+    p[j] = to_act<T>(j >= lo && j <= i ? expf(s[j] - mx) * inv : 0.0f);
+}
+
+// Attention outputs in the per-sample head layout (fp32) back to token rows [Tc, H·hd] 16-bit, the
+// o_proj input.
+template <class T>
+__global__ void gather_heads_kernel(const float* Ot, TokenMap tm, int64_t t0, int64_t tc, int heads, int hd, T* out) {
+  const int64_t width = int64_t(heads) * hd;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < tc * width; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = e / width, c = e % width, h = c / hd, d = c % hd;
+    const int64_t g = t0 + t, s0 = tm.start[g] - t0, L = tm.len[g], p = tm.pos[g];
+    out[e] = to_act<T>(Ot[s0 * width + (h * L + p) * hd + d]);
+  }
+}
+
+// y [rows, n] += b [n].
+__global__ void add_bias_kernel(float* y, const float* b, int64_t rows, int64_t n) {
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < rows * n; e += int64_t(gridDim.x) * blockDim.x)
+    y[e] += b[e % n];
+}
+
+// down_proj's input: silu(gate) · up, as the CPU pass forms it (g / (1 + e^-g) · u).
+template <class T>
+__global__ void swiglu_kernel(const float* g, const float* u, int64_t count, T* out) {
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < count; e += int64_t(gridDim.x) * blockDim.x)
+    out[e] = to_act<T>(g[e] / (1.0f + expf(-g[e])) * u[e]);
+}
+
+__global__ void nonfinite_kernel(const float* x, int64_t count, int* flag) {
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < count; e += int64_t(gridDim.x) * blockDim.x)
+    if (!isfinite(x[e])) *flag = 1;
+}
+
+// Grid for the grid-stride kernels: enough blocks to fill the GPU, never more than the work.
+unsigned stride_grid(int64_t count) { return std::max(1u, std::min(blocks_for(count), 65535u * 4)); }
+
+
+}  // namespace
+
+// ---- state -----------------------------------------------------------------------------------------
+
+namespace {
+enum : int { kQ, kK, kV, kO, kGate, kUp, kDown };       // llama.h's Linear
+enum : int { kGQKV, kGO, kGGateUp, kGDown, kGroups };   // llama.h's LinearInput
+const char* const kLinearNames[kLinears] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+constexpr int kVecs = int(GpuVec::BiasDown) + 1;
+const char* const kVecNames[kVecs] = {"input_layernorm", "post_attention_layernorm", "q_norm", "k_norm",
+                                      "q_proj.bias", "k_proj.bias", "v_proj.bias", "o_proj.bias",
+                                      "gate_proj.bias", "up_proj.bias", "down_proj.bias"};
+}  // namespace
+
+struct CudaForward::Impl {
+  GpuDims c;
+  GpuAct act = GpuAct::F16;
+  std::string who = "gpu forward";
+  std::vector<size_t> len;   // [samples]
+  std::vector<int64_t> off;  // [samples + 1] prefix sums
+  struct Chunk { size_t s0, s1; int64_t t0, tc; };
+  std::vector<Chunk> chunks;
+  int64_t T = 0, max_len = 0, max_chunk = 0, kv_batch = 1;
+
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;
+
+  DBuf<float> hidden;                      // [T, hidden]
+  DBuf<int64_t> tok_start;                 // [T]
+  DBuf<int32_t> tok_len, tok_pos;          // [T]
+  DBuf<float> cosv, sinv;                  // [max_len, hd/2]
+  std::array<DBuf<uint16_t>, kLinears> W;  // [out, in] 16-bit
+  std::array<DBuf<float>, kVecs> vec;      // norms and biases
+  std::array<bool, kVecs> has_vec{};
+  DBuf<uint8_t> staging;                   // raw weight bytes on their way to W
+  std::array<DBuf<float>, kGroups> hess;   // Σ x xᵀ per group
+  // Per-chunk scratch, sized for the largest chunk and kept across blocks.
+  DBuf<float> res;                         // [tc, hidden] working copy when not updating
+  DBuf<uint16_t> xin;                      // [tc, max(hidden, qd)] 16-bit GEMM input
+  DBuf<float> qf, kf, vf;                  // [tc, qd], [tc, kvd], [tc, kvd]
+  DBuf<uint16_t> Qt, Kt, Vt;               // attention layout
+  DBuf<float> S, Ot;                       // scores [kv_batch·g·L·L], outputs [tc, qd] (head layout)
+  DBuf<uint16_t> P;                        // probabilities
+  DBuf<float> gate, up;                    // [tc, inter]
+  DBuf<uint16_t> act16;                    // [tc, inter]
+  DBuf<int> flag;
+
+  int64_t qd() const { return c.heads * c.head_dim; }
+  int64_t kvd() const { return c.kv_heads * c.head_dim; }
+  cudaDataType dtype() const { return act == GpuAct::F16 ? CUDA_R_16F : CUDA_R_16BF; }
+  static int64_t in_of(const GpuDims& c, int g) {
+    return g == kGO ? c.heads * c.head_dim : g == kGDown ? c.intermediate : c.hidden;
+  }
+  std::pair<int64_t, int64_t> shape(int l) const {  // {out, in}
+    switch (l) {
+      case kQ: return {qd(), c.hidden};
+      case kK: case kV: return {kvd(), c.hidden};
+      case kO: return {c.hidden, qd()};
+      case kGate: case kUp: return {c.intermediate, c.hidden};
+      default: return {c.hidden, c.intermediate};
+    }
+  }
+  int64_t vec_len(GpuVec v) const {
+    switch (v) {
+      case GpuVec::InputNorm: case GpuVec::PostNorm: return c.hidden;
+      case GpuVec::QNorm: case GpuVec::KNorm: return c.head_dim;
+      default: return shape(int(v) - int(GpuVec::BiasQ)).first;
+    }
+  }
+  const float* vec_or_null(GpuVec v) const { return has_vec[size_t(v)] ? vec[size_t(v)].p : nullptr; }
+
+  // Y [rows, out] fp32 (= beta·Y +) X [rows, in] · W[l]ᵀ (+ bias). Row-major X is column-major
+  // [in, rows] and W [out, in] is column-major [in, out], so Yᵀ = op_T(W)·X in cuBLAS's terms.
+  void linear(int l, const void* X, int64_t rows, float* Y, float beta, bool with_bias = true) {
+    const auto [out, in] = shape(l);
+    const float one = 1.0f;
+    FWD_CHECK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, int(out), int(rows), int(in), &one, W[size_t(l)].p, dtype(),
+                           int(in), X, dtype(), int(in), &beta, Y, CUDA_R_32F, int(out), CUBLAS_COMPUTE_32F,
+                           CUBLAS_GEMM_DEFAULT));
+    const float* b = with_bias ? vec_or_null(GpuVec(int(GpuVec::BiasQ) + l)) : nullptr;
+    if (b) {
+      add_bias_kernel<<<stride_grid(rows * out), kThreads, 0, stream>>>(Y, b, rows, out);
+      FWD_CHECK(cudaGetLastError());
+    }
+  }
+  // sum [k, k] += Xᵀ X for X [rows, k] 16-bit (fp32 accumulation, both triangles).
+  void gram(int g, const void* X, int64_t rows) {
+    const int64_t k = in_of(c, g);
+    DBuf<float>& h = hess[size_t(g)];
+    if (!h.p) {
+      h.reserve(size_t(k * k), who + ": Hessian sum");
+      FWD_CHECK(cudaMemsetAsync(h.p, 0, size_t(k * k) * sizeof(float), stream));
+    }
+    const float one = 1.0f;
+    FWD_CHECK(cublasGemmEx(blas, CUBLAS_OP_N, CUBLAS_OP_T, int(k), int(k), int(rows), &one, X, dtype(), int(k), X,
+                           dtype(), int(k), &one, h.p, CUDA_R_32F, int(k), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+
+  template <class T> void run_chunk(const Chunk& ch, const bool want[4], int last, bool update);
+  template <class T> void attention(const Chunk& ch);
+};
+
+CudaForward::CudaForward(const GpuDims& d, const std::vector<size_t>& lengths, GpuAct act,
+                         const std::vector<float>& inv_freq, size_t chunk_tokens)
+    : p_(std::make_unique<Impl>()) {
+  Impl& I = *p_;
+  const std::string& who = I.who;
+  I.c = d;
+  I.act = act;
+  if (lengths.empty()) bad_usage(who + ": no calibration sample");
+  if (d.hidden <= 0 || d.intermediate <= 0 || d.heads <= 0 || d.kv_heads <= 0 || d.head_dim % 2 != 0 ||
+      d.head_dim <= 0 || d.head_dim > 2048 || d.heads % d.kv_heads != 0)
+    bad_usage(who + ": head_dim " + std::to_string(d.head_dim) + " (even, at most 2048) and heads " +
+              std::to_string(d.heads) + " / kv heads " + std::to_string(d.kv_heads) + " (a multiple) are required");
+  if (int64_t(inv_freq.size()) != d.head_dim / 2) bad_usage(who + ": RoPE table of the wrong size");
+  I.len = lengths;
+  I.off.assign(1, 0);
+  for (size_t n : I.len) {
+    if (n == 0) bad_usage(who + ": a calibration sample has no token");
+    I.off.push_back(I.off.back() + int64_t(n));
+    I.max_len = std::max<int64_t>(I.max_len, int64_t(n));
+  }
+  I.T = I.off.back();
+  if (I.T >= int64_t(std::numeric_limits<int32_t>::max()))
+    bad_usage(who + ": " + std::to_string(I.T) + " calibration tokens is more than the GPU pass takes (2^31 - 1)");
+  for (size_t s = 0; s < I.len.size();) {
+    Impl::Chunk ch{s, s, I.off[s], 0};
+    while (ch.s1 < I.len.size() && (ch.s1 == s || I.off[ch.s1 + 1] - ch.t0 <= int64_t(chunk_tokens))) ++ch.s1;
+    ch.tc = I.off[ch.s1] - ch.t0;
+    I.max_chunk = std::max(I.max_chunk, ch.tc);
+    I.chunks.push_back(ch);
+    s = ch.s1;
+  }
+  const int64_t g = d.heads / d.kv_heads, L = I.max_len;
+  const double per_kv = double(g) * double(L) * double(L) * (4.0 + 2.0);
+  I.kv_batch = std::clamp<int64_t>(int64_t(kScoreBudgetBytes / per_kv), 1, d.kv_heads);
+
+  FWD_CHECK(cudaStreamCreateWithFlags(&I.stream, cudaStreamNonBlocking));
+  FWD_CHECK(cublasCreate(&I.blas));
+  FWD_CHECK(cublasSetStream(I.blas, I.stream));
+
+  // Token map and RoPE tables, computed on the host as the CPU pass does (fp32 angle, double cos/sin
+  // rounded to fp32).
+  std::vector<int64_t> st(size_t(I.T));
+  std::vector<int32_t> ln(size_t(I.T)), ps(size_t(I.T));
+  for (size_t s = 0; s < I.len.size(); ++s)
+    for (int64_t t = I.off[s]; t < I.off[s + 1]; ++t) {
+      st[size_t(t)] = I.off[s];
+      ln[size_t(t)] = int32_t(I.len[s]);
+      ps[size_t(t)] = int32_t(t - I.off[s]);
+    }
+  const int64_t half = d.head_dim / 2;
+  std::vector<float> co(size_t(L * half)), si(size_t(L * half));
+  for (int64_t t = 0; t < L; ++t)
+    for (int64_t i = 0; i < half; ++i) {
+      const float ang = inv_freq[size_t(i)] * float(t);
+      co[size_t(t * half + i)] = float(std::cos(double(ang)));
+      si[size_t(t * half + i)] = float(std::sin(double(ang)));
+    }
+  auto up = [&](auto& dst, const auto& h) {
+    dst.reserve(h.size(), who);
+    FWD_CHECK(cudaMemcpy(dst.p, h.data(), h.size() * sizeof(h[0]), cudaMemcpyHostToDevice));
+  };
+  up(I.tok_start, st);
+  up(I.tok_len, ln);
+  up(I.tok_pos, ps);
+  up(I.cosv, co);
+  up(I.sinv, si);
+  I.hidden.reserve(size_t(I.T * d.hidden), who + ": hidden states");
+  I.flag.reserve(1, who);
+}
+
+CudaForward::~CudaForward() {
+  if (!p_) return;
+  if (p_->blas) cublasDestroy(p_->blas);
+  if (p_->stream) cudaStreamDestroy(p_->stream);
+}
+
+size_t CudaForward::tokens() const { return size_t(p_->T); }
+size_t CudaForward::samples() const { return p_->len.size(); }
+size_t CudaForward::sample_tokens(size_t sample) const { return sample < p_->len.size() ? p_->len[sample] : 0; }
+
+double CudaForward::device_bytes(const GpuDims& d, const std::vector<size_t>& lengths, size_t chunk_tokens) {
+  double T = 0, L = 0, chunk = 0, run = 0;
+  for (size_t n : lengths) {
+    T += double(n);
+    L = std::max(L, double(n));
+    run = (run > 0 && run + double(n) > double(chunk_tokens)) ? double(n) : run + double(n);
+    chunk = std::max(chunk, run);
+  }
+  const double h = double(d.hidden), f = double(d.intermediate), qd = double(d.heads * d.head_dim),
+               kvd = double(d.kv_heads * d.head_dim), g = double(d.heads / std::max<int64_t>(1, d.kv_heads));
+  const double weights = 2.0 * (h * qd * 2 + h * kvd * 2 + 3 * h * f) + 4.0 * std::max(h * f, h * qd);  // + staging
+  const double hess = 4.0 * (2 * h * h + qd * qd + f * f);
+  const double per_kv = g * L * L * 6.0;
+  const double scores = std::clamp(std::floor(kScoreBudgetBytes / per_kv), 1.0, double(d.kv_heads)) * per_kv;
+  const double scratch = chunk * (4 * h + 2 * std::max(h, qd) + 4 * (qd + 2 * kvd) + 2 * (qd + 2 * kvd) + 4 * qd +
+                                  8 * f + 2 * f);
+  return 4.0 * T * h + 16.0 * T + weights + hess + scores + scratch;
+}
+
+void CudaForward::set_hidden(size_t sample, const float* h, size_t count) {
+  Impl& I = *p_;
+  const std::string& who = I.who;
+  if (sample >= I.len.size() || count != I.len[sample] * size_t(I.c.hidden))
+    bad_usage(who + ": hidden state for sample " + std::to_string(sample) + " has the wrong size");
+  FWD_CHECK(cudaMemcpy(I.hidden.p + I.off[sample] * I.c.hidden, h, count * sizeof(float), cudaMemcpyHostToDevice));
+}
+
+void CudaForward::get_hidden(size_t sample, float* h, size_t count) const {
+  const Impl& I = *p_;
+  const std::string& who = I.who;
+  if (sample >= I.len.size() || count != I.len[sample] * size_t(I.c.hidden))
+    bad_usage(who + ": hidden state for sample " + std::to_string(sample) + " has the wrong size");
+  FWD_CHECK(cudaMemcpy(h, I.hidden.p + I.off[sample] * I.c.hidden, count * sizeof(float), cudaMemcpyDeviceToHost));
+}
+
+void CudaForward::set_linear(int l, const void* bytes, size_t nbytes, GpuRaw raw) {
+  Impl& I = *p_;
+  if (l < 0 || l >= kLinears) bad_usage(I.who + ": no linear " + std::to_string(l));
+  const std::string who = I.who + ": " + kLinearNames[l];
+  const auto [out, in] = I.shape(l);
+  const size_t elt = raw == GpuRaw::F32 ? 4 : 2;
+  if (nbytes != size_t(out * in) * elt)
+    bad_usage(who + ": expected [" + std::to_string(out) + ", " + std::to_string(in) + "] of " + std::to_string(elt) +
+              "-byte elements, got " + std::to_string(nbytes) + " bytes");
+  I.W[size_t(l)].reserve(size_t(out * in), who);
+  const bool same = (raw == GpuRaw::F16 && I.act == GpuAct::F16) || (raw == GpuRaw::BF16 && I.act == GpuAct::BF16);
+  if (same) {
+    FWD_CHECK(cudaMemcpyAsync(I.W[size_t(l)].p, bytes, nbytes, cudaMemcpyHostToDevice, I.stream));
+  } else {
+    I.staging.reserve(nbytes, who);
+    FWD_CHECK(cudaMemcpyAsync(I.staging.p, bytes, nbytes, cudaMemcpyHostToDevice, I.stream));
+    const int code = raw == GpuRaw::F32 ? 0 : raw == GpuRaw::F16 ? 1 : 2;
+    if (I.act == GpuAct::F16)
+      convert_kernel<__half><<<stride_grid(out * in), kThreads, 0, I.stream>>>(
+          I.staging.p, code, out * in, reinterpret_cast<__half*>(I.W[size_t(l)].p));
+    else
+      convert_kernel<__nv_bfloat16><<<stride_grid(out * in), kThreads, 0, I.stream>>>(
+          I.staging.p, code, out * in, reinterpret_cast<__nv_bfloat16*>(I.W[size_t(l)].p));
+    FWD_CHECK(cudaGetLastError());
+  }
+  FWD_CHECK(cudaStreamSynchronize(I.stream));  // the caller may release the host bytes now
+}
+
+void CudaForward::set_linear_kn(int l, const float* kn, size_t count) {
+  Impl& I = *p_;
+  if (l < 0 || l >= kLinears) bad_usage(I.who + ": no linear " + std::to_string(l));
+  const std::string who = I.who + ": " + kLinearNames[l];
+  const auto [out, in] = I.shape(l);
+  if (count != size_t(out * in))
+    bad_usage(who + ": expected " + std::to_string(out * in) + " quantized weights, got " + std::to_string(count));
+  I.W[size_t(l)].reserve(size_t(out * in), who);
+  I.staging.reserve(count * sizeof(float), who);
+  FWD_CHECK(cudaMemcpyAsync(I.staging.p, kn, count * sizeof(float), cudaMemcpyHostToDevice, I.stream));
+  const dim3 grid(blocks_for(out, 32), blocks_for(in, 32)), block(32, 8);
+  const float* src = reinterpret_cast<const float*>(I.staging.p);
+  if (I.act == GpuAct::F16)
+    transpose_convert_kernel<__half><<<grid, block, 0, I.stream>>>(src, in, out, reinterpret_cast<__half*>(I.W[size_t(l)].p));
+  else
+    transpose_convert_kernel<__nv_bfloat16><<<grid, block, 0, I.stream>>>(
+        src, in, out, reinterpret_cast<__nv_bfloat16*>(I.W[size_t(l)].p));
+  FWD_CHECK(cudaGetLastError());
+  FWD_CHECK(cudaStreamSynchronize(I.stream));
+}
+
+void CudaForward::set_vector(GpuVec which, const float* v, size_t count) {
+  Impl& I = *p_;
+  const int w = int(which);
+  if (w < 0 || w >= kVecs) bad_usage(I.who + ": no vector " + std::to_string(w));
+  const std::string who = I.who + ": " + kVecNames[w];
+  const bool optional = which != GpuVec::InputNorm && which != GpuVec::PostNorm;
+  if (count == 0 && optional) {
+    I.has_vec[size_t(w)] = false;
+    return;
+  }
+  const int64_t n = I.vec_len(which);
+  if (count != size_t(n)) bad_usage(who + ": " + std::to_string(count) + " values, expected " + std::to_string(n));
+  I.vec[size_t(w)].reserve(size_t(n), who);
+  FWD_CHECK(cudaMemcpy(I.vec[size_t(w)].p, v, size_t(n) * sizeof(float), cudaMemcpyHostToDevice));
+  I.has_vec[size_t(w)] = true;
+}
+
+template <class T>
+void CudaForward::Impl::attention(const Chunk& ch) {
+  const int64_t H = c.heads, KV = c.kv_heads, hd = c.head_dim, g = H / KV;
+  const float scale = 1.0f / std::sqrt(float(hd)), one = 1.0f, zero = 0.0f;
+  const T* Q = reinterpret_cast<const T*>(Qt.p);
+  const T* K = reinterpret_cast<const T*>(Kt.p);
+  const T* V = reinterpret_cast<const T*>(Vt.p);
+  T* Pp = reinterpret_cast<T*>(P.p);
+  for (size_t s = ch.s0; s < ch.s1; ++s) {
+    const int64_t L = int64_t(len[s]), o = off[s] - ch.t0;
+    const int64_t window = c.sliding_window > 0 ? c.sliding_window : L + 1;
+    for (int64_t j0 = 0; j0 < KV; j0 += kv_batch) {
+      const int64_t nb = std::min(kv_batch, KV - j0);
+      // S_j [g·L, L] = Q_j [g·L, hd] · K_jᵀ: the g query heads of KV head j are consecutive in the
+      // per-sample head layout, so one strided batch over KV heads covers GQA.
+      FWD_CHECK(cublasGemmStridedBatchedEx(
+          blas, CUBLAS_OP_T, CUBLAS_OP_N, int(L), int(g * L), int(hd), &scale, K + (o * KV + j0 * L) * hd, dtype(),
+          int(hd), L * hd, Q + (o * H + j0 * g * L) * hd, dtype(), int(hd), g * L * hd, &zero, S.p, CUDA_R_32F, int(L),
+          g * L * L, int(nb), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      softmax_kernel<T><<<unsigned(nb * g * L), 128, 0, stream>>>(S.p, L, window, Pp);
+      FWD_CHECK(cudaGetLastError());
+      // O_j [g·L, hd] = P_j [g·L, L] · V_j [L, hd].
+      FWD_CHECK(cublasGemmStridedBatchedEx(
+          blas, CUBLAS_OP_N, CUBLAS_OP_N, int(hd), int(g * L), int(L), &one, V + (o * KV + j0 * L) * hd, dtype(),
+          int(hd), L * hd, Pp, dtype(), int(L), g * L * L, &zero, Ot.p + (o * H + j0 * g * L) * hd, CUDA_R_32F,
+          int(hd), g * L * hd, int(nb), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+  }
+}
+
+template <class T>
+void CudaForward::Impl::run_chunk(const Chunk& ch, const bool want[4], int last, bool update) {
+  const int64_t tc = ch.tc, hid = c.hidden, inter = c.intermediate;
+  T* x = reinterpret_cast<T*>(xin.p);
+  float* h = hidden.p + ch.t0 * hid;
+  if (!update) {
+    FWD_CHECK(cudaMemcpyAsync(res.p, h, size_t(tc * hid) * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+    h = res.p;
+  }
+  const float eps = float(c.rms_eps);
+  const TokenMap tm{tok_start.p, tok_len.p, tok_pos.p};
+  auto stop_after = [&](int g) { return !update && last == g; };
+
+  // Attention.
+  rms_norm_kernel<T><<<unsigned(tc), kThreads, 0, stream>>>(h, hid, vec[size_t(GpuVec::InputNorm)].p, eps, x);
+  FWD_CHECK(cudaGetLastError());
+  if (want[kGQKV]) gram(kGQKV, x, tc);
+  if (stop_after(kGQKV)) return;
+  // The q/k/v biases go in with RoPE (qkv_rope_kernel): one pass over the projections instead of two.
+  linear(kQ, x, tc, qf.p, 0.0f, false);
+  linear(kK, x, tc, kf.p, 0.0f, false);
+  linear(kV, x, tc, vf.p, 0.0f, false);
+  const QkvArgs qa{qf.p, kf.p, vf.p, vec_or_null(GpuVec::BiasQ), vec_or_null(GpuVec::BiasK), vec_or_null(GpuVec::BiasV),
+                   vec_or_null(GpuVec::QNorm), vec_or_null(GpuVec::KNorm),
+                   cosv.p, sinv.p, ch.t0, int(c.heads), int(c.kv_heads), int(c.head_dim), eps};
+  const unsigned pair_threads = unsigned((c.head_dim / 2 + 31) / 32 * 32);
+  qkv_rope_kernel<T><<<dim3(unsigned(tc), unsigned(c.heads + 2 * c.kv_heads)), pair_threads, 0, stream>>>(
+      qa, tm, reinterpret_cast<T*>(Qt.p), reinterpret_cast<T*>(Kt.p), reinterpret_cast<T*>(Vt.p));
+  FWD_CHECK(cudaGetLastError());
+  attention<T>(ch);
+  gather_heads_kernel<T><<<stride_grid(tc * qd()), kThreads, 0, stream>>>(Ot.p, tm, ch.t0, tc, int(c.heads),
+                                                                         int(c.head_dim), x);
+  FWD_CHECK(cudaGetLastError());
+  if (want[kGO]) gram(kGO, x, tc);
+  if (stop_after(kGO)) return;
+  linear(kO, x, tc, h, 1.0f);  // the residual add is the GEMM's beta = 1
+
+  // MLP.
+  rms_norm_kernel<T><<<unsigned(tc), kThreads, 0, stream>>>(h, hid, vec[size_t(GpuVec::PostNorm)].p, eps, x);
+  FWD_CHECK(cudaGetLastError());
+  if (want[kGGateUp]) gram(kGGateUp, x, tc);
+  if (stop_after(kGGateUp)) return;
+  linear(kGate, x, tc, gate.p, 0.0f);
+  linear(kUp, x, tc, up.p, 0.0f);
+  T* a = reinterpret_cast<T*>(act16.p);
+  swiglu_kernel<T><<<stride_grid(tc * inter), kThreads, 0, stream>>>(gate.p, up.p, tc * inter, a);
+  FWD_CHECK(cudaGetLastError());
+  if (want[kGDown]) gram(kGDown, a, tc);
+  if (!update) return;
+  linear(kDown, a, tc, h, 1.0f);
+  nonfinite_kernel<<<stride_grid(tc * hid), kThreads, 0, stream>>>(h, tc * hid, flag.p);
+  FWD_CHECK(cudaGetLastError());
+}
+
+void CudaForward::run(const bool capture[4], bool update, int64_t block) {
+  Impl& I = *p_;
+  const std::string who = I.who + " (block " + std::to_string(block) + ")";
+  for (int l = 0; l < kLinears; ++l)
+    if (!I.W[size_t(l)].p) bad_usage(who + ": " + kLinearNames[l] + " was not loaded");
+  if (!I.has_vec[size_t(GpuVec::InputNorm)] || !I.has_vec[size_t(GpuVec::PostNorm)])
+    bad_usage(who + ": the block's norms were not loaded");
+  int last = -1;
+  for (int g = 0; g < kGroups; ++g)
+    if (capture[g]) last = g;
+  if (!update && last < 0) return;
+  const int64_t tc = I.max_chunk, hid = I.c.hidden, inter = I.c.intermediate, g = I.c.heads / I.c.kv_heads;
+  if (!update) I.res.reserve(size_t(tc * hid), who);
+  I.xin.reserve(size_t(tc * std::max(hid, I.qd())), who);
+  I.qf.reserve(size_t(tc * I.qd()), who);
+  I.kf.reserve(size_t(tc * I.kvd()), who);
+  I.vf.reserve(size_t(tc * I.kvd()), who);
+  I.Qt.reserve(size_t(tc * I.qd()), who);
+  I.Kt.reserve(size_t(tc * I.kvd()), who);
+  I.Vt.reserve(size_t(tc * I.kvd()), who);
+  I.Ot.reserve(size_t(tc * I.qd()), who);
+  I.S.reserve(size_t(I.kv_batch * g * I.max_len * I.max_len), who + ": attention scores");
+  I.P.reserve(size_t(I.kv_batch * g * I.max_len * I.max_len), who + ": attention probabilities");
+  I.gate.reserve(size_t(tc * inter), who);
+  I.up.reserve(size_t(tc * inter), who);
+  I.act16.reserve(size_t(tc * inter), who);
+  FWD_CHECK(cudaMemsetAsync(I.flag.p, 0, sizeof(int), I.stream));
+  for (const auto& ch : I.chunks) {
+    if (I.act == GpuAct::F16) I.run_chunk<__half>(ch, capture, last, update);
+    else I.run_chunk<__nv_bfloat16>(ch, capture, last, update);
+  }
+  int flag = 0;
+  FWD_CHECK(cudaMemcpyAsync(&flag, I.flag.p, sizeof(int), cudaMemcpyDeviceToHost, I.stream));
+  FWD_CHECK(cudaStreamSynchronize(I.stream));
+  if (flag)
+    bad_data(who + ": the hidden states became non-finite on the GPU (a " +
+             std::string(I.act == GpuAct::F16 ? "fp16" : "bf16") +
+             " GEMM input overflowed, or the weights hold inf/NaN); run with --device cpu to compute in fp32");
+}
+
+const float* CudaForward::hessian_sum(int group) const {
+  return group >= 0 && group < kGroups ? p_->hess[size_t(group)].p : nullptr;
+}
+
+void CudaForward::clear_hessians() {
+  for (auto& h : p_->hess) h.reset();
+}
+
+}  // namespace marlinc::calib

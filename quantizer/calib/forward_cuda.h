@@ -1,0 +1,89 @@
+// The calibration forward pass on the GPU (spec: ../shared/spec/gptq.md §7; the CPU pass is llama.h).
+// Holds every calibration sample's hidden state on the device (fp32 residual stream, samples
+// concatenated unpadded), one decoder block's weights at a time (fp16, or bf16 for bf16 checkpoints),
+// and the four shared Hessian sums. A block runs over the samples in chunks of whole samples: the
+// linears as cuBLAS GEMMs over every token of the chunk (16-bit inputs, fp32 accumulation and fp32
+// outputs), attention per sample (each at its own length, causal, GQA, RoPE, Mistral's sliding
+// window, Qwen2 biases, Qwen3 q/k norm) as strided-batched GEMMs around a masked softmax, and the
+// Hessian sums Σ x xᵀ as one GEMM per captured group per chunk on the same 16-bit inputs the
+// linears read.
+//
+// Device code is compiled as C++17 (CMake 3.25 has no C++20 flag for nvcc), so this header holds
+// plain types only; gpu_calib.h maps LlamaConfig / BlockWeights / QuantizedLinear onto it. The
+// definitions need a build with MARLINC_CUDA.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace marlinc::calib {
+
+// The GEMM input type on the GPU. bf16 checkpoints keep bf16 (their activations may exceed fp16's
+// range); fp16 and fp32 ones use fp16 (more mantissa).
+enum class GpuAct { F16, BF16 };
+
+// What the block needs of config.json (LlamaConfig's fields of the same names).
+struct GpuDims {
+  int64_t hidden = 0, intermediate = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  int64_t sliding_window = 0;  // 0: none
+  double rms_eps = 1e-6;
+};
+
+// Indices as in llama.h: Linear Q, K, V, O, Gate, Up, Down = 0..6; LinearInput QKV, O, GateUp,
+// Down = 0..3 (gpu_calib.cpp pins the correspondence).
+enum class GpuVec { InputNorm, PostNorm, QNorm, KNorm, BiasQ, BiasK, BiasV, BiasO, BiasGate, BiasUp, BiasDown };
+// Raw weight element types set_linear takes.
+enum class GpuRaw { F32, F16, BF16 };
+
+class CudaForward {
+ public:
+  // Tokens per chunk: bounds the per-chunk scratch (the MLP's two fp32 [tokens, intermediate]
+  // outputs dominate: 1.9 GB for Llama-3-8B); a sample longer than this is a chunk of its own.
+  static constexpr size_t kDefaultChunkTokens = 16384;
+  // Attention scores of one sample are made for as many KV heads at once as fit in this budget.
+  static constexpr double kScoreBudgetBytes = 2e9;
+
+  // lengths: tokens of each calibration sample (each > 0); inv_freq: RoPE frequencies [head_dim/2].
+  // Throws BadUsage for bad shapes, Internal when the device refuses.
+  CudaForward(const GpuDims& d, const std::vector<size_t>& lengths, GpuAct act, const std::vector<float>& inv_freq,
+              size_t chunk_tokens = kDefaultChunkTokens);
+  ~CudaForward();
+  CudaForward(const CudaForward&) = delete;
+  CudaForward& operator=(const CudaForward&) = delete;
+
+  size_t tokens() const;
+  size_t samples() const;
+  size_t sample_tokens(size_t sample) const;
+  // Device bytes held for these dimensions and calibration lengths (weights, hidden states, scratch,
+  // the four Hessian sums): what the runner announces before it starts.
+  static double device_bytes(const GpuDims& d, const std::vector<size_t>& lengths,
+                             size_t chunk_tokens = kDefaultChunkTokens);
+
+  // Sample i's hidden state [T_i, hidden] fp32 row-major (the embeddings before block 0), and back.
+  void set_hidden(size_t sample, const float* h, size_t count);
+  void get_hidden(size_t sample, float* h, size_t count) const;
+
+  // Linear `l` of the current block from checkpoint bytes, [out, in] row-major.
+  void set_linear(int l, const void* bytes, size_t nbytes, GpuRaw raw);
+  // The same from dequantize()'s layout, [in, out] row-major fp32 (the quantized weights).
+  void set_linear_kn(int l, const float* kn, size_t count);
+  // A norm weight or bias of the current block; count 0 removes an optional one (biases, q/k norm).
+  void set_vector(GpuVec which, const float* v, size_t count);
+
+  // Runs the current block over every sample. The inputs of the groups with capture[g] set are added
+  // to their Hessian sums. With update the hidden states become the block's outputs; without it they
+  // are left as they were and the pass stops after the last captured group. `block` names errors
+  // (non-finite activations: a 16-bit overflow). Synchronous.
+  void run(const bool capture[4], bool update, int64_t block);
+  // Un-normalised Σ x xᵀ [k, k] fp32 on the device (hessian_finalize_cuda_device normalises it by
+  // tokens()); nullptr before the group's first capture.
+  const float* hessian_sum(int group) const;
+  void clear_hessians();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> p_;
+};
+
+}  // namespace marlinc::calib

@@ -1,0 +1,85 @@
+#include "quantizer/calib/gpu_calib.h"
+
+#ifdef MARLINC_HAVE_CUDA
+#include "checkpoint/error.h"
+
+namespace marlinc::calib {
+
+// forward_cuda.cu indexes linears, groups and biases by these values.
+static_assert(int(Linear::Q) == 0 && int(Linear::O) == 3 && int(Linear::Down) == 6, "CudaForward's linear order");
+static_assert(int(LinearInput::QKV) == 0 && int(LinearInput::O) == 1 && int(LinearInput::GateUp) == 2 &&
+              int(LinearInput::Down) == 3, "CudaForward's group order");
+static_assert(int(GpuVec::BiasDown) - int(GpuVec::BiasQ) == int(Linear::Down), "biases follow the linear order");
+
+GpuDims gpu_dims(const LlamaConfig& c) {
+  GpuDims d;
+  d.hidden = c.hidden;
+  d.intermediate = c.intermediate;
+  d.heads = c.heads;
+  d.kv_heads = c.kv_heads;
+  d.head_dim = c.head_dim;
+  d.sliding_window = c.sliding_window;
+  d.rms_eps = c.rms_eps;
+  return d;
+}
+
+GpuAct gpu_act_for(const LlamaModel& m) {
+  const auto ref = m.checkpoint().find(linear_name(0, Linear::Q) + ".weight");
+  return ref && ref->info->dtype == DType::BF16 ? GpuAct::BF16 : GpuAct::F16;
+}
+
+std::unique_ptr<CudaForward> make_gpu_forward(const LlamaModel& m, const std::vector<std::vector<int32_t>>& samples,
+                                              GpuAct act, size_t chunk_tokens) {
+  std::vector<size_t> lengths;
+  for (const auto& s : samples) lengths.push_back(s.size());
+  auto f = std::make_unique<CudaForward>(gpu_dims(m.config()), lengths, act, rope_inv_freq(m.config()), chunk_tokens);
+  for (size_t i = 0; i < samples.size(); ++i) {
+    const Matrix h = m.embed(samples[i]);  // [T_i, hidden]
+    f->set_hidden(i, h.data(), size_t(h.size()));
+  }
+  return f;
+}
+
+std::unique_ptr<CudaForward> make_gpu_forward(const LlamaModel& m, const std::vector<std::vector<int32_t>>& samples,
+                                              size_t chunk_tokens) {
+  return make_gpu_forward(m, samples, gpu_act_for(m), chunk_tokens);
+}
+
+void upload_block(CudaForward& f, const LlamaModel& m, int64_t b) {
+  const BlockWeights w = m.load_block(b, nullptr, /*linears=*/false);
+  for (Linear l : kAllLinears) {
+    const std::string name = linear_name(b, l) + ".weight";
+    const auto ref = m.checkpoint().at(name);
+    const DType dt = ref.info->dtype;
+    if (dt != DType::F32 && dt != DType::F16 && dt != DType::BF16)
+      bad_data(name + ": dtype " + std::string(dtype_name(dt)) + "; the GPU pass reads F32, F16 or BF16");
+    const auto bytes = ref.file->data(*ref.info);
+    f.set_linear(int(l), bytes.data(), bytes.size(),
+                 dt == DType::F32 ? GpuRaw::F32 : dt == DType::F16 ? GpuRaw::F16 : GpuRaw::BF16);
+    const Vector& bias = w.bias(l);
+    f.set_vector(GpuVec(int(GpuVec::BiasQ) + int(l)), bias.data(), size_t(bias.size()));
+  }
+  f.set_vector(GpuVec::InputNorm, w.input_norm.data(), size_t(w.input_norm.size()));
+  f.set_vector(GpuVec::PostNorm, w.post_norm.data(), size_t(w.post_norm.size()));
+  f.set_vector(GpuVec::QNorm, w.q_norm.data(), size_t(w.q_norm.size()));
+  f.set_vector(GpuVec::KNorm, w.k_norm.data(), size_t(w.k_norm.size()));
+}
+
+void upload_dequantized(CudaForward& f, Linear l, const std::vector<float>& kn) {
+  f.set_linear_kn(int(l), kn.data(), kn.size());
+}
+
+void run_block(CudaForward& f, std::initializer_list<LinearInput> capture, bool update, int64_t block) {
+  bool want[4] = {false, false, false, false};
+  for (LinearInput g : capture) want[int(g)] = true;
+  f.run(want, update, block);
+}
+
+Matrix download_hidden(const CudaForward& f, size_t sample, int64_t hidden) {
+  Matrix h(int64_t(f.sample_tokens(sample)), hidden);
+  f.get_hidden(sample, h.data(), size_t(h.size()));
+  return h;
+}
+
+}  // namespace marlinc::calib
+#endif  // MARLINC_HAVE_CUDA
