@@ -28,12 +28,12 @@ using namespace marlinc::calib;
 
 namespace {
 
-// max |gpu − ref| / max |ref|. The CPU pass with fp16-rounded weights is within 3e-3 of the fp32
-// golden (tests/calib/test_forward.cpp); fp16 activations add about as much again per block.
-constexpr double kGpuF16RelTol = 1e-2;
-constexpr double kGpuBf16RelTol = 4e-2;   // bf16 keeps 8 bits of mantissa instead of 11
-// ‖H_gpu − H_cpu‖_F / ‖H_cpu‖_F for Hessian sums of fp16-rounded inputs.
-constexpr double kHessianRelTol = 5e-3;
+// max |gpu − ref| / max |ref|. Measured on an H100 (2026-11-23): at most 1.7e-3 with fp16 GEMM
+// inputs (stories260K, 5 blocks) and 1.1e-2 with bf16 (8 bits of mantissa instead of 11).
+constexpr double kGpuF16RelTol = 5e-3;
+constexpr double kGpuBf16RelTol = 3e-2;
+// ‖H_gpu − H_cpu‖_F / ‖H_cpu‖_F for Hessian sums of fp16-rounded inputs (measured: at most 6.1e-4).
+constexpr double kHessianRelTol = 2e-3;
 
 std::filesystem::path stories() { return test::shared_dir() / "data" / "stories260K"; }
 
