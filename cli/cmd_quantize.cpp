@@ -1,10 +1,14 @@
 // marlinc quantize MODEL_DIR OUT_DIR --method {rtn,gptq} --format {marlin,marlin24,gptq,gptq_v2,compressed-tensors}
 //                  --group {-1,32,64,128} [--clip/--no-clip] [--skip PATTERN]... [--json REPORT]
 //                  gptq: [--calib FILE --samples N --min-len L --max-len L --seed S] [--order O]
-//                        [--sparsity 2:4] [--true-sequential] [--damp D] [--device cpu|cuda]
+//                        [--sparsity 2:4] [--true-sequential] [--damp D] [--device cpu|cuda] [--restart]
+// An interrupted gptq run resumes from its last finished block (OUT_DIR.marlinc-job/, see
+// quantizer/calib/job_file.h). Testing hook: MARLINC_TEST_STOP_AFTER_BLOCK=N in the environment stops
+// the run with an error right after block N is saved, as if it had been killed there.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 
 #include "checkpoint/error.h"
@@ -28,7 +32,7 @@ struct QuantizeArgs {
   size_t samples = 128, min_len = 32, max_len = 2048;
   uint64_t seed = 0;
   float damp = 0.01f;
-  bool true_sequential = false;
+  bool true_sequential = false, restart = false;
   std::vector<const CLI::Option*> gptq_only;  // options that mean nothing to --method rtn
 };
 
@@ -54,6 +58,14 @@ calib::GptqRunOptions gptq_run_options(const QuantizeArgs& a) {
   g.gptq.damp = a.damp;
   g.gptq.device = a.device == "cuda" ? GptqOptions::Device::Cuda : GptqOptions::Device::Cpu;
   g.true_sequential = a.true_sequential;
+  g.restart = a.restart;
+  // The CLI, not the library, reads the environment: the hook reaches the runner as an option.
+  if (const char* stop = std::getenv("MARLINC_TEST_STOP_AFTER_BLOCK"); stop && *stop) {
+    const std::string v = stop;
+    if (v.find_first_not_of("0123456789") != std::string::npos || v.size() > 9)
+      bad_usage("MARLINC_TEST_STOP_AFTER_BLOCK=" + v + ": expected a block number (1-based)");
+    g.stop_after_block = std::stoll(v);
+  }
   return g;
 }
 
@@ -107,6 +119,10 @@ int run_quantize(const QuantizeArgs& a) {
   if (a.method == "gptq") {
     std::printf("split      forward %.2fs, hessians %.2fs, gptq %.2fs, i/o %.2fs\ncalibrated %zu samples, %zu tokens\n",
                 info.seconds_forward, info.seconds_hessian, info.seconds_gptq, info.seconds_io, info.samples, info.tokens);
+    if (info.resumed_blocks > 0)
+      std::printf("resumed    %lld block%s from an interrupted run (their layers' times are from that run)\n",
+                  (long long)info.resumed_blocks, info.resumed_blocks == 1 ? "" : "s");
+    j["resumed_blocks"] = info.resumed_blocks;
     j["calibration"] = info.calibration;
     j["split_seconds"] = {{"forward", info.seconds_forward}, {"hessians", info.seconds_hessian},
                           {"gptq", info.seconds_gptq}, {"io", info.seconds_io}};
@@ -154,6 +170,14 @@ void register_quantize(CLI::App& app) {
                          "gptq: re-run each block after every linear group is quantized"));
   gptq_opt(cmd->add_option("--damp", a->damp, "gptq: relative damping (raised automatically when Cholesky fails)"));
   gptq_opt(cmd->add_option("--device", a->device, "gptq: cpu or cuda"))->check(CLI::IsMember({"cpu", "cuda"}));
+  gptq_opt(cmd->add_flag("--restart", a->restart,
+                         "gptq: discard an unfinished job (OUT_DIR.marlinc-job/) instead of resuming it, and start "
+                         "fresh"));
+  cmd->footer(
+      "Resume (--method gptq): an interrupted run keeps its finished blocks in OUT_DIR.marlinc-job/ beside the "
+      "output; the same command run again resumes from the last finished block and writes the same bytes as an "
+      "uninterrupted run. A job made with another model, calibration or output-changing option is refused, naming "
+      "what differs; --restart discards it. The job directory is removed once the output is complete.");
   cmd->callback([a] { set_status(run_quantize(*a)); });
 }
 

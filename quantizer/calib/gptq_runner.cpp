@@ -10,6 +10,7 @@
 
 #include "checkpoint/convert_dtype.h"
 #include "checkpoint/error.h"
+#include "quantizer/calib/job_file.h"
 #include "quantizer/calib/tokenizer.h"
 #include "quantizer/hessian.h"
 #include "quantizer/rtn.h"
@@ -44,6 +45,50 @@ double peak_estimate(const LlamaConfig& c, size_t tokens) {
   const double block = 4.0 * (h * qd * 2 + h * kvd * 2 + 3 * h * f);
   const double hess = 4.0 * (2 * h * h + qd * qd + f * f);
   return 4.0 * double(tokens) * h + block * 2 + hess;
+}
+
+// Wl [n, k] (HF orientation) := the dequantized q ([k, n]).
+void set_dequantized(Matrix& Wl, const QuantizedLinear& q) {
+  const std::vector<float> dq = dequantize(q);  // [k, n]
+  for (int64_t r = 0; r < q.k; ++r)
+    for (int64_t col = 0; col < q.n; ++col) Wl(col, r) = dq[size_t(r * q.n + col)];
+}
+
+// Puts a block that an interrupted run finished back (job_file.h): its saved results are written in
+// the order a fresh run writes them and reported as they were, and their dequantized weights go into
+// W, so the forward pass after it gives the next block the inputs the uninterrupted run gave it.
+void replay_block(const GptqJob& job, int64_t b, const QuantPlan& P, const QuantizeOptions& qo, CheckpointWriter& w,
+                  QuantizeReport& rep, BlockWeights& W,
+                  const std::function<void(size_t, const QuantizedLayerReport&)>& report) {
+  std::vector<FinishedLayer> saved = job.load_block(b);
+  const std::string file = job.block_file(b).string();
+  // What a fresh run produces for this block, in its order: the planned linears, group by group.
+  std::vector<std::pair<Linear, size_t>> expected;  // (linear, index into P.jobs)
+  for (LinearInput g : kGroups)
+    for (Linear l : linears_of(g)) {
+      const auto it = P.job_of_tensor.find(linear_name(b, l) + ".weight");
+      if (it != P.job_of_tensor.end()) expected.emplace_back(l, it->second);
+    }
+  if (saved.size() != expected.size())
+    bad_data(file + ": holds " + std::to_string(saved.size()) + " layers, but this run quantizes " +
+             std::to_string(expected.size()) + " in block " + std::to_string(b));
+  for (size_t i = 0; i < saved.size(); ++i) {
+    const auto [l, j] = expected[i];
+    const QuantJob& qj = P.jobs[j];
+    FinishedLayer& f = saved[i];
+    if (f.q.name != qj.prefix || f.q.n != qj.desc.n || f.q.k != qj.desc.k)
+      bad_data(file + ": layer " + std::to_string(i) + " is " + f.q.name + " [" + std::to_string(f.q.n) + ", " +
+               std::to_string(f.q.k) + "], expected " + qj.prefix + " [" + std::to_string(qj.desc.n) + ", " +
+               std::to_string(qj.desc.k) + "]");
+    const QuantizedLinear q = write_quantized(w, qo, qj, std::move(f.q), rep);
+    set_dequantized(W.weight(l), q);
+    report(j, f.report);
+  }
+}
+
+std::string resume_hint(const std::filesystem::path& out) {
+  return " (the finished blocks are kept in " + job_dir_for(out).string() +
+         ": run the same command again to resume, or add --restart to start over)";
 }
 
 }  // namespace
@@ -88,9 +133,10 @@ std::vector<std::vector<int32_t>> generate_samples(const LlamaModel& model, int3
   return out;
 }
 
-QuantizeReport gptq_quantize_checkpoint(const std::filesystem::path& in, const std::filesystem::path& out,
-                                        const QuantizeOptions& qo, const GptqRunOptions& go, const LayerDone& on_layer,
-                                        const RunLog& log, GptqRunInfo* info) {
+// The whole run; `resumable` turns true once a failure would leave a job worth resuming.
+static QuantizeReport run_gptq(const std::filesystem::path& in, const std::filesystem::path& out,
+                               const QuantizeOptions& qo, const GptqRunOptions& go, const LayerDone& on_layer,
+                               const RunLog& log, GptqRunInfo* info, bool& resumable) {
   const auto t_start = Clock::now();
   auto say = [&](const std::string& s) { if (log) log(s); };
   GptqRunInfo I;
@@ -164,6 +210,16 @@ QuantizeReport gptq_quantize_checkpoint(const std::filesystem::path& in, const s
   say("calibration: " + std::to_string(I.samples) + " samples, " + std::to_string(I.tokens) + " tokens (" + cs.name +
       "); needs about " + mb(I.estimated_peak_bytes) + " of memory");
 
+  // An interrupted run with the same inputs left its finished blocks beside the output (job_file.h).
+  const std::filesystem::path job_dir = job_dir_for(out);
+  if (go.restart && discard_job(job_dir)) say("--restart: discarded the unfinished job in " + job_dir.string());
+  GptqJob resume = GptqJob::open(job_dir, job_inputs(ck, qo, base, go.true_sequential, cs), c.layers);
+  const int64_t resumed = resume.finished_blocks();
+  I.resumed_blocks = resumed;
+  if (resumed > 0)
+    say("resuming: " + (resumed == 1 ? std::string("block 1") : "blocks 1.." + std::to_string(resumed)) + " of " +
+        std::to_string(c.layers) + " finished, from " + job_dir.string());
+
   WriterOptions wo;
   wo.max_shard_bytes = qo.max_shard_bytes;
   wo.overwrite = qo.overwrite;
@@ -194,7 +250,9 @@ QuantizeReport gptq_quantize_checkpoint(const std::filesystem::path& in, const s
 
   for (int64_t b = 0; b < c.layers; ++b) {
     const auto t_block = Clock::now();
+    if (b >= resumed) resumable = resume.on_disk();
     BlockWeights W = model.load_block(b);
+    std::vector<FinishedLayer> finished;  // this block's results as gptq_quantize gave them, for the job
     // Quantizes the linears of one input group with its finalized Hessian and puts the dequantized
     // weights into W, so the passes after it see the quantized block.
     auto quantize_group = [&](LinearInput g, const HessianAccumulator& acc) {
@@ -213,13 +271,13 @@ QuantizeReport gptq_quantize_checkpoint(const std::filesystem::path& in, const s
         GptqStats st;
         QuantizedLinear q = gptq_quantize(Wl.data(), Wl.rows(), Wl.cols(), H, o, &st);
         I.seconds_gptq += since(t_q);
+        finished.push_back({q, {}});
         const auto t_w = Clock::now();
         q = write_quantized(w, qo, job, std::move(q), rep);
         I.seconds_io += since(t_w);
-        const std::vector<float> dq = dequantize(q);  // [k, n]
-        for (int64_t r = 0; r < q.k; ++r)
-          for (int64_t col = 0; col < q.n; ++col) Wl(col, r) = dq[size_t(r * q.n + col)];
+        set_dequantized(Wl, q);
         QuantizedLayerReport lr{prefix, q.n, q.k, st.rel_weight_err, since(t_q), st.loss, st.damp_used};
+        finished.back().report = lr;
         report(it->second, lr);
       }
     };
@@ -250,7 +308,11 @@ QuantizeReport gptq_quantize_checkpoint(const std::filesystem::path& in, const s
       }
       return acc;
     };
-    if (go.true_sequential) {
+    if (b < resumed) {
+      const auto t_r = Clock::now();
+      replay_block(resume, b, P, qo, w, rep, W, report);
+      I.seconds_io += since(t_r);
+    } else if (go.true_sequential) {
       for (LinearInput g : kGroups) {
         auto acc = capture({g});
         quantize_group(g, *acc[size_t(group_index(g))]);
@@ -264,8 +326,17 @@ QuantizeReport gptq_quantize_checkpoint(const std::filesystem::path& in, const s
 #pragma omp parallel for schedule(dynamic, 1)
     for (long long i = 0; i < (long long)hs.size(); ++i) model.block_forward(hs[size_t(i)], W);
     I.seconds_forward += since(t_fw);
-    say("block " + std::to_string(b + 1) + "/" + std::to_string(c.layers) + " done in " +
-        std::to_string(since(t_block)).substr(0, 5) + " s");
+    if (b >= resumed) {
+      const auto t_s = Clock::now();
+      resume.save_block(b, finished);
+      I.seconds_io += since(t_s);
+      resumable = true;
+    }
+    say("block " + std::to_string(b + 1) + "/" + std::to_string(c.layers) + (b < resumed ? " replayed" : " done") +
+        " in " + std::to_string(since(t_block)).substr(0, 5) + " s");
+    if (b >= resumed && go.stop_after_block == b + 1)
+      fail(ErrorKind::Internal, "stopped after block " + std::to_string(b + 1) +
+                                    " was saved, as the testing hook asked (a simulated interruption)");
   }
 
   // Linears outside the decoder blocks (lm_head with --include-lm-head): no calibrated inputs here,
@@ -292,9 +363,27 @@ QuantizeReport gptq_quantize_checkpoint(const std::filesystem::path& in, const s
   t_io = Clock::now();
   finish_output(w, ck, qo, nlohmann::json{{"marlinc", record}});
   I.seconds_io += since(t_io);
+  std::string why;
+  if (resume.on_disk() && !resume.remove(&why))
+    say("warning: the output is complete, but the job " + job_dir.string() + " could not be removed: " + why);
   rep.seconds = since(t_start);
   if (info) *info = I;
   return rep;
+}
+
+QuantizeReport gptq_quantize_checkpoint(const std::filesystem::path& in, const std::filesystem::path& out,
+                                        const QuantizeOptions& qo, const GptqRunOptions& go, const LayerDone& on_layer,
+                                        const RunLog& log, GptqRunInfo* info) {
+  bool resumable = false;
+  try {
+    return run_gptq(in, out, qo, go, on_layer, log, info, resumable);
+  } catch (const Error& e) {
+    if (!resumable) throw;
+    throw Error(e.kind(), e.what() + resume_hint(out));
+  } catch (const std::exception& e) {
+    if (!resumable) throw;
+    throw Error(ErrorKind::Internal, e.what() + resume_hint(out));
+  }
 }
 
 }  // namespace marlinc::calib

@@ -4,6 +4,14 @@
 // (q/k/v, o, gate/up, down), quantize the block's linears with GPTQ, write them, and run the samples
 // through the block again with the dequantized weights to get the next block's inputs. Peak memory is
 // one block's weights plus the calibration hidden states, independent of depth.
+//
+// Resume (job_file.h): each finished block's results are saved in `<OUT_DIR>.marlinc-job/`. A run
+// that finds a job with the same fingerprint (model, calibration token ids, every output-changing
+// option) replays the saved blocks (writes their tensors in the same order, puts their dequantized
+// weights into the block and runs the calibration states through it, without Hessians or GPTQ) and
+// goes on from the first missing block: the output is byte-identical to an uninterrupted run. A job
+// with another fingerprint is refused (BadUsage naming what differs) unless `restart` discards it.
+// The job directory is removed once the output is committed, and kept when the run fails.
 #pragma once
 #include <cstdint>
 #include <filesystem>
@@ -30,6 +38,11 @@ struct GptqRunOptions {
   bool true_sequential = false;
   // The built-in default: how many samples the model generates, and their lengths (BOS included).
   size_t generated_samples = 32, generated_min_len = 16, generated_max_len = 64;
+  // Discard an unfinished job of this output instead of resuming it or refusing a mismatched one.
+  bool restart = false;
+  // Testing hook (the CLI sets it from MARLINC_TEST_STOP_AFTER_BLOCK): > 0 throws Error(Internal)
+  // right after block N (1-based) is saved to the job, simulating an interruption. 0: off.
+  int64_t stop_after_block = 0;
 };
 
 struct GptqRunInfo {
@@ -37,13 +50,15 @@ struct GptqRunInfo {
   size_t samples = 0, tokens = 0;
   double estimated_peak_bytes = 0;  // hidden states + one block (fp32) + Hessians
   double seconds_forward = 0, seconds_hessian = 0, seconds_gptq = 0, seconds_io = 0;
+  int64_t resumed_blocks = 0;       // decoder blocks replayed from an interrupted run's job
 };
 
 // Messages for the user (calibration summary, memory estimate, per-block progress); the library
 // itself never prints.
 using RunLog = std::function<void(const std::string&)>;
 
-// Throws BadUsage (options, unsupported architecture, quantized input) and BadData (corrupt input).
+// Throws BadUsage (options, unsupported architecture, quantized input, a job with other inputs) and
+// BadData (corrupt input or job files). A failure after a block was saved says how to resume.
 QuantizeReport gptq_quantize_checkpoint(const std::filesystem::path& in, const std::filesystem::path& out,
                                         const QuantizeOptions& qo, const GptqRunOptions& go,
                                         const LayerDone& on_layer = {}, const RunLog& log = {},
