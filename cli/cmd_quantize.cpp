@@ -117,15 +117,17 @@ int run_quantize(const QuantizeArgs& a) {
               double(r.bytes_in) / 1e6, double(r.bytes_out) / 1e6, r.seconds);
   nlohmann::json j = r.to_json();
   if (a.method == "gptq") {
-    std::printf("split      forward %.2fs, hessians %.2fs, gptq %.2fs, i/o %.2fs\ncalibrated %zu samples, %zu tokens\n",
-                info.seconds_forward, info.seconds_hessian, info.seconds_gptq, info.seconds_io, info.samples, info.tokens);
+    std::printf("split      forward %.2fs, hessians %.2fs, gptq %.2fs, pack+write %.2fs, other i/o %.2fs\n"
+                "calibrated %zu samples, %zu tokens\n",
+                info.seconds_forward, info.seconds_hessian, info.seconds_gptq, info.seconds_pack, info.seconds_io,
+                info.samples, info.tokens);
     if (info.resumed_blocks > 0)
       std::printf("resumed    %lld block%s from an interrupted run (their layers' times are from that run)\n",
                   (long long)info.resumed_blocks, info.resumed_blocks == 1 ? "" : "s");
     j["resumed_blocks"] = info.resumed_blocks;
     j["calibration"] = info.calibration;
     j["split_seconds"] = {{"forward", info.seconds_forward}, {"hessians", info.seconds_hessian},
-                          {"gptq", info.seconds_gptq}, {"io", info.seconds_io}};
+                          {"gptq", info.seconds_gptq}, {"pack", info.seconds_pack}, {"io", info.seconds_io}};
   }
   std::printf("output     %s\n", r.output.c_str());
   if (!a.json.empty()) write_file_atomic(a.json, j.dump(2) + "\n");

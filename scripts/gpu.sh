@@ -6,7 +6,8 @@
 # with the kernel benchmark table LAST. Logs go under $OUT when set (the device tool returns them).
 #
 # Env knobs: GPU_TESTS (Catch2 filter, default "[gpu]"), SKIP_TESTS=1, SKIP_SAN=1, SKIP_BENCH=1,
-# SKIP_GPTQ_BENCH=1, SKIP_VERIFY=1, SKIP_VERIFY_8B=1, VERIFY_BLOCKS (default 32),
+# SKIP_GPTQ_BENCH=1, SKIP_VERIFY=1, SKIP_VERIFY_8B=1, VERIFY_BLOCKS (default 32), E2E=1 (the 8B-shaped
+# end-to-end GPTQ run; E2E_SHAPE=llama3-8b-2 for a 2-block check, E2E_VERIFY=0 to skip its verify),
 # TEST_TIMEOUT/SAN_TIMEOUT/BENCH_TIMEOUT/GPTQ_BENCH_TIMEOUT (seconds; a hang must not eat the call),
 # BENCH_ARGS (extra bench_marlin arguments, e.g. "--explore" or "--sets large --ms 1,16").
 set -uo pipefail
@@ -87,6 +88,33 @@ if [ "${SKIP_VERIFY:-0}" != 1 ]; then
     summary+=("8B-shaped checkpoint ($(( t1 - t0 )) s to synthesize + convert): verify rc=$rc, $(tail -n 1 "$OUT/verify_8b.log"), $(grep -E "^layers" "$OUT/verify_8b.log")")
     rm -rf "$tmp/bc"
   fi
+fi
+
+# End to end (issue 6): a random model with Llama-3-8B dimensions written by transformers here (never
+# committed), 256 variable-length pre-tokenized samples, GPTQ + clip on the GPU to Marlin, then the
+# output certified by verify. Off by default (E2E=1): it needs ~17 GB of disk and several minutes.
+if [ "${E2E:-0}" = 1 ]; then
+  bin="$BUILD/cli/marlinc"
+  tmp=${E2E_TMP:-/tmp/marlinc-e2e}
+  rm -rf "$tmp"; mkdir -p "$tmp"
+  t0=$(date +%s)
+  python3 bench/make_random_llama.py "$tmp/model" --shape "${E2E_SHAPE:-llama3-8b}" --calib "$tmp/calib.jsonl" \
+    > "$OUT/e2e_make.log" 2>&1 || { status=1; tail -20 "$OUT/e2e_make.log"; }
+  summary+=("e2e fixture: $(( $(date +%s) - t0 )) s; $(grep -h -E "^(model|calibration):" "$OUT/e2e_make.log" | tr '\n' ' ')")
+  /usr/bin/time -f "%e s wall, %M KB peak RSS" "$bin" quantize "$tmp/model" "$tmp/out" --method gptq --device cuda \
+    --format marlin --group 128 --clip --calib "$tmp/calib.jsonl" --calib-format tokens --samples 256 \
+    --min-len 512 --max-len 1536 --json "$OUT/e2e_report.json" > "$OUT/e2e_quantize.log" 2>&1
+  rc=$?
+  [ $rc -ne 0 ] && status=1 && tail -30 "$OUT/e2e_quantize.log"
+  summary+=("e2e ${E2E_SHAPE:-llama3-8b} gptq+clip -> marlin on the GPU: rc=$rc, $(tail -n 1 "$OUT/e2e_quantize.log")")
+  summary+=("e2e split: $(grep -E "^(time|split)" "$OUT/e2e_quantize.log" | tr '\n' ' ')")
+  if [ $rc -eq 0 ] && [ "${E2E_VERIFY:-1}" = 1 ]; then
+    /usr/bin/time -f "%e s wall, %M KB peak RSS" "$bin" verify "$tmp/out" --certificate "$OUT/e2e_cert.json" > "$OUT/e2e_verify.log" 2>&1
+    rc=$?
+    [ $rc -ne 0 ] && status=1 && tail -20 "$OUT/e2e_verify.log"
+    summary+=("e2e verify: rc=$rc, $(grep -E "^layers" "$OUT/e2e_verify.log"), $(tail -n 1 "$OUT/e2e_verify.log")")
+  fi
+  rm -rf "$tmp"
 fi
 
 echo "==== summary"

@@ -253,6 +253,18 @@ struct CudaForward::Impl {
   DBuf<float> gate, up;                    // [tc, inter]
   DBuf<uint16_t> act16;                    // [tc, inter]
   DBuf<int> flag;
+  // Event pairs around the Hessian GEMMs of the current run, summed after it synchronises.
+  std::vector<cudaEvent_t> events;
+  size_t events_used = 0;
+  double gram_seconds = 0;
+  cudaEvent_t next_event() {
+    if (events_used == events.size()) {
+      cudaEvent_t e = nullptr;
+      FWD_CHECK(cudaEventCreate(&e));
+      events.push_back(e);
+    }
+    return events[events_used++];
+  }
 
   int64_t qd() const { return c.heads * c.head_dim; }
   int64_t kvd() const { return c.kv_heads * c.head_dim; }
@@ -301,8 +313,10 @@ struct CudaForward::Impl {
       FWD_CHECK(cudaMemsetAsync(h.p, 0, size_t(k * k) * sizeof(float), stream));
     }
     const float one = 1.0f;
+    FWD_CHECK(cudaEventRecord(next_event(), stream));
     FWD_CHECK(cublasGemmEx(blas, CUBLAS_OP_N, CUBLAS_OP_T, int(k), int(k), int(rows), &one, X, dtype(), int(k), X,
                            dtype(), int(k), &one, h.p, CUDA_R_32F, int(k), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    FWD_CHECK(cudaEventRecord(next_event(), stream));
   }
 
   template <class T> void run_chunk(const Chunk& ch, const bool want[4], int last, bool update);
@@ -381,6 +395,7 @@ CudaForward::CudaForward(const GpuDims& d, const std::vector<size_t>& lengths, G
 
 CudaForward::~CudaForward() {
   if (!p_) return;
+  for (cudaEvent_t e : p_->events) cudaEventDestroy(e);
   if (p_->blas) cublasDestroy(p_->blas);
   if (p_->stream) cudaStreamDestroy(p_->stream);
 }
@@ -601,6 +616,7 @@ void CudaForward::run(const bool capture[4], bool update, int64_t block) {
   I.up.reserve(size_t(tc * inter), who);
   I.act16.reserve(size_t(tc * inter), who);
   FWD_CHECK(cudaMemsetAsync(I.flag.p, 0, sizeof(int), I.stream));
+  I.events_used = 0;
   for (const auto& ch : I.chunks) {
     if (I.act == GpuAct::F16) I.run_chunk<__half>(ch, capture, last, update);
     else I.run_chunk<__nv_bfloat16>(ch, capture, last, update);
@@ -608,6 +624,11 @@ void CudaForward::run(const bool capture[4], bool update, int64_t block) {
   int flag = 0;
   FWD_CHECK(cudaMemcpyAsync(&flag, I.flag.p, sizeof(int), cudaMemcpyDeviceToHost, I.stream));
   FWD_CHECK(cudaStreamSynchronize(I.stream));
+  for (size_t e = 0; e + 1 < I.events_used; e += 2) {
+    float ms = 0;
+    FWD_CHECK(cudaEventElapsedTime(&ms, I.events[e], I.events[e + 1]));
+    I.gram_seconds += double(ms) / 1e3;
+  }
   if (flag)
     bad_data(who + ": the hidden states became non-finite on the GPU (a " +
              std::string(I.act == GpuAct::F16 ? "fp16" : "bf16") +
@@ -617,6 +638,8 @@ void CudaForward::run(const bool capture[4], bool update, int64_t block) {
 const float* CudaForward::hessian_sum(int group) const {
   return group >= 0 && group < kGroups ? p_->hess[size_t(group)].p : nullptr;
 }
+
+double CudaForward::hessian_seconds() const { return p_->gram_seconds; }
 
 void CudaForward::clear_hessians() {
   for (auto& h : p_->hess) h.reset();

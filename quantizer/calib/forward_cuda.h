@@ -80,6 +80,8 @@ class CudaForward {
   // tokens()); nullptr before the group's first capture.
   const float* hessian_sum(int group) const;
   void clear_hessians();
+  // GPU time spent in the Hessian products so far (measured with events; part of run()'s wall time).
+  double hessian_seconds() const;
 
  private:
   struct Impl;

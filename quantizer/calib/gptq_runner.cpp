@@ -1,8 +1,6 @@
 #include "quantizer/calib/gptq_runner.h"
 
-#include <omp.h>
 
-#include <array>
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -10,9 +8,11 @@
 
 #include "checkpoint/convert_dtype.h"
 #include "checkpoint/error.h"
+#include "quantizer/calib/calib_pass.h"
+#include "quantizer/calib/forward_cuda.h"
+#include "quantizer/calib/gpu_calib.h"
 #include "quantizer/calib/job_file.h"
 #include "quantizer/calib/tokenizer.h"
-#include "quantizer/hessian.h"
 #include "quantizer/rtn.h"
 
 namespace marlinc::calib {
@@ -27,16 +27,7 @@ constexpr double kMaxGenerateModelBytes = 2e9;
 
 std::string mb(double bytes) { return std::to_string(int64_t(std::llround(bytes / 1e6))) + " MB"; }
 
-int64_t in_features(const LlamaConfig& c, LinearInput g) {
-  switch (g) {
-    case LinearInput::QKV: case LinearInput::GateUp: return c.hidden;
-    case LinearInput::O: return c.heads * c.head_dim;
-    case LinearInput::Down: return c.intermediate;
-  }
-  return 0;
-}
 constexpr LinearInput kGroups[] = {LinearInput::QKV, LinearInput::O, LinearInput::GateUp, LinearInput::Down};
-int group_index(LinearInput g) { return int(g); }
 
 // Hidden states + one block in fp32 + the four Hessians (fp32 [k, k]) + the dequantize scratch.
 double peak_estimate(const LlamaConfig& c, size_t tokens) {
@@ -47,18 +38,12 @@ double peak_estimate(const LlamaConfig& c, size_t tokens) {
   return 4.0 * double(tokens) * h + block * 2 + hess;
 }
 
-// Wl [n, k] (HF orientation) := the dequantized q ([k, n]).
-void set_dequantized(Matrix& Wl, const QuantizedLinear& q) {
-  const std::vector<float> dq = dequantize(q);  // [k, n]
-  for (int64_t r = 0; r < q.k; ++r)
-    for (int64_t col = 0; col < q.n; ++col) Wl(col, r) = dq[size_t(r * q.n + col)];
-}
-
 // Puts a block that an interrupted run finished back (job_file.h): its saved results are written in
 // the order a fresh run writes them and reported as they were, and their dequantized weights go into
-// W, so the forward pass after it gives the next block the inputs the uninterrupted run gave it.
+// the pass's block, so the forward pass after it gives the next block the inputs the uninterrupted
+// run gave it.
 void replay_block(const GptqJob& job, int64_t b, const QuantPlan& P, const QuantizeOptions& qo, CheckpointWriter& w,
-                  QuantizeReport& rep, BlockWeights& W,
+                  QuantizeReport& rep, CalibPass& pass,
                   const std::function<void(size_t, const QuantizedLayerReport&)>& report) {
   std::vector<FinishedLayer> saved = job.load_block(b);
   const std::string file = job.block_file(b).string();
@@ -81,7 +66,7 @@ void replay_block(const GptqJob& job, int64_t b, const QuantPlan& P, const Quant
                std::to_string(f.q.k) + "], expected " + qj.prefix + " [" + std::to_string(qj.desc.n) + ", " +
                std::to_string(qj.desc.k) + "]");
     const QuantizedLinear q = write_quantized(w, qo, qj, std::move(f.q), rep);
-    set_dequantized(W.weight(l), q);
+    pass.set_weight(l, q);
     report(j, f.report);
   }
 }
@@ -206,9 +191,21 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
   I.calibration = cs.to_json();
   I.samples = cs.samples.size();
   I.tokens = cs.tokens;
-  I.estimated_peak_bytes = peak_estimate(c, cs.tokens);
+  const bool on_gpu = base.device == GptqOptions::Device::Cuda;
+  std::string need;
+  if (on_gpu) {
+#ifdef MARLINC_HAVE_CUDA
+    std::vector<size_t> lengths;
+    for (const auto& smp : cs.samples) lengths.push_back(smp.size());
+    I.estimated_device_bytes = CudaForward::device_bytes(gpu_dims(c), lengths);
+#endif
+    need = mb(I.estimated_device_bytes) + " of GPU memory for the forward pass and Hessians, plus GPTQ's own";
+  } else {
+    I.estimated_peak_bytes = peak_estimate(c, cs.tokens);
+    need = mb(I.estimated_peak_bytes) + " of memory";
+  }
   say("calibration: " + std::to_string(I.samples) + " samples, " + std::to_string(I.tokens) + " tokens (" + cs.name +
-      "); needs about " + mb(I.estimated_peak_bytes) + " of memory");
+      "); needs about " + need);
 
   // An interrupted run with the same inputs left its finished blocks beside the output (job_file.h).
   const std::filesystem::path job_dir = job_dir_for(out);
@@ -242,90 +239,56 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
     if (on_layer) on_layer(lr, rep.layers.size() - 1, P.jobs.size());
   };
 
-  // Embeddings of every sample: the first block's inputs. [T_i, hidden] each.
-  auto t_fw = Clock::now();
-  std::vector<Matrix> hs(cs.samples.size());
-  for (size_t i = 0; i < hs.size(); ++i) hs[i] = model.embed(cs.samples[i]);
-  I.seconds_forward += since(t_fw);
+  // The samples' embeddings become the first block's inputs inside the pass (CPU or GPU).
+  std::unique_ptr<CalibPass> pass;
+#ifdef MARLINC_HAVE_CUDA
+  if (on_gpu) pass = make_gpu_pass(model, cs.samples);
+#endif
+  if (!pass) pass = make_cpu_pass(model, cs.samples);
 
   for (int64_t b = 0; b < c.layers; ++b) {
     const auto t_block = Clock::now();
     if (b >= resumed) resumable = resume.on_disk();
-    BlockWeights W = model.load_block(b);
+    pass->load(b);
     std::vector<FinishedLayer> finished;  // this block's results as gptq_quantize gave them, for the job
-    // Quantizes the linears of one input group with its finalized Hessian and puts the dequantized
-    // weights into W, so the passes after it see the quantized block.
-    auto quantize_group = [&](LinearInput g, const HessianAccumulator& acc) {
-      const auto t_h = Clock::now();
-      const Eigen::MatrixXf H = acc.finalize();
-      I.seconds_hessian += since(t_h);
+    // Quantizes the linears of one input group with the Hessian of the last capture and gives the
+    // pass their quantized weights, so the passes after it see the quantized block.
+    auto quantize_group = [&](LinearInput g) {
       for (Linear l : linears_of(g)) {
         const std::string prefix = linear_name(b, l);
         auto it = P.job_of_tensor.find(prefix + ".weight");
         if (it == P.job_of_tensor.end()) continue;  // skipped by the plan: stays as it is
         const QuantJob& job = P.jobs[it->second];
-        Matrix& Wl = W.weight(l);  // [n, k]
         const auto t_q = Clock::now();
         GptqOptions o = base;
         o.name = prefix;
         GptqStats st;
-        QuantizedLinear q = gptq_quantize(Wl.data(), Wl.rows(), Wl.cols(), H, o, &st);
-        I.seconds_gptq += since(t_q);
+        QuantizedLinear q = pass->quantize(l, o, &st);
         finished.push_back({q, {}});
         const auto t_w = Clock::now();
         q = write_quantized(w, qo, job, std::move(q), rep);
-        I.seconds_io += since(t_w);
-        set_dequantized(Wl, q);
+        I.seconds_pack += since(t_w);
+        pass->set_weight(l, q);
         QuantizedLayerReport lr{prefix, q.n, q.k, st.rel_weight_err, since(t_q), st.loss, st.damp_used};
         finished.back().report = lr;
         report(it->second, lr);
       }
     };
-    // Runs every sample through the block and accumulates the Hessians of the groups in `want`. The
-    // forwards of a chunk of samples run in parallel and keep their captured inputs; the sums then
-    // take them in sample order, so the Hessians do not depend on the thread count.
-    auto capture = [&](std::initializer_list<LinearInput> want) {
-      std::vector<std::unique_ptr<HessianAccumulator>> acc(4);
-      for (LinearInput g : want) acc[size_t(group_index(g))] = std::make_unique<HessianAccumulator>(in_features(c, g));
-      const size_t chunk = size_t(std::max(1, 2 * omp_get_max_threads()));
-      for (size_t c0 = 0; c0 < hs.size(); c0 += chunk) {
-        const size_t cn = std::min(chunk, hs.size() - c0);
-        std::vector<std::array<Matrix, 4>> inputs(cn);  // [sample][group] -> [T, in]
-        const auto t0 = Clock::now();
-#pragma omp parallel for schedule(dynamic, 1)
-        for (long long i = 0; i < (long long)cn; ++i) {
-          Matrix x = hs[c0 + size_t(i)];
-          model.block_forward(x, W, [&](LinearInput g, const Matrix& X) {
-            if (acc[size_t(group_index(g))]) inputs[size_t(i)][size_t(group_index(g))] = X;
-          });
-        }
-        I.seconds_forward += since(t0);
-        const auto th = Clock::now();
-        for (size_t i = 0; i < cn; ++i)
-          for (size_t g = 0; g < 4; ++g)
-            if (acc[g]) acc[g]->add(inputs[i][g].data(), inputs[i][g].rows());
-        I.seconds_hessian += since(th);
-      }
-      return acc;
-    };
     if (b < resumed) {
       const auto t_r = Clock::now();
-      replay_block(resume, b, P, qo, w, rep, W, report);
+      replay_block(resume, b, P, qo, w, rep, *pass, report);
       I.seconds_io += since(t_r);
     } else if (go.true_sequential) {
       for (LinearInput g : kGroups) {
-        auto acc = capture({g});
-        quantize_group(g, *acc[size_t(group_index(g))]);
+        pass->capture({g});
+        quantize_group(g);
       }
     } else {
-      auto acc = capture({LinearInput::QKV, LinearInput::O, LinearInput::GateUp, LinearInput::Down});
-      for (LinearInput g : kGroups) quantize_group(g, *acc[size_t(group_index(g))]);
+      pass->capture({LinearInput::QKV, LinearInput::O, LinearInput::GateUp, LinearInput::Down});
+      for (LinearInput g : kGroups) quantize_group(g);
     }
     // The next block's inputs come from this block with its quantized weights.
-    t_fw = Clock::now();
-#pragma omp parallel for schedule(dynamic, 1)
-    for (long long i = 0; i < (long long)hs.size(); ++i) model.block_forward(hs[size_t(i)], W);
-    I.seconds_forward += since(t_fw);
+    pass->advance();
     if (b >= resumed) {
       const auto t_s = Clock::now();
       resume.save_block(b, finished);
@@ -363,6 +326,9 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
   t_io = Clock::now();
   finish_output(w, ck, qo, nlohmann::json{{"marlinc", record}});
   I.seconds_io += since(t_io);
+  I.seconds_forward = pass->times().forward;
+  I.seconds_hessian = pass->times().hessian;
+  I.seconds_gptq = pass->times().gptq;
   std::string why;
   if (resume.on_disk() && !resume.remove(&why))
     say("warning: the output is complete, but the job " + job_dir.string() + " could not be removed: " + why);

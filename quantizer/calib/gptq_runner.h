@@ -49,7 +49,10 @@ struct GptqRunInfo {
   nlohmann::json calibration;      // the calibration record written into the output's config
   size_t samples = 0, tokens = 0;
   double estimated_peak_bytes = 0;  // hidden states + one block (fp32) + Hessians
-  double seconds_forward = 0, seconds_hessian = 0, seconds_gptq = 0, seconds_io = 0;
+  double estimated_device_bytes = 0;  // --device cuda: the forward pass and Hessians on the GPU
+  // Where the time went: block forward passes, Hessian products, GPTQ, packing + writing the
+  // quantized tensors, and the rest of the I/O (copying other tensors, replaying a job, finishing).
+  double seconds_forward = 0, seconds_hessian = 0, seconds_gptq = 0, seconds_pack = 0, seconds_io = 0;
   int64_t resumed_blocks = 0;       // decoder blocks replayed from an interrupted run's job
 };
 

@@ -1,7 +1,14 @@
 #include "quantizer/calib/gpu_calib.h"
 
 #ifdef MARLINC_HAVE_CUDA
+#include <array>
+#include <chrono>
+
+#include "checkpoint/convert_dtype.h"
 #include "checkpoint/error.h"
+#include "quantizer/calib/calib_pass.h"
+#include "quantizer/cuda_util.cuh"
+#include "quantizer/gptq_cuda.cuh"
 
 namespace marlinc::calib {
 
@@ -79,6 +86,86 @@ Matrix download_hidden(const CudaForward& f, size_t sample, int64_t hidden) {
   Matrix h(int64_t(f.sample_tokens(sample)), hidden);
   f.get_hidden(sample, h.data(), size_t(h.size()));
   return h;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// Everything on the device: hidden states, the block, the Hessians (finalized in device memory and
+// handed to GPTQ there). Only the linear being quantized crosses as fp32 (GPTQ's host interface) and
+// its dequantized result comes back.
+class GpuPass : public CalibPass {
+ public:
+  GpuPass(const LlamaModel& m, const std::vector<std::vector<int32_t>>& samples) : m_(m) {
+    const auto t0 = Clock::now();
+    f_ = make_gpu_forward(m, samples);
+    t_.forward += since(t0);
+  }
+
+  void load(int64_t block) override {
+    block_ = block;
+    upload_block(*f_, m_, block);
+    ready_.fill(false);
+  }
+
+  void capture(std::initializer_list<LinearInput> groups) override {
+    f_->clear_hessians();
+    ready_.fill(false);
+    const auto t0 = Clock::now();
+    const double g0 = f_->hessian_seconds();
+    run_block(*f_, groups, false, block_);
+    const double gram = f_->hessian_seconds() - g0;
+    t_.forward += since(t0) - gram;
+    t_.hessian += gram;
+  }
+
+  QuantizedLinear quantize(Linear l, const GptqOptions& o, GptqStats* stats) override {
+    const size_t g = size_t(input_of(l));
+    const std::string& who = o.name;
+    const float* sum = f_->hessian_sum(int(g));
+    if (!sum) fail(ErrorKind::Internal, who + ": quantized before its group's Hessian was captured");
+    const LlamaConfig& c = m_.config();
+    const int64_t k = g == size_t(LinearInput::O) ? c.heads * c.head_dim
+                      : g == size_t(LinearInput::Down) ? c.intermediate : c.hidden;
+    if (!ready_[g]) {
+      const auto t0 = Clock::now();
+      H_[g].reserve(size_t(k * k), who + ": Hessian");
+      hessian_finalize_cuda_device(sum, k, int64_t(f_->tokens()), H_[g].p, who);
+      ready_[g] = true;
+      t_.hessian += since(t0);
+    }
+    const auto t0 = Clock::now();
+    const auto ref = m_.checkpoint().at(linear_name(block_, l) + ".weight");
+    const std::vector<float> W = to_float(ref.file->data(*ref.info), ref.info->dtype);  // [n, k]
+    GptqOptions go = o;
+    go.device = GptqOptions::Device::Cuda;
+    QuantizedLinear q = gptq_quantize_cuda_device(W.data(), int64_t(W.size()) / k, k, H_[g].p, go, stats);
+    t_.gptq += since(t0);
+    return q;
+  }
+
+  void set_weight(Linear l, const QuantizedLinear& q) override { upload_dequantized(*f_, l, dequantize(q)); }
+
+  void advance() override {
+    const auto t0 = Clock::now();
+    run_block(*f_, {}, true, block_);
+    t_.forward += since(t0);
+  }
+
+ private:
+  const LlamaModel& m_;
+  std::unique_ptr<CudaForward> f_;
+  int64_t block_ = -1;
+  std::array<cuda_util::DBuf<float>, 4> H_;  // finalized Hessians [k, k] on the device
+  std::array<bool, 4> ready_{};
+};
+
+}  // namespace
+
+std::unique_ptr<CalibPass> make_gpu_pass(const LlamaModel& m, const std::vector<std::vector<int32_t>>& samples) {
+  return std::make_unique<GpuPass>(m, samples);
 }
 
 }  // namespace marlinc::calib
