@@ -18,11 +18,17 @@ void check_len(std::span<const uint8_t> bytes, DType dt) {
 
 std::vector<float> to_float(std::span<const uint8_t> bytes, DType dt) {
   check_len(bytes, dt);
+  std::vector<float> out(bytes.size() / dtype_size(dt));
+  to_float_into(bytes, dt, out.data());
+  return out;
+}
+
+void to_float_into(std::span<const uint8_t> bytes, DType dt, float* out) {
+  check_len(bytes, dt);
   const size_t n = bytes.size() / dtype_size(dt);
-  std::vector<float> out(n);
   switch (dt) {
     case DType::F32:
-      if (n) std::memcpy(out.data(), bytes.data(), n * 4);
+      if (n) std::memcpy(out, bytes.data(), n * 4);
       break;
     case DType::F16:
     case DType::BF16: {
@@ -34,8 +40,8 @@ std::vector<float> to_float(std::span<const uint8_t> bytes, DType dt) {
         if (n) std::memcpy(tmp.data(), bytes.data(), n * 2);
         src = tmp.data();
       }
-      if (dt == DType::F16) half_to_float_n(src, out.data(), n);
-      else bf16_to_float_n(src, out.data(), n);
+      if (dt == DType::F16) half_to_float_n(src, out, n);
+      else bf16_to_float_n(src, out, n);
       break;
     }
     case DType::F64: {
@@ -50,7 +56,6 @@ std::vector<float> to_float(std::span<const uint8_t> bytes, DType dt) {
     default:
       bad_data("to_float: dtype " + std::string(dtype_name(dt)) + " is not a floating-point type (F64/F32/F16/BF16)");
   }
-  return out;
 }
 
 std::vector<uint8_t> from_float(std::span<const float> values, DType dt) {

@@ -1,8 +1,10 @@
 #include "quantizer/calib/gpu_calib.h"
 
 #ifdef MARLINC_HAVE_CUDA
+#include <algorithm>
 #include <array>
 #include <chrono>
+#include <exception>
 
 #include "checkpoint/convert_dtype.h"
 #include "checkpoint/error.h"
@@ -40,9 +42,24 @@ std::unique_ptr<CudaForward> make_gpu_forward(const LlamaModel& m, const std::ve
   std::vector<size_t> lengths;
   for (const auto& s : samples) lengths.push_back(s.size());
   auto f = std::make_unique<CudaForward>(gpu_dims(m.config()), lengths, act, rope_inv_freq(m.config()), chunk_tokens);
-  for (size_t i = 0; i < samples.size(); ++i) {
-    const Matrix h = m.embed(samples[i]);  // [T_i, hidden]
-    f->set_hidden(i, h.data(), size_t(h.size()));
+  // Embedded in parallel, a bounded batch of samples at a time, uploaded in sample order.
+  constexpr size_t kBatch = 64;
+  for (size_t s0 = 0; s0 < samples.size(); s0 += kBatch) {
+    const size_t sn = std::min(kBatch, samples.size() - s0);
+    std::vector<Matrix> h(sn);  // [T_i, hidden] each
+    std::vector<std::exception_ptr> err(sn);  // an exception must not leave the parallel region
+#pragma omp parallel for schedule(dynamic, 1)
+    for (long long i = 0; i < (long long)sn; ++i) {
+      try {
+        h[size_t(i)] = m.embed(samples[s0 + size_t(i)]);
+      } catch (...) {
+        err[size_t(i)] = std::current_exception();
+      }
+    }
+    for (size_t i = 0; i < sn; ++i) {
+      if (err[i]) std::rethrow_exception(err[i]);
+      f->set_hidden(s0 + i, h[i].data(), size_t(h[i].size()));
+    }
   }
   return f;
 }

@@ -347,9 +347,9 @@ Matrix LlamaModel::embed(std::span<const int32_t> tokens) const {
     if (tokens[t] < 0 || tokens[t] >= c.vocab)
       bad_data("token id " + std::to_string(tokens[t]) + " at position " + std::to_string(t) +
                " is outside the model's vocabulary of " + std::to_string(c.vocab));
-    std::vector<float> row = to_float(bytes.subspan(static_cast<size_t>(tokens[t]) * c.hidden * esz, c.hidden * esz),
-                                      ref.info->dtype);
-    h.row(static_cast<Eigen::Index>(t)) = Eigen::Map<const Eigen::RowVectorXf>(row.data(), c.hidden);
+    // Straight into the row-major row: a calibration set embeds hundreds of thousands of tokens.
+    to_float_into(bytes.subspan(static_cast<size_t>(tokens[t]) * c.hidden * esz, c.hidden * esz), ref.info->dtype,
+                  h.data() + static_cast<Eigen::Index>(t) * c.hidden);
   }
   return h;
 }
