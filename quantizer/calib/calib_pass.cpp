@@ -20,6 +20,14 @@ LinearInput input_of(Linear l) {
   return LinearInput::QKV;
 }
 
+std::vector<QuantizedLinear> CalibPass::quantize_all(const std::vector<Linear>& ls, const std::vector<GptqOptions>& o,
+                                                     std::vector<GptqStats>& stats) {
+  stats.assign(ls.size(), GptqStats{});
+  std::vector<QuantizedLinear> out;
+  for (size_t i = 0; i < ls.size(); ++i) out.push_back(quantize(ls[i], o[i], &stats[i]));
+  return out;
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;

@@ -31,6 +31,11 @@ class CalibPass {
   virtual void capture(std::initializer_list<LinearInput> groups) = 0;
   // GPTQ of linear l of the current block with its group's Hessian from the last capture.
   virtual QuantizedLinear quantize(Linear l, const GptqOptions& o, GptqStats* stats) = 0;
+  // The same for several linears (o[i] for ls[i]); results in the order given. The GPU pass runs them
+  // concurrently (one GPTQ leaves most of an H100 idle: its column loop has a thread per output row);
+  // each result is what quantize() alone would give.
+  virtual std::vector<QuantizedLinear> quantize_all(const std::vector<Linear>& ls, const std::vector<GptqOptions>& o,
+                                                    std::vector<GptqStats>& stats);
   // From now on the current block's linear l computes with q's dequantized weights.
   virtual void set_weight(Linear l, const QuantizedLinear& q) = 0;
   // The samples' hidden states become the current block's outputs: the next block's inputs.

@@ -254,24 +254,32 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
     // Quantizes the linears of one input group with the Hessian of the last capture and gives the
     // pass their quantized weights, so the passes after it see the quantized block.
     auto quantize_group = [&](LinearInput g) {
+      std::vector<Linear> ls;
+      std::vector<GptqOptions> os;
+      std::vector<size_t> jobs;
       for (Linear l : linears_of(g)) {
         const std::string prefix = linear_name(b, l);
         auto it = P.job_of_tensor.find(prefix + ".weight");
         if (it == P.job_of_tensor.end()) continue;  // skipped by the plan: stays as it is
-        const QuantJob& job = P.jobs[it->second];
-        const auto t_q = Clock::now();
-        GptqOptions o = base;
-        o.name = prefix;
-        GptqStats st;
-        QuantizedLinear q = pass->quantize(l, o, &st);
+        ls.push_back(l);
+        os.push_back(base);
+        os.back().name = prefix;
+        jobs.push_back(it->second);
+      }
+      if (ls.empty()) return;
+      std::vector<GptqStats> st;
+      std::vector<QuantizedLinear> qs = pass->quantize_all(ls, os, st);
+      for (size_t i = 0; i < ls.size(); ++i) {
+        QuantizedLinear& q = qs[i];
         finished.push_back({q, {}});
         const auto t_w = Clock::now();
-        q = write_quantized(w, qo, job, std::move(q), rep);
+        q = write_quantized(w, qo, P.jobs[jobs[i]], std::move(q), rep);
         I.seconds_pack += since(t_w);
-        pass->set_weight(l, q);
-        QuantizedLayerReport lr{prefix, q.n, q.k, st.rel_weight_err, since(t_q), st.loss, st.damp_used};
+        pass->set_weight(ls[i], q);
+        // The layer's time is its GPTQ time (layers of a group may have run together).
+        QuantizedLayerReport lr{os[i].name, q.n, q.k, st[i].rel_weight_err, st[i].seconds, st[i].loss, st[i].damp_used};
         finished.back().report = lr;
-        report(it->second, lr);
+        report(jobs[i], lr);
       }
     };
     if (b < resumed) {

@@ -115,6 +115,9 @@ double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 // its dequantized result comes back.
 class GpuPass : public CalibPass {
  public:
+  // Linears quantized at once: q/k/v and gate/up are the groups; three covers them.
+  static constexpr size_t kConcurrentLayers = 3;
+
   GpuPass(const LlamaModel& m, const std::vector<std::vector<int32_t>>& samples) : m_(m) {
     const auto t0 = Clock::now();
     f_ = make_gpu_forward(m, samples);
@@ -139,28 +142,59 @@ class GpuPass : public CalibPass {
   }
 
   QuantizedLinear quantize(Linear l, const GptqOptions& o, GptqStats* stats) override {
-    const size_t g = size_t(input_of(l));
-    const std::string& who = o.name;
-    const float* sum = f_->hessian_sum(int(g));
-    if (!sum) fail(ErrorKind::Internal, who + ": quantized before its group's Hessian was captured");
-    const LlamaConfig& c = m_.config();
-    const int64_t k = g == size_t(LinearInput::O) ? c.heads * c.head_dim
-                      : g == size_t(LinearInput::Down) ? c.intermediate : c.hidden;
-    if (!ready_[g]) {
-      const auto t0 = Clock::now();
-      H_[g].reserve(size_t(k * k), who + ": Hessian");
-      hessian_finalize_cuda_device(sum, k, int64_t(f_->tokens()), H_[g].p, who);
-      ready_[g] = true;
-      t_.hessian += since(t0);
-    }
-    const auto t0 = Clock::now();
-    const auto ref = m_.checkpoint().at(linear_name(block_, l) + ".weight");
-    const std::vector<float> W = to_float(ref.file->data(*ref.info), ref.info->dtype);  // [n, k]
-    GptqOptions go = o;
-    go.device = GptqOptions::Device::Cuda;
-    QuantizedLinear q = gptq_quantize_cuda_device(W.data(), int64_t(W.size()) / k, k, H_[g].p, go, stats);
-    t_.gptq += since(t0);
+    std::vector<GptqStats> st;
+    QuantizedLinear q = std::move(quantize_all({l}, {o}, st)[0]);
+    if (stats) *stats = st[0];
     return q;
+  }
+
+  // The Hessians are finalized first, in order; then each linear runs on its own host thread, which
+  // keeps its CUDA stream and library handles (thread-local in gptq_cuda.cu) across blocks because
+  // OpenMP reuses its threads.
+  std::vector<QuantizedLinear> quantize_all(const std::vector<Linear>& ls, const std::vector<GptqOptions>& o,
+                                            std::vector<GptqStats>& stats) override {
+    const LlamaConfig& c = m_.config();
+    auto k_of = [&](size_t g) {
+      return g == size_t(LinearInput::O) ? c.heads * c.head_dim : g == size_t(LinearInput::Down) ? c.intermediate : c.hidden;
+    };
+    const auto th = Clock::now();
+    for (size_t i = 0; i < ls.size(); ++i) {
+      const size_t g = size_t(input_of(ls[i]));
+      const float* sum = f_->hessian_sum(int(g));
+      if (!sum) fail(ErrorKind::Internal, o[i].name + ": quantized before its group's Hessian was captured");
+      if (ready_[g]) continue;
+      const int64_t k = k_of(g);
+      H_[g].reserve(size_t(k * k), o[i].name + ": Hessian");
+      hessian_finalize_cuda_device(sum, k, int64_t(f_->tokens()), H_[g].p, o[i].name);
+      ready_[g] = true;
+    }
+    t_.hessian += since(th);
+    const auto t0 = Clock::now();
+    std::vector<std::vector<float>> W(ls.size());  // [n, k] fp32, GPTQ's host interface
+    for (size_t i = 0; i < ls.size(); ++i) {
+      const auto ref = m_.checkpoint().at(linear_name(block_, ls[i]) + ".weight");
+      W[i] = to_float(ref.file->data(*ref.info), ref.info->dtype);
+    }
+    std::vector<QuantizedLinear> out(ls.size());
+    stats.assign(ls.size(), GptqStats{});
+    std::vector<std::exception_ptr> err(ls.size());
+#pragma omp parallel for num_threads(int(std::min<size_t>(ls.size(), kConcurrentLayers))) schedule(static, 1)
+    for (long long i = 0; i < (long long)ls.size(); ++i) {
+      try {
+        const size_t g = size_t(input_of(ls[size_t(i)]));
+        const int64_t k = k_of(g);
+        GptqOptions go = o[size_t(i)];
+        go.device = GptqOptions::Device::Cuda;
+        out[size_t(i)] = gptq_quantize_cuda_device(W[size_t(i)].data(), int64_t(W[size_t(i)].size()) / k, k,
+                                                   H_[g].p, go, &stats[size_t(i)]);
+      } catch (...) {
+        err[size_t(i)] = std::current_exception();
+      }
+    }
+    for (auto& e : err)
+      if (e) std::rethrow_exception(e);
+    t_.gptq += since(t0);
+    return out;
   }
 
   void set_weight(Linear l, const QuantizedLinear& q) override { upload_dequantized(*f_, l, dequantize(q)); }
