@@ -22,11 +22,13 @@ enum class Tri { Upper, Lower, Dense };
 // M [g, g] row-major: M = U_gg⁻¹ (upper) gives Marlin's Schur-complement objective ‖δ·U_gg⁻¹‖²,
 // M = chol(H_gg) (lower) the plain block objective δᵀH_ggδ. Writes the fp16-rounded scales to
 // scales[cols]. Batched: all candidates are evaluated with one triangular GEMM per candidate batch.
-void weighted_clip_scales(const float* X, int64_t g, int64_t cols, int64_t ld, const float* M, Tri tri,
+// Everything in double: the objective decides the scale, and the CUDA back end must reach the same
+// decision (near-ties between candidates would otherwise split on summation order).
+void weighted_clip_scales(const double* X, int64_t g, int64_t cols, int64_t ld, const double* M, Tri tri,
                           int bits, int grid, int candidates, float* scales);
 
-// Scalar reference of weighted_clip_scales for one output row x[t·stride] (double accumulation).
-float weighted_clip_scale_ref(const float* x, int64_t g, int64_t stride, const float* M, int bits,
+// Scalar reference of weighted_clip_scales for one output row x[t·stride] (dense M, double).
+float weighted_clip_scale_ref(const double* x, int64_t g, int64_t stride, const double* M, int bits,
                               int grid, int candidates);
 
 }  // namespace marlinc::quant

@@ -4,6 +4,12 @@
 // column orders (natural / static-group act-order / GAR / dynamic act-order) and SparseGPT 2:4
 // jointly with quantization. CPU back end: Eigen + OpenMP over output rows.
 //
+// Precision: everything that decides a code is double on both back ends (damped Hessian, its
+// factorisation, working weights and error feedback, the clip objective, the 2:4 saliency, the
+// loss); only the inputs are float and the scales fp16. The CPU and CUDA back ends then differ by
+// double rounding amplified by H's conditioning (~1e-12 relative) instead of fp32's 1e-6..1e-4, so
+// a code can differ only where a value sits that close to a rounding tie.
+//
 // Orientation: W is the float weight in Hugging Face orientation [n, k] row-major (row = output
 // channel); H is the finalized [k, k] Hessian (HessianAccumulator::finalize()). The result's codes
 // are [k, n] in the ORIGINAL input order, scales [G, n] fp16 bits, g_idx set only for dynamic
@@ -54,13 +60,14 @@ QuantizedLinear gptq_quantize(const float* W /*[n, k]*/, int64_t n, int64_t k, c
 
 // Unblocked scalar reference (immediate full-row OBS updates in HF orientation, literal
 // chol → cholesky-inverse → chol-upper factorisation, scalar clip search). The fast path is tested
-// against it with tolerances (blocking changes float rounding only).
+// against it with tolerances (blocking changes only the rounding of the double sums).
 QuantizedLinear gptq_quantize_ref(const float* W /*[n, k]*/, int64_t n, int64_t k, const Eigen::MatrixXf& H,
                                   const GptqOptions& opts, GptqStats* stats = nullptr);
 
 namespace gptq {
 
 using RowMatrixXf = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using RowMatrixXd = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 // Processing order (perm[p] = original column quantized p-th) for the order option and diag H.
 // Natural: identity. StaticActOrder / DynamicActOrder: diag descending (stable). Gar: within each
@@ -70,19 +77,21 @@ std::vector<int32_t> column_order(GptqOptions::Order order, const float* diag, i
 // Upper Cholesky factor U of Hd⁻¹ (Hd⁻¹ = UᵀU), or false when Hd is not numerically positive
 // definite. Fast: one Cholesky of the index-reversed Hd and a triangular inverse (by uniqueness of
 // the Cholesky factor, U = J·chol(J·Hd·J)⁻¹·J). Ref: chol, cholesky_inverse, chol upper (§1.5).
-bool inverse_cholesky_upper(const Eigen::MatrixXf& Hd, RowMatrixXf& U);
-bool inverse_cholesky_upper_ref(const Eigen::MatrixXf& Hd, RowMatrixXf& U);
+// Double precision: U decides every code through the error feedback, and the CPU and CUDA back
+// ends must agree on it far below a rounding step (fp32 factors differ by 1e-6..1e-4 relative).
+bool inverse_cholesky_upper(const Eigen::MatrixXd& Hd, RowMatrixXd& U);
+bool inverse_cholesky_upper_ref(const Eigen::MatrixXd& Hd, RowMatrixXd& U);
 
 // The prepared problem shared by both back ends: dead columns handled, order chosen, damping
-// retried, U computed (identity on RTN fallback).
+// retried, U computed (identity on RTN fallback). Everything that decides codes is double; the
+// inputs (float W and H) convert exactly.
 struct Prepared {
   int64_t n = 0, k = 0;
   int group = 0;                 // effective group length (k for group_size -1)
   int block = 0;                 // effective lazy block
   std::vector<int32_t> perm;     // [k] processing position -> original column
-  std::vector<float> Wt;         // [k, n] weights transposed, rows in processing order, dead zeroed
-  Eigen::MatrixXf Hp;            // [k, k] permuted, dead-fixed, undamped H
-  RowMatrixXf U;                 // [k, k] upper factor of the damped permuted H⁻¹
+  std::vector<double> Wt;        // [k, n] weights transposed, rows in processing order, dead zeroed
+  RowMatrixXd U;                 // [k, k] upper factor of the damped permuted H⁻¹
   std::vector<float> static_scales;  // [G, n] fp16-rounded scales, StaticActOrder only (natural groups)
   double damp_used = 0;
   bool fell_back = false;

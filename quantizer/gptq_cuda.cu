@@ -3,7 +3,8 @@
 // damping constant, static-group Cholesky blocks of g×g); on the device run the validation of W
 // and H, the permuted damped Hessian, potrf + trtri (cuSOLVER) for the upper factor U of H⁻¹ with
 // the damping retry, the clip searches, the blocked column loop (one thread per output row) and the
-// lazy trailing update (cuBLAS SGEMM, TF32 off).
+// lazy trailing update (cuBLAS DGEMM). Everything from the damped Hessian on is double, as on the
+// CPU (gptq.h), so the two back ends differ by double rounding and agree on the codes.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <cusolverDn.h>
@@ -96,6 +97,7 @@ struct Ctx {
   cublasHandle_t blas = nullptr;
   cusolverDnHandle_t solver = nullptr;
   cusolverDnParams_t params = nullptr;
+  size_t smem_optin = 0;  // largest dynamic shared memory a CTA may opt into on this device
   ~Ctx() {
     if (params) cusolverDnDestroyParams(params);
     if (solver) cusolverDnDestroy(solver);
@@ -114,28 +116,38 @@ Ctx& context(const std::string& who) {
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     CUDA_CHECK(cublasCreate(&c->blas));
     CUDA_CHECK(cublasSetStream(c->blas, c->stream));
-    // gptq.md §1.12: W, H and U stay fp32 end to end; TF32 would change the codes.
+    // No TF32 for the fp32 Hessian GEMMs (gptq.md §1.12); DGEMM's FP64 tensor cores are IEEE double.
     CUDA_CHECK(cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH));
     CUDA_CHECK(cusolverDnCreate(&c->solver));
     CUDA_CHECK(cusolverDnSetStream(c->solver, c->stream));
     CUDA_CHECK(cusolverDnCreateParams(&c->params));
+    int optin = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    c->smem_optin = size_t(optin);
   }
   return *c;
 }
 
 unsigned blocks_for(int64_t count, int threads = kThreads) { return unsigned((count + threads - 1) / threads); }
 
-// Upper factor U [k, k] row-major of (Hp + damp·I)⁻¹ into dU, retrying with more damping exactly as
-// gptq::prepare does (same λ sequence, same fp32 damping constant); false when every try failed.
+// Groups the tiled clip kernel takes (the rest use the one-thread-per-row generic kernel): its
+// double tile needs 153 KiB at g = 128, which sm_80/90 allow but e.g. sm_86/89 (99 KiB) do not.
+bool clip_tiled(const Ctx& c, int64_t g) {
+  return g % 16 == 0 && g <= kClipMaxGroup && clip_smem_bytes(int(g)) <= c.smem_optin;
+}
+
+// Upper factor U [k, k] row-major of (Hp + damp·I)⁻¹ into dU (double), retrying with more damping
+// exactly as gptq::prepare does (same λ sequence, same double damping constant); false when every
+// try failed.
 bool factor_with_retry(const std::string& who, Ctx& c, const GptqOptions& o, const float* dH, const int32_t* dperm,
-                       int64_t k, double mean, float* dU, double* damp_used) {
+                       int64_t k, double mean, double* dU, double* damp_used) {
   constexpr double kDampStep = 0.01, kDampMax = 1.0;  // gptq_prep.cpp's retry (GPTQModel's increment)
-  DBuf<float> dA(size_t(k * k), who);  // [k, k] col-major: J·Hd·J, then L, then L⁻¹
-  DBuf<int> dinfo(2, who);             // [potrf/trtri info, failure flag]
+  DBuf<double> dA(size_t(k * k), who);  // [k, k] col-major: J·Hd·J, then L, then L⁻¹
+  DBuf<int> dinfo(2, who);              // [potrf/trtri info, failure flag]
   size_t dev_potrf = 0, host_potrf = 0, dev_trtri = 0, host_trtri = 0;
-  CUDA_CHECK(cusolverDnXpotrf_bufferSize(c.solver, c.params, CUBLAS_FILL_MODE_LOWER, k, CUDA_R_32F, dA.p, k,
-                                         CUDA_R_32F, &dev_potrf, &host_potrf));
-  CUDA_CHECK(cusolverDnXtrtri_bufferSize(c.solver, CUBLAS_FILL_MODE_LOWER, CUBLAS_DIAG_NON_UNIT, k, CUDA_R_32F, dA.p,
+  CUDA_CHECK(cusolverDnXpotrf_bufferSize(c.solver, c.params, CUBLAS_FILL_MODE_LOWER, k, CUDA_R_64F, dA.p, k,
+                                         CUDA_R_64F, &dev_potrf, &host_potrf));
+  CUDA_CHECK(cusolverDnXtrtri_bufferSize(c.solver, CUBLAS_FILL_MODE_LOWER, CUBLAS_DIAG_NON_UNIT, k, CUDA_R_64F, dA.p,
                                          k, &dev_trtri, &host_trtri));
   DBuf<uint8_t> dwork(std::max<size_t>(1, std::max(dev_potrf, dev_trtri)), who);
   std::vector<uint8_t> hwork(std::max<size_t>(1, std::max(host_potrf, host_trtri)));
@@ -143,9 +155,9 @@ bool factor_with_retry(const std::string& who, Ctx& c, const GptqOptions& o, con
   for (int attempt = 0;; ++attempt) {
     const double lambda = double(o.damp) + kDampStep * attempt;
     if (attempt > 0 && (!o.auto_damp || lambda >= kDampMax)) return false;
-    gather_damped_kernel<<<grid, kThreads, 0, c.stream>>>(dH, dperm, k, float(lambda * mean), dA.p);
+    gather_damped_kernel<<<grid, kThreads, 0, c.stream>>>(dH, dperm, k, lambda * mean, dA.p);
     CUDA_CHECK(cudaGetLastError());
-    CUDA_CHECK(cusolverDnXpotrf(c.solver, c.params, CUBLAS_FILL_MODE_LOWER, k, CUDA_R_32F, dA.p, k, CUDA_R_32F,
+    CUDA_CHECK(cusolverDnXpotrf(c.solver, c.params, CUBLAS_FILL_MODE_LOWER, k, CUDA_R_64F, dA.p, k, CUDA_R_64F,
                                 dwork.p, dwork.count, hwork.data(), hwork.size(), dinfo.p));
     int info[2] = {0, 0};
     CUDA_CHECK(cudaMemcpyAsync(info, dinfo.p, sizeof(int), cudaMemcpyDeviceToHost, c.stream));
@@ -153,7 +165,7 @@ bool factor_with_retry(const std::string& who, Ctx& c, const GptqOptions& o, con
     if (info[0] < 0)
       fail(ErrorKind::Internal, who + ": cusolverDnXpotrf rejected argument " + std::to_string(-info[0]));
     if (info[0] > 0) continue;  // not numerically positive definite at this damping
-    CUDA_CHECK(cusolverDnXtrtri(c.solver, CUBLAS_FILL_MODE_LOWER, CUBLAS_DIAG_NON_UNIT, k, CUDA_R_32F, dA.p, k,
+    CUDA_CHECK(cusolverDnXtrtri(c.solver, CUBLAS_FILL_MODE_LOWER, CUBLAS_DIAG_NON_UNIT, k, CUDA_R_64F, dA.p, k,
                                 dwork.p, dwork.count, hwork.data(), hwork.size(), dinfo.p));
     CUDA_CHECK(cudaMemsetAsync(dinfo.p + 1, 0, sizeof(int), c.stream));
     check_factor_kernel<<<grid, kThreads, 0, c.stream>>>(dA.p, k, dinfo.p + 1);
@@ -169,27 +181,22 @@ bool factor_with_retry(const std::string& who, Ctx& c, const GptqOptions& o, con
   }
 }
 
-// One group's scales: clip search (Marlin, weighting M) or plain absmax, into row srow of S/Sh.
-// rows: device list of the group's Wt rows, or null for the consecutive rows p0 .. p0+g−1.
-void fit_group(const std::string& who, Ctx& c, const GptqOptions& o, const float* dWt, int64_t n, const int32_t* rows,
-               int64_t p0, int g, const float* M, bool upper, int64_t srow, float* dS, uint16_t* dSh) {
+// One group's scales: clip search (Marlin, upper weighting M [g, g]) or plain absmax, into row srow
+// of S/Sh. rows: device list of the group's Wt rows, or null for the consecutive rows p0 .. p0+g−1.
+// Ds: [g, n] scratch for the generic clip kernel (groups the tiled kernel does not take).
+void fit_group(const std::string& who, Ctx& c, const GptqOptions& o, const double* dWt, int64_t n, const int32_t* rows,
+               int64_t p0, int g, const double* M, int64_t srow, float* dS, uint16_t* dSh, double* Ds) {
   if (!M) {
     absmax_scale_kernel<<<blocks_for(n), kThreads, 0, c.stream>>>(dWt, n, rows, p0, g, o.bits, srow, dS, dSh);
-  } else if (g % 16 == 0 && g <= kClipMaxGroup) {
+  } else if (clip_tiled(c, g)) {
     const size_t smem = clip_smem_bytes(g);
     const unsigned grid = unsigned((n + kClipRows - 1) / kClipRows);
-    if (upper) {
-      CUDA_CHECK(cudaFuncSetAttribute(clip_search_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-      clip_search_kernel<true><<<grid, g, smem, c.stream>>>(dWt, n, rows, p0, g, M, o.bits, quant::kMarlinClipGrid,
-                                                            quant::kMarlinClipCandidates, srow, dS, dSh);
-    } else {
-      CUDA_CHECK(cudaFuncSetAttribute(clip_search_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-      clip_search_kernel<false><<<grid, g, smem, c.stream>>>(dWt, n, rows, p0, g, M, o.bits, quant::kMarlinClipGrid,
-                                                             quant::kMarlinClipCandidates, srow, dS, dSh);
-    }
+    CUDA_CHECK(cudaFuncSetAttribute(clip_search_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    clip_search_kernel<<<grid, g, smem, c.stream>>>(dWt, n, rows, p0, g, M, o.bits, quant::kMarlinClipGrid,
+                                                    quant::kMarlinClipCandidates, srow, dS, dSh);
   } else {
     clip_search_generic_kernel<<<blocks_for(n, 64), 64, 0, c.stream>>>(
-        dWt, n, rows, p0, g, M, o.bits, quant::kMarlinClipGrid, quant::kMarlinClipCandidates, srow, dS, dSh);
+        dWt, n, rows, p0, g, M, o.bits, quant::kMarlinClipGrid, quant::kMarlinClipCandidates, srow, dS, dSh, Ds);
   }
   CUDA_CHECK(cudaGetLastError());
 }
@@ -236,7 +243,7 @@ QuantizedLinear quantize(const float* W, int64_t n, int64_t k, const Eigen::Matr
   if (flags[1]) bad_data(who + ": Hessian holds non-finite values");
 
   // O(k) host part of gptq::prepare: diagonal, dead columns, order, damping scale.
-  gptq::Prepared P;  // Wt / Hp / U stay empty: they live on the device
+  gptq::Prepared P;  // Wt / U stay empty: they live on the device
   P.n = n;
   P.k = k;
   P.group = gptq::effective_group(o, k);
@@ -269,20 +276,19 @@ QuantizedLinear quantize(const float* W, int64_t n, int64_t k, const Eigen::Matr
     srow[size_t(p)] = int32_t(gptq::scale_row(o, P, p));
     pos[size_t(cidx)] = int32_t(p);
   }
-  DBuf<int32_t> dperm, dsrc, dsrow, dpos;
+  DBuf<int32_t> dperm, dsrc, dsrow;
   upload(who, c, dperm, P.perm);
   upload(who, c, dsrc, src);
   upload(who, c, dsrow, srow);
-  upload(who, c, dpos, pos);
 
-  DBuf<float> dWt(size_t(k * n), who);  // [k, n] working weights, processing order
+  DBuf<double> dWt(size_t(k * n), who);  // [k, n] working weights, processing order
   {
     const dim3 tgrid(unsigned((k + 31) / 32), unsigned((n + 31) / 32)), tblock(32, 8);
     gather_weights_kernel<<<tgrid, tblock, 0, st>>>(dW.p, dsrc.p, n, k, dWt.p);
     CUDA_CHECK(cudaGetLastError());
   }
 
-  DBuf<float> dU(size_t(k * k), who);  // [k, k] row-major upper factor of the damped permuted H⁻¹
+  DBuf<double> dU(size_t(k * k), who);  // [k, k] row-major upper factor of the damped permuted H⁻¹
   if (!factor_with_retry(who, c, o, dH.p, dperm.p, k, mean, dU.p, &P.damp_used)) {
     P.fell_back = true;  // RTN: U := I, so errors are neither scaled nor propagated
     P.damp_used = 0.0;
@@ -296,7 +302,9 @@ QuantizedLinear quantize(const float* W, int64_t n, int64_t k, const Eigen::Matr
   DBuf<uint16_t> dSh(size_t(G * n), who);   // [G, n] the same as fp16 bits
   const bool clip = o.clip == GptqOptions::Marlin && o.group_size > 0;
   const bool dyn = gptq::dynamic_groups(o);
-  DBuf<float> dM;  // [G, g, g] clip weights per group
+  DBuf<double> dM;  // [G, g, g] upper clip weights per group
+  DBuf<double> dDs;  // [g, n] scratch of the generic clip kernel
+  if (clip && !clip_tiled(c, g)) dDs.alloc(size_t(g * n), who);
   if (clip && dyn) {
     dM.alloc(size_t(G * g * g), who);
     group_inverse_kernel<<<unsigned(G), unsigned(std::min<int64_t>(g, 1024)), 0, st>>>(dU.p, k, int(g), dM.p);
@@ -305,7 +313,12 @@ QuantizedLinear quantize(const float* W, int64_t n, int64_t k, const Eigen::Matr
   if (!dyn) {
     // Static groups (§1.7) on the un-updated weights in natural order; with clip the group's own
     // damped block chol(H_gg) weighs the error, factored on the host by prepare's own helper (g³/3
-    // per group, negligible; compiled by the host compiler, so bit-identical to the CPU path).
+    // per group, negligible). The clip kernels take an upper M: J·L·J is upper, and with the
+    // group's members listed in reverse order ‖(J·L·J)ᵀ·J·δ‖ = ‖Lᵀ·δ‖, the same objective.
+    std::vector<int32_t> member(static_cast<size_t>(k));  // [G, g] Wt rows of each natural group
+    for (int64_t i = 0; i < k; ++i) member[size_t(i)] = clip ? pos[size_t(i / g * g + (g - 1 - i % g))] : pos[size_t(i)];
+    DBuf<int32_t> dmember;
+    upload(who, c, dmember, member);
     if (clip) {
       Eigen::MatrixXf H_down;  // [k, k] host copy when the Hessian came from the device
       if (!H_host) {
@@ -314,22 +327,25 @@ QuantizedLinear quantize(const float* W, int64_t n, int64_t k, const Eigen::Matr
         CUDA_CHECK(cudaStreamSynchronize(st));
       }
       const Eigen::MatrixXf& H = H_host ? *H_host : H_down;
-      std::vector<float> Ms(size_t(G * g * g));  // [G, g, g] row-major lower
+      std::vector<double> Ms(size_t(G * g * g));  // [G, g, g] row-major, upper (reversed lower factors)
       for (int64_t gi = 0; gi < G; ++gi) {
-        const gptq::RowMatrixXf M = gptq::static_clip_weight(H, gi, g, P.damp_used * mean, P.fell_back);
-        std::copy_n(M.data(), g * g, Ms.data() + gi * g * g);
+        const gptq::RowMatrixXd L = gptq::static_clip_weight(H, gi, g, P.damp_used * mean, P.fell_back);
+        double* out = Ms.data() + gi * g * g;
+        for (int64_t a = 0; a < g; ++a)
+          for (int64_t b = 0; b < g; ++b) out[a * g + b] = L(g - 1 - a, g - 1 - b);
       }
       upload(who, c, dM, Ms);
     }
     for (int64_t gi = 0; gi < G; ++gi)
-      fit_group(who, c, o, dWt.p, n, dpos.p + gi * g, 0, int(g), clip ? dM.p + gi * g * g : nullptr, false, gi, dS.p,
-                dSh.p);
+      fit_group(who, c, o, dWt.p, n, dmember.p + gi * g, 0, int(g), clip ? dM.p + gi * g * g : nullptr, gi, dS.p,
+                dSh.p, dDs.p);
+    CUDA_CHECK(cudaStreamSynchronize(st));  // dmember and the host vectors go out of scope here
   }
 
   DBuf<uint8_t> dcodes(size_t(k * n), who), dmask;  // [k, n] original order
   if (o.sparse24) dmask.alloc(size_t(k * n), who);
-  DBuf<float> dE(size_t(B * n), who);  // [B, n] scaled errors of the current block
-  DBuf<double> dloss(size_t(n), who);  // [n] Σ err² per output row
+  DBuf<double> dE(size_t(B * n), who);  // [B, n] scaled errors of the current block
+  DBuf<double> dloss(size_t(n), who);   // [n] Σ err² per output row
   CUDA_CHECK(cudaMemsetAsync(dloss.p, 0, size_t(n) * sizeof(double), st));
   LoopArgs la{};
   la.Wt = dWt.p;
@@ -347,7 +363,7 @@ QuantizedLinear quantize(const float* W, int64_t n, int64_t k, const Eigen::Matr
   // The block's working columns go to shared memory when they fit the default 48 KiB.
   constexpr int64_t kTileLimit = 48 * 1024;
   const unsigned loop_grid = unsigned((n + kLoopThreads - 1) / kLoopThreads);
-  const float one = 1.0f, minus_one = -1.0f;
+  const double one = 1.0, minus_one = -1.0;
   for (int64_t i1 = 0; i1 < k; i1 += B) {
     const int64_t i2 = std::min(i1 + B, k);
     for (int64_t p0 = i1; p0 < i2;) {
@@ -356,8 +372,8 @@ QuantizedLinear quantize(const float* W, int64_t n, int64_t k, const Eigen::Matr
         // Fit on the working copy at each group boundary, which carries all earlier feedback.
         if (p0 % g == 0) {
           const int64_t gi = p0 / g;
-          fit_group(who, c, o, dWt.p, n, nullptr, p0, int(g), clip ? dM.p + gi * g * g : nullptr, true,
-                    srow[size_t(p0)], dS.p, dSh.p);
+          fit_group(who, c, o, dWt.p, n, nullptr, p0, int(g), clip ? dM.p + gi * g * g : nullptr, srow[size_t(p0)],
+                    dS.p, dSh.p, dDs.p);
         }
         p1 = std::min(i2, (p0 / g + 1) * g);
       }
@@ -365,7 +381,7 @@ QuantizedLinear quantize(const float* W, int64_t n, int64_t k, const Eigen::Matr
       la.i2 = i2;
       la.p0 = p0;
       la.p1 = p1;
-      const size_t tile = size_t(i2 - p0) * kLoopThreads * sizeof(float);
+      const size_t tile = size_t(i2 - p0) * kLoopThreads * sizeof(double);
       la.smem = tile <= size_t(kTileLimit);
       column_loop_kernel<<<loop_grid, kLoopThreads, la.smem ? tile : 0, st>>>(la);
       CUDA_CHECK(cudaGetLastError());
@@ -373,7 +389,7 @@ QuantizedLinear quantize(const float* W, int64_t n, int64_t k, const Eigen::Matr
     }
     if (i2 < k) {
       // W[:, i2:] −= E·U[i1:i2, i2:]; column-major view: C [n, k−i2] −= E [n, bs] · (U rows)ᵀ.
-      CUDA_CHECK(cublasSgemm(c.blas, CUBLAS_OP_N, CUBLAS_OP_T, int(n), int(k - i2), int(i2 - i1), &minus_one, dE.p,
+      CUDA_CHECK(cublasDgemm(c.blas, CUBLAS_OP_N, CUBLAS_OP_T, int(n), int(k - i2), int(i2 - i1), &minus_one, dE.p,
                              int(n), dU.p + i1 * k + i2, int(k), &one, dWt.p + i2 * n, int(n)));
     }
   }

@@ -26,11 +26,12 @@ inline int64_t scale_row(const GptqOptions& o, const Prepared& P, int64_t p) {
 
 // U_gg⁻¹ [g, g] row-major (upper) for every processing-order group: the weighting of Marlin's clip
 // objective. Empty when the clip search does not run in the loop.
-std::vector<RowMatrixXf> clip_weights(const GptqOptions& o, const Prepared& P);
+std::vector<RowMatrixXd> clip_weights(const GptqOptions& o, const Prepared& P);
 
 // Weighting of the static-group clip search for natural group gi: chol(H_gg + damp_abs·I) lower,
 // [g, g] row-major, with zero (dead) diagonals set to 1 first; identity on failure or RTN fallback.
-RowMatrixXf static_clip_weight(const Eigen::MatrixXf& H, int64_t gi, int64_t g, double damp_abs, bool fell_back);
+// Double, like every weighting: the same host function serves the CUDA back end.
+RowMatrixXd static_clip_weight(const Eigen::MatrixXf& H, int64_t gi, int64_t g, double damp_abs, bool fell_back);
 
 // Empty QuantizedLinear of the right shape for the options (codes/scales/mask/g_idx sized).
 QuantizedLinear make_result(const GptqOptions& o, const Prepared& P);
@@ -40,9 +41,10 @@ void finish_stats(const float* W, const QuantizedLinear& q, const Prepared& P, d
                   GptqStats* stats);
 
 // Saliency order of one 2:4 group: the 2 positions (of 4) with the smallest w²/d² are pruned; ties
-// prune the lower index first. Returns a 4-bit mask of PRUNED positions.
-inline unsigned prune_24(const float w[4], const float d[4]) {
-  float s[4];
+// prune the lower index first. Returns a 4-bit mask of PRUNED positions. Double (working weights and
+// U are), so that both back ends order near-equal saliencies alike.
+inline unsigned prune_24(const double w[4], const double d[4]) {
+  double s[4];
   for (int t = 0; t < 4; ++t) s[t] = (w[t] * w[t]) / (d[t] * d[t]);
   unsigned pruned = 0;
   for (int rep = 0; rep < 2; ++rep) {

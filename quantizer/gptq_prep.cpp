@@ -23,11 +23,50 @@ constexpr double kDampMax = 1.0;
 
 std::string who(const GptqOptions& o) { return o.name.empty() ? std::string("layer") : o.name; }
 
-bool finite_positive_diag(const RowMatrixXf& U) {
+bool finite_positive_diag(const RowMatrixXd& U) {
   if (!U.allFinite()) return false;
   for (int64_t i = 0; i < U.rows(); ++i)
-    if (!(U(i, i) > 0.0f)) return false;
+    if (!(U(i, i) > 0.0)) return false;
   return true;
+}
+
+// H[i, j] of the input with a dead column's zero diagonal replaced by 1 (§1.3), in double.
+inline double h_at(const Eigen::MatrixXf& H, const std::vector<uint8_t>& dead, int64_t i, int64_t j) {
+  return i == j && dead[size_t(i)] ? 1.0 : double(H(i, j));
+}
+
+// Core of inverse_cholesky_upper. A holds J·Hd·J (lower triangle read) and is overwritten by its
+// Cholesky factor L. Reversing the index order turns "upper factor of the inverse" into "inverse of
+// a lower factor": if J·Hd·J = L·Lᵀ then Hd⁻¹ = (J·L⁻ᵀ·J)(J·L⁻¹·J) with J·L⁻¹·J upper and a positive
+// diagonal, which by uniqueness is U. One factorisation and one triangular inverse instead of three.
+bool inverse_cholesky_upper_reversed(Eigen::MatrixXd& A, RowMatrixXd& U) {
+  const int64_t k = A.rows();
+  Eigen::LLT<Eigen::Ref<Eigen::MatrixXd>, Eigen::Lower> llt(A);
+  if (llt.info() != Eigen::Success) return false;
+  for (int64_t i = 0; i < k; ++i)
+    if (!(A(i, i) > 0.0) || !std::isfinite(A(i, i))) return false;
+  // U(i, j) = L⁻¹(k−1−i, k−1−j) = Y(k−1−j, k−1−i) with Y = L⁻ᵀ: U's row-major storage is Y's
+  // column-major storage read backwards. So Y is solved straight into U's buffer (no second k×k
+  // matrix) and the buffer is reversed, a streaming pass instead of a strided transpose.
+  U.resize(k, k);
+  Eigen::Map<Eigen::MatrixXd> Y(U.data(), k, k);  // [k, k] column-major, upper
+  Y.setZero();
+  const int64_t panels = (k + kInvPanel - 1) / kInvPanel;
+  // Columns [r0, r1) of Y are rows [r0, r1) of L⁻¹, which involve only L[:r1, :r1]: Lᵀ·Y = I solved
+  // on that corner. Panels are independent; the largest go first for the dynamic schedule.
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t i = 0; i < panels; ++i) {
+    const int64_t p = panels - 1 - i, r0 = p * kInvPanel, r1 = std::min(k, r0 + kInvPanel);
+    auto B = Y.block(0, r0, r1, r1 - r0);
+    B.bottomRows(r1 - r0).setIdentity();
+    A.topLeftCorner(r1, r1).transpose().triangularView<Eigen::Upper>().solveInPlace(B);
+  }
+  double* u = U.data();
+  const int64_t total = k * k;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < total / 2; ++i) std::swap(u[i], u[total - 1 - i]);
+  U.triangularView<Eigen::StrictlyLower>().setZero();
+  return finite_positive_diag(U);
 }
 
 }  // namespace
@@ -89,51 +128,31 @@ std::vector<int32_t> column_order(GptqOptions::Order order, const float* diag, i
   return perm;
 }
 
-bool inverse_cholesky_upper(const Eigen::MatrixXf& Hd, RowMatrixXf& U) {
-  const int64_t k = Hd.rows();
-  // Reversing the index order turns "upper factor of the inverse" into "inverse of a lower factor":
-  // if J·Hd·J = L·Lᵀ then Hd⁻¹ = (J·L⁻ᵀ·J)(J·L⁻¹·J) with J·L⁻¹·J upper and a positive diagonal,
-  // which by uniqueness is U. One factorisation and one triangular inverse instead of three.
-  Eigen::MatrixXf L = Hd.reverse();
-  Eigen::LLT<Eigen::Ref<Eigen::MatrixXf>, Eigen::Lower> llt(L);
-  if (llt.info() != Eigen::Success) return false;
-  for (int64_t i = 0; i < k; ++i)
-    if (!(L(i, i) > 0.0f) || !std::isfinite(L(i, i))) return false;
-  Eigen::MatrixXf Linv = Eigen::MatrixXf::Zero(k, k);  // [k, k] lower
-  const int64_t panels = (k + kInvPanel - 1) / kInvPanel;
-  // Column panel [c0, c1) of L⁻¹ only involves L[c0:, c0:]; panels are independent.
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t p = 0; p < panels; ++p) {
-    const int64_t c0 = p * kInvPanel, w = std::min(kInvPanel, k - c0);
-    auto B = Linv.block(c0, c0, k - c0, w);
-    B.topRows(w).setIdentity();
-    L.bottomRightCorner(k - c0, k - c0).triangularView<Eigen::Lower>().solveInPlace(B);
-  }
-  U = Linv.reverse();
-  U.triangularView<Eigen::StrictlyLower>().setZero();
-  return finite_positive_diag(U);
+bool inverse_cholesky_upper(const Eigen::MatrixXd& Hd, RowMatrixXd& U) {
+  Eigen::MatrixXd A = Hd.reverse();
+  return inverse_cholesky_upper_reversed(A, U);
 }
 
-bool inverse_cholesky_upper_ref(const Eigen::MatrixXf& Hd, RowMatrixXf& U) {
+bool inverse_cholesky_upper_ref(const Eigen::MatrixXd& Hd, RowMatrixXd& U) {
   const int64_t k = Hd.rows();
-  Eigen::LLT<Eigen::MatrixXf, Eigen::Lower> llt(Hd);
+  Eigen::LLT<Eigen::MatrixXd, Eigen::Lower> llt(Hd);
   if (llt.info() != Eigen::Success) return false;
-  Eigen::MatrixXf Hinv = llt.solve(Eigen::MatrixXf::Identity(k, k));  // cholesky_inverse
-  Hinv = (0.5f * (Hinv + Hinv.transpose())).eval();
-  Eigen::LLT<Eigen::MatrixXf, Eigen::Upper> llt2(Hinv);
+  Eigen::MatrixXd Hinv = llt.solve(Eigen::MatrixXd::Identity(k, k));  // cholesky_inverse
+  Hinv = (0.5 * (Hinv + Hinv.transpose())).eval();
+  Eigen::LLT<Eigen::MatrixXd, Eigen::Upper> llt2(Hinv);
   if (llt2.info() != Eigen::Success) return false;
   U = llt2.matrixU();
   return finite_positive_diag(U);
 }
 
-RowMatrixXf static_clip_weight(const Eigen::MatrixXf& H, int64_t gi, int64_t g, double damp_abs, bool fell_back) {
-  RowMatrixXf M = RowMatrixXf::Identity(g, g);
+RowMatrixXd static_clip_weight(const Eigen::MatrixXf& H, int64_t gi, int64_t g, double damp_abs, bool fell_back) {
+  RowMatrixXd M = RowMatrixXd::Identity(g, g);
   if (fell_back) return M;
-  Eigen::MatrixXf Hg = H.block(gi * g, gi * g, g, g);
+  Eigen::MatrixXd Hg = H.block(gi * g, gi * g, g, g).cast<double>();
   for (int64_t t = 0; t < g; ++t)
-    if (Hg(t, t) == 0.0f) Hg(t, t) = 1.0f;  // dead column, as in prepare
-  Hg.diagonal().array() += float(damp_abs);
-  Eigen::LLT<Eigen::MatrixXf> llt(Hg);
+    if (Hg(t, t) == 0.0) Hg(t, t) = 1.0;  // dead column, as in prepare
+  Hg.diagonal().array() += damp_abs;
+  Eigen::LLT<Eigen::MatrixXd> llt(Hg);
   if (llt.info() == Eigen::Success) M = llt.matrixL();
   return M;
 }
@@ -148,22 +167,18 @@ Prepared prepare(const float* W, int64_t n, int64_t k, const Eigen::MatrixXf& H,
   P.group = effective_group(o, k);
   P.block = effective_block(o);
 
-  // Dead columns (§1.3): the channel never fired, so its weight cannot matter on this data.
-  Eigen::MatrixXf Hc = H;  // [k, k] natural order
+  // Dead columns (§1.3): the channel never fired, so its weight cannot matter on this data. H itself
+  // is not copied: h_at() applies the fix wherever H is read.
   std::vector<uint8_t> dead(static_cast<size_t>(k), 0);
-  for (int64_t j = 0; j < k; ++j) {
-    if (Hc(j, j) < 0.0f) bad_data(who(o) + ": Hessian diagonal H[" + std::to_string(j) + "," + std::to_string(j) + "] is negative");
-    if (Hc(j, j) == 0.0f) { Hc(j, j) = 1.0f; dead[size_t(j)] = 1; ++P.dead; }
-  }
   std::vector<float> diag(static_cast<size_t>(k));
-  for (int64_t j = 0; j < k; ++j) diag[size_t(j)] = Hc(j, j);
+  for (int64_t j = 0; j < k; ++j) {
+    if (H(j, j) < 0.0f) bad_data(who(o) + ": Hessian diagonal H[" + std::to_string(j) + "," + std::to_string(j) + "] is negative");
+    if (H(j, j) == 0.0f) { dead[size_t(j)] = 1; ++P.dead; }
+    diag[size_t(j)] = dead[size_t(j)] ? 1.0f : H(j, j);
+  }
   P.perm = column_order(o.order, diag.data(), k, o.group_size);
 
-  P.Hp.resize(k, k);
-#pragma omp parallel for schedule(static)
-  for (int64_t b = 0; b < k; ++b)
-    for (int64_t a = 0; a < k; ++a) P.Hp(a, b) = Hc(P.perm[size_t(a)], P.perm[size_t(b)]);
-  P.Wt.assign(size_t(k * n), 0.0f);
+  P.Wt.assign(size_t(k * n), 0.0);
 #pragma omp parallel for schedule(static)
   for (int64_t p = 0; p < k; ++p) {
     const int64_t c = P.perm[size_t(p)];
@@ -171,23 +186,39 @@ Prepared prepare(const float* W, int64_t n, int64_t k, const Eigen::MatrixXf& H,
     for (int64_t r = 0; r < n; ++r) P.Wt[size_t(p * n + r)] = W[r * k + c];
   }
 
-  // Relative damping with automatic increase (§1.4); RTN (U = I) when it keeps failing.
+  // Relative damping with automatic increase (§1.4); RTN (U = I) when it keeps failing. The mean is
+  // summed in processing order and the damped matrix built in double, exactly as the CUDA back end.
   double mean = 0.0;
-  for (int64_t j = 0; j < k; ++j) mean += P.Hp(j, j);
+  for (int64_t p = 0; p < k; ++p) mean += double(diag[size_t(P.perm[size_t(p)])]);
   mean /= double(k);
+  const int32_t* perm = P.perm.data();
+  // [k, k] the damped permuted H (reversed for the fast path), then its factor. Zeroed once: the fast
+  // path fills and reads only the lower triangle, so the upper one must not hold garbage.
+  Eigen::MatrixXd A = Eigen::MatrixXd::Zero(k, k);
   bool ok = false;
   for (int attempt = 0;; ++attempt) {
     const double lambda = double(o.damp) + kDampStep * attempt;
     if (attempt > 0 && (!o.auto_damp || lambda >= kDampMax)) break;
-    Eigen::MatrixXf Hd = P.Hp;
-    Hd.diagonal().array() += float(lambda * mean);
-    ok = ref ? inverse_cholesky_upper_ref(Hd, P.U) : inverse_cholesky_upper(Hd, P.U);
+    const double damp_abs = lambda * mean;
+    if (ref) {  // Hd = Hp + damp·I in processing order, both triangles
+#pragma omp parallel for schedule(static)
+      for (int64_t b = 0; b < k; ++b)
+        for (int64_t a = 0; a < k; ++a) A(a, b) = h_at(H, dead, perm[a], perm[b]) + (a == b ? damp_abs : 0.0);
+      ok = inverse_cholesky_upper_ref(A, P.U);
+    } else {  // J·Hd·J, lower triangle only (all the factorisation reads)
+#pragma omp parallel for schedule(static)
+      for (int64_t b = 0; b < k; ++b)
+        for (int64_t a = b; a < k; ++a)
+          A(a, b) = h_at(H, dead, perm[k - 1 - a], perm[k - 1 - b]) + (a == b ? damp_abs : 0.0);
+      ok = inverse_cholesky_upper_reversed(A, P.U);
+    }
     if (ok) { P.damp_used = lambda; break; }
   }
+  A.resize(0, 0);
   if (!ok) {
     P.fell_back = true;
     P.damp_used = 0.0;
-    P.U = RowMatrixXf::Identity(k, k);
+    P.U = RowMatrixXd::Identity(k, k);
   }
 
   if (o.order == GptqOptions::StaticActOrder) {
@@ -198,13 +229,13 @@ Prepared prepare(const float* W, int64_t n, int64_t k, const Eigen::MatrixXf& H,
     std::vector<int32_t> pos(static_cast<size_t>(k));
     for (int64_t p = 0; p < k; ++p) pos[size_t(P.perm[size_t(p)])] = int32_t(p);
     const bool clip = o.clip == GptqOptions::Marlin && o.group_size > 0;
+    std::vector<double> X(size_t(g * n));  // [g, n] natural columns of one group, transposed
     for (int64_t gi = 0; gi < G; ++gi) {
-      std::vector<float> X(size_t(g * n));  // [g, n] natural columns of this group, transposed
       for (int64_t t = 0; t < g; ++t)
         std::copy_n(P.Wt.data() + size_t(pos[size_t(gi * g + t)]) * size_t(n), n, X.data() + t * n);
       float* out = P.static_scales.data() + gi * n;
       if (clip) {
-        const RowMatrixXf M = static_clip_weight(Hc, gi, g, P.damp_used * mean, P.fell_back);
+        const RowMatrixXd M = static_clip_weight(H, gi, g, P.damp_used * mean, P.fell_back);
         if (ref) {
           for (int64_t r = 0; r < n; ++r)
             out[r] = quant::weighted_clip_scale_ref(X.data() + r, g, n, M.data(), o.bits, quant::kMarlinClipGrid,
@@ -218,7 +249,7 @@ Prepared prepare(const float* W, int64_t n, int64_t k, const Eigen::MatrixXf& H,
         }
       } else {
         for (int64_t r = 0; r < n; ++r) {
-          float absmax = 0.0f;
+          double absmax = 0.0;
           for (int64_t t = 0; t < g; ++t) absmax = std::max(absmax, std::fabs(X[size_t(t * n + r)]));
           out[r] = quant::sym_scale(absmax, o.bits);
         }

@@ -1,6 +1,6 @@
 // GPTQ scalar reference: the textbook loop of gptq.md §1.11 without lazy blocks, one output row at
-// a time (rows are independent), every OBS update applied to all later columns immediately. The
-// fast path must agree with it up to float-rounding ties (tests/quantizer/test_gptq.cpp).
+// a time (rows are independent), every OBS update applied to all later columns immediately. Double
+// like the fast path, which must agree with it up to rounding ties (tests/quantizer/test_gptq.cpp).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -16,12 +16,12 @@ QuantizedLinear gptq_quantize_ref(const float* W, int64_t n, int64_t k, const Ei
                                   GptqStats* stats) {
   const auto t0 = std::chrono::steady_clock::now();
   const gptq::Prepared P = gptq::prepare(W, n, k, H, o, /*ref=*/true);
-  const std::vector<gptq::RowMatrixXf> Minv = gptq::clip_weights(o, P);
+  const std::vector<gptq::RowMatrixXd> Minv = gptq::clip_weights(o, P);
   QuantizedLinear q = gptq::make_result(o, P);
   const int64_t g = P.group;
   const int bits = o.bits;
   double loss = 0.0;
-  std::vector<float> w(static_cast<size_t>(k));  // [k] one output row, processing order
+  std::vector<double> w(static_cast<size_t>(k));  // [k] one output row, processing order
   for (int64_t r = 0; r < n; ++r) {
     for (int64_t p = 0; p < k; ++p) w[size_t(p)] = P.Wt[size_t(p * n + r)];
     float s = 0.0f;
@@ -33,7 +33,7 @@ QuantizedLinear gptq_quantize_ref(const float* W, int64_t n, int64_t k, const Ei
           s = quant::weighted_clip_scale_ref(w.data() + p, g, 1, Minv[size_t(p / g)].data(), bits,
                                              quant::kMarlinClipGrid, quant::kMarlinClipCandidates);
         } else {
-          float absmax = 0.0f;
+          double absmax = 0.0;
           for (int64_t t = p; t < p + g; ++t) absmax = std::max(absmax, std::fabs(w[size_t(t)]));
           s = quant::sym_scale(absmax, bits);
         }
@@ -42,7 +42,7 @@ QuantizedLinear gptq_quantize_ref(const float* W, int64_t n, int64_t k, const Ei
         s = P.static_scales[size_t(srow * n + r)];
       }
       if (o.sparse24 && p % 4 == 0) {
-        float d4[4];
+        double d4[4];
         for (int t = 0; t < 4; ++t) d4[t] = P.U(p + t, p + t);
         pruned = gptq::prune_24(w.data() + p, d4);
       }
@@ -55,9 +55,9 @@ QuantizedLinear gptq_quantize_ref(const float* W, int64_t n, int64_t k, const Ei
         code = quant::quantize_code(w[size_t(p)], s, bits);
       }
       q.codes[size_t(orig * n + r)] = uint8_t(code);
-      const float d = P.U(p, p);
-      const float err = (w[size_t(p)] - quant::dequant(code, s, bits)) / d;
-      loss += double(err) * double(err);
+      const double d = P.U(p, p);
+      const double err = (w[size_t(p)] - double(quant::dequant(code, s, bits))) / d;
+      loss += err * err;
       for (int64_t t = p + 1; t < k; ++t) w[size_t(t)] -= err * P.U(p, t);
     }
   }

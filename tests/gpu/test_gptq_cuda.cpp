@@ -1,11 +1,14 @@
 // GPU tests of the GPTQ CUDA back end (quantizer/gptq_cuda.cu) against the CPU fast path on the
 // synthetic layers of tests/quantizer/synth.h: every column order, clip on/off, 2:4, bits 4 and 8,
 // groups -1/32/128, k a multiple of 128 or only of the group. Both back ends run the same algorithm
-// in fp32; they differ only in summation order (cuBLAS vs Eigen GEMM, cuSOLVER vs Eigen LLT, clip
-// error sums), so a code may flip where a value sits on a rounding tie.
+// in double from the damped Hessian on (gptq.h); they differ only in summation order (cuBLAS vs
+// Eigen GEMM, cuSOLVER vs Eigen LLT, clip error sums), i.e. by double rounding, so a code can flip
+// only where a value sits within ~1e-12 of a rounding tie. Every case prints its measured agreement
+// to stdout (one line, "[gptq-cuda] ...") so that the numbers can be reported.
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -22,17 +25,16 @@ using namespace marlinc;
 
 namespace {
 
-// The two back ends factor H differently (cuSOLVER potrf+trtri vs Eigen LLT + panel inverse, both
-// fp32, U differs by ~1e-6..1e-4 relative on these correlated Hessians) and sum the lazy GEMM in a
-// different order. One code flipped on a rounding tie changes that row's error feedback, so later
-// codes of the row can follow: the rates below are measured on H100 (max 3.1e-3 dense, 8.4e-3 with
-// 2:4 at 8 bits, scales 3.3e-2, loss 1.9e-3) plus margin, not the 1e-3 of the CPU-vs-ref test
-// (which only runs a 96×256 layer).
-constexpr double kCodeMismatchMax = 5e-3;     // dense codes that differ
-constexpr double kCodeMismatch24Max = 1.5e-2;  // codes and 2:4 decisions that differ with sparsity
-constexpr double kScaleMismatchMax = 5e-2;    // fp16 scales that differ (near-tied clip candidates)
-constexpr double kLossRelTol = 3e-3;          // total OBS loss, relative
-constexpr double kWeightErrRelTol = 1e-2;     // ‖W − Ŵ‖/‖W‖, relative
+// The targets: codes (and 2:4 decisions) that differ < 1e-3, total OBS loss within 1e-3
+// relative. In fp32 (before both back ends went double) the H100 measured 3.1e-3 dense and 8.4e-3
+// with 2:4 at 8 bits: a 1e-7 relative difference flipped a rounding decision and the error feedback
+// carried the flip along the row. A flipped scale changes its whole row-group, so scales get the
+// same bound; ‖W − Ŵ‖/‖W‖ follows the codes.
+constexpr double kCodeMismatchMax = 1e-3;   // codes that differ, dense and 2:4, 4- and 8-bit
+constexpr double kMaskMismatchMax = 1e-3;   // 2:4 keep/prune decisions that differ
+constexpr double kScaleMismatchMax = 1e-3;  // fp16 scales that differ (near-tied clip candidates)
+constexpr double kLossRelTol = 1e-3;        // total OBS loss, relative
+constexpr double kWeightErrRelTol = 1e-3;   // ‖W − Ŵ‖_F / ‖W‖_F, relative
 constexpr uint64_t kSeed = 777;
 
 struct Layer {
@@ -77,7 +79,7 @@ const char* order_name(GptqOptions::Order o) {
   return "?";
 }
 
-// Runs both back ends and checks the agreement the back end promises.
+// Runs both back ends, prints the measured agreement and checks the agreement the back end promises.
 void compare(const Layer& s, GptqOptions o) {
   o.device = GptqOptions::Device::Cpu;
   GptqStats cs, gs;
@@ -86,15 +88,21 @@ void compare(const Layer& s, GptqOptions o) {
   const QuantizedLinear g = gptq_quantize(s.L.W.data(), s.n, s.k, s.H, o, &gs);
   INFO("n " << s.n << " k " << s.k << " bits " << o.bits << " group " << o.group_size << " order "
             << order_name(o.order) << " clip " << int(o.clip) << " 2:4 " << o.sparse24);
+  const double codes = mismatch(g.codes, c.codes), scales = mismatch(g.scales, c.scales);
+  const double mask = mismatch(g.mask, c.mask);
+  const double loss_rel = std::fabs(gs.loss - cs.loss) / cs.loss;
+  std::printf("[gptq-cuda] n %5lld k %5lld bits %d group %4d order %-11s clip %d 2:4 %d block %3d | codes %.3e "
+              "scales %.3e mask %.3e | loss cpu %.9g gpu %.9g rel %.3e\n",
+              (long long)s.n, (long long)s.k, o.bits, o.group_size, order_name(o.order), int(o.clip), int(o.sparse24),
+              o.block, codes, scales, mask, cs.loss, gs.loss, loss_rel);
   g.validate();
   CHECK(g.name == c.name);
-  const double code_tol = o.sparse24 ? kCodeMismatch24Max : kCodeMismatchMax;
-  CHECK(mismatch(g.codes, c.codes) < code_tol);
-  CHECK(mismatch(g.scales, c.scales) < kScaleMismatchMax);
-  CHECK(mismatch(g.mask, c.mask) < kCodeMismatch24Max);
+  CHECK(codes < kCodeMismatchMax);
+  CHECK(scales < kScaleMismatchMax);
+  CHECK(mask < kMaskMismatchMax);
   CHECK(g.mask.size() == c.mask.size());
   CHECK(g.g_idx == c.g_idx);
-  CHECK(std::fabs(gs.loss - cs.loss) <= kLossRelTol * cs.loss);
+  CHECK(loss_rel <= kLossRelTol);
   CHECK(gs.damp_used == cs.damp_used);
   CHECK(gs.fell_back_to_rtn == cs.fell_back_to_rtn);
   CHECK(gs.dead_columns == cs.dead_columns);

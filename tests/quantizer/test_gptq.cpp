@@ -18,11 +18,15 @@ namespace {
 
 using namespace marlinc;
 
-// Blocked (lazy) vs unblocked updates differ only by float rounding: codes may flip on rare ties.
+// Blocked (lazy) vs unblocked updates and the two factorisations differ only by double rounding:
+// a code can flip only on a value within ~1e-12 of a rounding tie.
 constexpr double kCodeMismatchMax = 1e-3;
 constexpr double kLossRelTol = 1e-3;
-// Fast (reversed-index) vs literal three-step factorisation of a well-conditioned H.
-constexpr double kFactorRelTol = 1e-4;
+// Fast (reversed-index) vs literal three-step factorisation of a well-conditioned H, in double
+// (the literal one squares the conditioning through the explicit inverse).
+constexpr double kFactorRelTol = 1e-10;
+// ‖UᵀU·Hd − I‖ / sqrt(k) for the fast factor, in double.
+constexpr double kInverseTol = 1e-10;
 
 struct Small {
   int64_t n, k;
@@ -50,18 +54,25 @@ bool same(const QuantizedLinear& a, const QuantizedLinear& b) {
 
 TEST_CASE("upper Cholesky factor of H^-1: fast equals the literal chol/inverse/chol", "[quantizer][gptq]") {
   const Small s(8, 200, 1);
-  Eigen::MatrixXf Hd = s.H;
-  Hd.diagonal().array() += 0.01f * Hd.diagonal().mean();
-  gptq::RowMatrixXf U, Ur;
+  Eigen::MatrixXd Hd = s.H.cast<double>();
+  Hd.diagonal().array() += 0.01 * Hd.diagonal().mean();
+  gptq::RowMatrixXd U, Ur;
   REQUIRE(gptq::inverse_cholesky_upper(Hd, U));
   REQUIRE(gptq::inverse_cholesky_upper_ref(Hd, Ur));
   CHECK((U - Ur).norm() / Ur.norm() < kFactorRelTol);
-  CHECK(U.triangularView<Eigen::StrictlyLower>().toDenseMatrix().norm() == 0.0f);
-  const Eigen::MatrixXd I = (U.cast<double>().transpose() * U.cast<double>()) * Hd.cast<double>();
-  CHECK((I - Eigen::MatrixXd::Identity(200, 200)).norm() / std::sqrt(200.0) < 1e-3);
+  CHECK(U.triangularView<Eigen::StrictlyLower>().toDenseMatrix().norm() == 0.0);
+  const Eigen::MatrixXd I = (U.transpose() * U) * Hd;
+  CHECK((I - Eigen::MatrixXd::Identity(200, 200)).norm() / std::sqrt(200.0) < kInverseTol);
+  // Not a multiple of the inverse's 64-column panel, and a 1×1 matrix.
+  for (int64_t k : {77, 1}) {
+    Eigen::MatrixXd Hk = Hd.topLeftCorner(k, k);
+    REQUIRE(gptq::inverse_cholesky_upper(Hk, U));
+    REQUIRE(gptq::inverse_cholesky_upper_ref(Hk, Ur));
+    CHECK((U - Ur).norm() / Ur.norm() < kFactorRelTol);
+  }
   // An indefinite matrix is reported, not factorised.
-  Eigen::MatrixXf bad = Eigen::MatrixXf::Identity(4, 4);
-  bad(2, 2) = -1.0f;
+  Eigen::MatrixXd bad = Eigen::MatrixXd::Identity(4, 4);
+  bad(2, 2) = -1.0;
   CHECK_FALSE(gptq::inverse_cholesky_upper(bad, U));
   CHECK_FALSE(gptq::inverse_cholesky_upper_ref(bad, Ur));
 }

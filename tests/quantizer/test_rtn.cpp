@@ -14,8 +14,8 @@ namespace {
 using namespace marlinc;
 
 // Fraction of rows where the batched clip search may pick a different candidate than the scalar
-// reference (float vs double error sums can order near-ties differently).
-constexpr double kClipMismatchMax = 0.02;
+// reference: both sum in double, in different orders, so only a near-exact tie can split them.
+constexpr double kClipMismatchMax = 0.01;
 
 std::vector<float> random_weights(int64_t n, int64_t k, uint64_t seed) {
   test::Normal g(seed);
@@ -102,20 +102,22 @@ TEST_CASE("Lp clip search never increases the per-row-group Lp error", "[quantiz
 
 TEST_CASE("weighted clip: identity weighting equals the unweighted L2 search; batched matches scalar", "[quantizer][clip]") {
   const int64_t g = 128, cols = 96;
-  const std::vector<float> X = random_weights(g, cols, 3);  // [g, cols]
-  test::RowMatF I = test::RowMatF::Identity(g, g);
+  const std::vector<float> Xf = random_weights(g, cols, 3);  // [g, cols]
+  const std::vector<double> X(Xf.begin(), Xf.end());
+  using RowMatD = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  RowMatD I = RowMatD::Identity(g, g);
   for (int64_t r = 0; r < cols; ++r) {
     const float a = quant::weighted_clip_scale_ref(X.data() + r, g, cols, I.data(), 4, quant::kMarlinClipGrid,
                                                    quant::kMarlinClipCandidates);
-    const float b = quant::lp_clip_scale(X.data() + r, g, cols, 4, 2.0f, quant::kMarlinClipGrid,
+    const float b = quant::lp_clip_scale(Xf.data() + r, g, cols, 4, 2.0f, quant::kMarlinClipGrid,
                                          quant::kMarlinClipCandidates);
     CHECK(a == b);
   }
-  // A random upper-triangular weighting (like U_gg⁻¹): batched float search vs scalar double search.
+  // A random upper-triangular weighting (like U_gg⁻¹): batched (triangular GEMM) vs scalar search.
   test::Normal gen(9);
-  test::RowMatF M = test::RowMatF::Zero(g, g);
+  RowMatD M = RowMatD::Zero(g, g);
   for (int64_t i = 0; i < g; ++i)
-    for (int64_t j = i; j < g; ++j) M(i, j) = float(i == j ? 1.0 + std::fabs(gen()) : 0.3 * gen());
+    for (int64_t j = i; j < g; ++j) M(i, j) = i == j ? 1.0 + std::fabs(gen()) : 0.3 * gen();
   std::vector<float> fast(static_cast<size_t>(cols));
   quant::weighted_clip_scales(X.data(), g, cols, cols, M.data(), quant::Tri::Upper, 4, quant::kMarlinClipGrid,
                               quant::kMarlinClipCandidates, fast.data());
