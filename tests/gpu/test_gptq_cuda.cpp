@@ -172,6 +172,17 @@ TEST_CASE("GPTQ CUDA: other block sizes, Marlin's 10% damping and dead columns",
     o.group_size = 64;
     compare(s, o);
   }
+  // Clip group lengths at the edges of the tiled clip kernel (16: one chunk pair; 48: an odd number
+  // of chunk pairs) and past it (256: the generic one-thread-per-row kernel), dynamic and static.
+  const Layer t(96, 384, kSeed + 250);  // k a multiple of 48
+  for (int group : {16, 48, 256})
+    for (auto order : {GptqOptions::Natural, GptqOptions::StaticActOrder}) {
+      GptqOptions o;
+      o.clip = GptqOptions::Marlin;
+      o.group_size = group;
+      o.order = order;
+      compare(group == 48 ? t : s, o);
+    }
   GptqOptions o;
   o.device = GptqOptions::Device::Cuda;
   GptqStats st;
