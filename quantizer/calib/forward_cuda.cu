@@ -48,19 +48,39 @@ __global__ void convert_kernel(const void* src, int dt, int64_t count, T* dst) {
     dst[i] = to_act<T>(load_raw(src, i, dt));
 }
 
-// dequantize()'s [in, out] fp32 into [out, in] 16-bit: a tiled transpose through shared memory.
+// A quantized linear [k, n] dequantized (QuantizedLinear::weight) and transposed into [n, k] 16-bit.
+struct DequantArgs {
+  const uint8_t* codes;    // [k, n]
+  const uint16_t* scales;  // [G, n]
+  const uint8_t* zeros;    // [G, n] or null (symmetric)
+  const int32_t* g_idx;    // [k] or null
+  const uint8_t* mask;     // [k, n] or null
+  int64_t k, n;
+  int bits, group_size;
+  bool bf16_scales;
+};
 template <class T>
-__global__ void transpose_convert_kernel(const float* kn /*[in, out]*/, int64_t in, int64_t out, T* w /*[out, in]*/) {
+__global__ void dequant_transpose_kernel(DequantArgs a, T* w /*[n, k]*/) {
   __shared__ float tile[32][33];
-  const int64_t r0 = int64_t(blockIdx.y) * 32, c0 = int64_t(blockIdx.x) * 32;  // rows of kn (in), cols (out)
+  const int64_t r0 = int64_t(blockIdx.y) * 32, c0 = int64_t(blockIdx.x) * 32;  // rows of codes (k), cols (n)
   for (int dy = threadIdx.y; dy < 32; dy += blockDim.y) {
     const int64_t r = r0 + dy, c = c0 + threadIdx.x;
-    if (r < in && c < out) tile[dy][threadIdx.x] = kn[r * out + c];
+    if (r >= a.k || c >= a.n) continue;
+    const int64_t i = r * a.n + c;
+    float v = 0.0f;
+    if (!a.mask || a.mask[i]) {
+      const int64_t g = a.g_idx ? a.g_idx[r] : a.group_size > 0 ? r / a.group_size : 0;
+      const int zero = a.zeros ? int(a.zeros[g * a.n + c]) : 1 << (a.bits - 1);
+      const uint16_t sb = a.scales[g * a.n + c];
+      const float sc = a.bf16_scales ? __uint_as_float(uint32_t(sb) << 16) : __half2float(__ushort_as_half(sb));
+      v = __fmul_rn(float(int(a.codes[i]) - zero), sc);
+    }
+    tile[dy][threadIdx.x] = v;
   }
   __syncthreads();
   for (int dy = threadIdx.y; dy < 32; dy += blockDim.y) {
     const int64_t o = c0 + dy, i = r0 + threadIdx.x;
-    if (o < out && i < in) w[o * in + i] = to_act<T>(tile[threadIdx.x][dy]);
+    if (o < a.n && i < a.k) w[o * a.k + i] = to_act<T>(tile[threadIdx.x][dy]);
   }
 }
 
@@ -467,25 +487,49 @@ void CudaForward::set_linear(int l, const void* bytes, size_t nbytes, GpuRaw raw
   FWD_CHECK(cudaStreamSynchronize(I.stream));  // the caller may release the host bytes now
 }
 
-void CudaForward::set_linear_kn(int l, const float* kn, size_t count) {
+void CudaForward::set_linear_quantized(int l, const GpuQuantized& q) {
   Impl& I = *p_;
   if (l < 0 || l >= kLinears) bad_usage(I.who + ": no linear " + std::to_string(l));
   const std::string who = I.who + ": " + kLinearNames[l];
   const auto [out, in] = I.shape(l);
-  if (count != size_t(out * in))
-    bad_usage(who + ": expected " + std::to_string(out * in) + " quantized weights, got " + std::to_string(count));
-  I.W[size_t(l)].reserve(size_t(out * in), who);
-  I.staging.reserve(count * sizeof(float), who);
-  FWD_CHECK(cudaMemcpyAsync(I.staging.p, kn, count * sizeof(float), cudaMemcpyHostToDevice, I.stream));
-  const dim3 grid(blocks_for(out, 32), blocks_for(in, 32)), block(32, 8);
-  const float* src = reinterpret_cast<const float*>(I.staging.p);
+  if (q.k != in || q.n != out || (q.bits != 4 && q.bits != 8) || !q.codes || !q.scales || (!q.sym && !q.zeros) ||
+      (q.group_size > 0 && q.k % q.group_size != 0))
+    bad_usage(who + ": quantized weights [k=" + std::to_string(q.k) + ", n=" + std::to_string(q.n) + "], " +
+              std::to_string(q.bits) + "-bit, group " + std::to_string(q.group_size) + " do not fit [k=" +
+              std::to_string(in) + ", n=" + std::to_string(out) + "]");
+  const int64_t G = q.group_size > 0 ? q.k / q.group_size : 1;
+  if (q.g_idx)
+    for (int64_t r = 0; r < q.k; ++r)  // the kernel indexes scales with it
+      if (q.g_idx[r] < 0 || q.g_idx[r] >= G)
+        bad_data(who + ": g_idx[" + std::to_string(r) + "] = " + std::to_string(q.g_idx[r]) + " is outside [0, " +
+                 std::to_string(G) + ")");
+  const size_t kn = size_t(q.k * q.n), gn = size_t(G * q.n);
+  // One staging buffer: codes | mask | zeros | scales | g_idx, each at a 16-byte boundary.
+  auto up16 = [](size_t b) { return (b + 15) / 16 * 16; };
+  const size_t o_mask = up16(kn), o_zero = o_mask + (q.mask ? up16(kn) : 0), o_scale = o_zero + (q.zeros ? up16(gn) : 0),
+               o_gidx = o_scale + up16(gn * 2), total = o_gidx + (q.g_idx ? size_t(q.k) * 4 : 0);
+  I.W[size_t(l)].reserve(kn, who);
+  I.staging.reserve(total, who);
+  uint8_t* st = I.staging.p;
+  FWD_CHECK(cudaMemcpyAsync(st, q.codes, kn, cudaMemcpyHostToDevice, I.stream));
+  if (q.mask) FWD_CHECK(cudaMemcpyAsync(st + o_mask, q.mask, kn, cudaMemcpyHostToDevice, I.stream));
+  if (q.zeros) FWD_CHECK(cudaMemcpyAsync(st + o_zero, q.zeros, gn, cudaMemcpyHostToDevice, I.stream));
+  FWD_CHECK(cudaMemcpyAsync(st + o_scale, q.scales, gn * 2, cudaMemcpyHostToDevice, I.stream));
+  if (q.g_idx) FWD_CHECK(cudaMemcpyAsync(st + o_gidx, q.g_idx, size_t(q.k) * 4, cudaMemcpyHostToDevice, I.stream));
+  const DequantArgs a{st,
+                      reinterpret_cast<const uint16_t*>(st + o_scale),
+                      q.zeros ? st + o_zero : nullptr,
+                      q.g_idx ? reinterpret_cast<const int32_t*>(st + o_gidx) : nullptr,
+                      q.mask ? st + o_mask : nullptr,
+                      q.k, q.n, q.bits, q.group_size, q.bf16_scales};
+  const dim3 grid(blocks_for(q.n, 32), blocks_for(q.k, 32)), block(32, 8);
   if (I.act == GpuAct::F16)
-    transpose_convert_kernel<__half><<<grid, block, 0, I.stream>>>(src, in, out, reinterpret_cast<__half*>(I.W[size_t(l)].p));
+    dequant_transpose_kernel<__half><<<grid, block, 0, I.stream>>>(a, reinterpret_cast<__half*>(I.W[size_t(l)].p));
   else
-    transpose_convert_kernel<__nv_bfloat16><<<grid, block, 0, I.stream>>>(
-        src, in, out, reinterpret_cast<__nv_bfloat16*>(I.W[size_t(l)].p));
+    dequant_transpose_kernel<__nv_bfloat16><<<grid, block, 0, I.stream>>>(
+        a, reinterpret_cast<__nv_bfloat16*>(I.W[size_t(l)].p));
   FWD_CHECK(cudaGetLastError());
-  FWD_CHECK(cudaStreamSynchronize(I.stream));
+  FWD_CHECK(cudaStreamSynchronize(I.stream));  // the caller may release the host arrays now
 }
 
 void CudaForward::set_vector(GpuVec which, const float* v, size_t count) {

@@ -36,6 +36,18 @@ enum class GpuVec { InputNorm, PostNorm, QNorm, KNorm, BiasQ, BiasK, BiasV, Bias
 // Raw weight element types set_linear takes.
 enum class GpuRaw { F32, F16, BF16 };
 
+// A quantized linear as packer/quantized_linear.h's QuantizedLinear holds it, by pointer (host).
+struct GpuQuantized {
+  int64_t k = 0, n = 0;
+  int bits = 4, group_size = -1;      // group_size -1: one group over all of k
+  bool sym = true, bf16_scales = false;
+  const uint8_t* codes = nullptr;     // [k, n] rows in the original input order
+  const uint16_t* scales = nullptr;   // [G, n] fp16 or bf16 bits
+  const uint8_t* zeros = nullptr;     // [G, n] when !sym
+  const int32_t* g_idx = nullptr;     // [k] or null (row / group_size)
+  const uint8_t* mask = nullptr;      // [k, n] 1 = kept, or null (dense)
+};
+
 class CudaForward {
  public:
   // Tokens per chunk: bounds the per-chunk scratch (the MLP's two fp32 [tokens, intermediate]
@@ -66,8 +78,9 @@ class CudaForward {
 
   // Linear `l` of the current block from checkpoint bytes, [out, in] row-major.
   void set_linear(int l, const void* bytes, size_t nbytes, GpuRaw raw);
-  // The same from dequantize()'s layout, [in, out] row-major fp32 (the quantized weights).
-  void set_linear_kn(int l, const float* kn, size_t count);
+  // The same from a quantized linear, dequantized on the device exactly as QuantizedLinear::weight
+  // does it ((code − zero)·scale in fp32, 0 where the 2:4 mask prunes), then rounded to 16 bits.
+  void set_linear_quantized(int l, const GpuQuantized& q);
   // A norm weight or bias of the current block; count 0 removes an optional one (biases, q/k norm).
   void set_vector(GpuVec which, const float* v, size_t count);
 

@@ -4,7 +4,10 @@
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <exception>
 #include <random>
+#include <thread>
+#include <utility>
 
 #include "checkpoint/convert_dtype.h"
 #include "checkpoint/error.h"
@@ -70,6 +73,39 @@ void replay_block(const GptqJob& job, int64_t b, const QuantPlan& P, const Quant
     report(j, f.report);
   }
 }
+
+// Saves finished blocks to the job on a background thread, one at a time and in order, so that
+// encoding, writing and fsyncing a block file overlaps the next block's work. A block is in the job
+// only once its save returned; a kill before that means it is computed again on resume.
+class BlockSaver {
+ public:
+  explicit BlockSaver(GptqJob& job) : job_(job) {}
+  BlockSaver(const BlockSaver&) = delete;
+  BlockSaver& operator=(const BlockSaver&) = delete;
+  ~BlockSaver() {
+    if (t_.joinable()) t_.join();
+  }
+  // Waits for the save in flight; rethrows its error.
+  void wait() {
+    if (t_.joinable()) t_.join();
+    if (err_) std::rethrow_exception(std::exchange(err_, nullptr));
+  }
+  void save(int64_t b, std::vector<FinishedLayer> layers) {
+    wait();
+    t_ = std::thread([this, b, l = std::move(layers)] {
+      try {
+        job_.save_block(b, l);
+      } catch (...) {
+        err_ = std::current_exception();
+      }
+    });
+  }
+
+ private:
+  GptqJob& job_;
+  std::thread t_;
+  std::exception_ptr err_;
+};
 
 std::string resume_hint(const std::filesystem::path& out) {
   return " (the finished blocks are kept in " + job_dir_for(out).string() +
@@ -246,9 +282,9 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
 #endif
   if (!pass) pass = make_cpu_pass(model, cs.samples);
 
+  BlockSaver saver(resume);
   for (int64_t b = 0; b < c.layers; ++b) {
     const auto t_block = Clock::now();
-    if (b >= resumed) resumable = resume.on_disk();
     pass->load(b);
     std::vector<FinishedLayer> finished;  // this block's results as gptq_quantize gave them, for the job
     // Quantizes the linears of one input group with the Hessian of the last capture and gives the
@@ -299,15 +335,22 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
     pass->advance();
     if (b >= resumed) {
       const auto t_s = Clock::now();
-      resume.save_block(b, finished);
+      saver.save(b, std::move(finished));  // waits for block b - 1's save first
       I.seconds_io += since(t_s);
-      resumable = true;
+      resumable = true;  // from here a failure leaves a job (at worst without block b, recomputed)
     }
     say("block " + std::to_string(b + 1) + "/" + std::to_string(c.layers) + (b < resumed ? " replayed" : " done") +
         " in " + std::to_string(since(t_block)).substr(0, 5) + " s");
-    if (b >= resumed && go.stop_after_block == b + 1)
+    if (b >= resumed && go.stop_after_block == b + 1) {
+      saver.wait();
       fail(ErrorKind::Internal, "stopped after block " + std::to_string(b + 1) +
                                     " was saved, as the testing hook asked (a simulated interruption)");
+    }
+  }
+  {
+    const auto t_s = Clock::now();
+    saver.wait();
+    I.seconds_io += since(t_s);
   }
 
   // Linears outside the decoder blocks (lm_head with --include-lm-head): no calibrated inputs here,

@@ -89,8 +89,24 @@ void upload_block(CudaForward& f, const LlamaModel& m, int64_t b) {
   f.set_vector(GpuVec::KNorm, w.k_norm.data(), size_t(w.k_norm.size()));
 }
 
-void upload_dequantized(CudaForward& f, Linear l, const std::vector<float>& kn) {
-  f.set_linear_kn(int(l), kn.data(), kn.size());
+void upload_quantized(CudaForward& f, Linear l, const QuantizedLinear& q) {
+  GpuQuantized g;
+  g.k = q.k;
+  g.n = q.n;
+  g.bits = q.bits;
+  g.group_size = q.group_size;
+  g.sym = q.sym;
+  g.bf16_scales = q.scale_type == ScaleType::BF16;
+  if (q.codes.size() != size_t(q.k * q.n) || q.scales.size() != size_t(q.groups() * q.n) ||
+      (!q.sym && q.zeros.size() != q.scales.size()) || (!q.g_idx.empty() && q.g_idx.size() != size_t(q.k)) ||
+      (!q.mask.empty() && q.mask.size() != q.codes.size()))
+    bad_data(q.name + ": quantized arrays do not match [k=" + std::to_string(q.k) + ", n=" + std::to_string(q.n) + "]");
+  g.codes = q.codes.data();
+  g.scales = q.scales.data();
+  g.zeros = q.sym ? nullptr : q.zeros.data();
+  g.g_idx = q.g_idx.empty() ? nullptr : q.g_idx.data();
+  g.mask = q.mask.empty() ? nullptr : q.mask.data();
+  f.set_linear_quantized(int(l), g);
 }
 
 void run_block(CudaForward& f, std::initializer_list<LinearInput> capture, bool update, int64_t block) {
@@ -197,7 +213,7 @@ class GpuPass : public CalibPass {
     return out;
   }
 
-  void set_weight(Linear l, const QuantizedLinear& q) override { upload_dequantized(*f_, l, dequantize(q)); }
+  void set_weight(Linear l, const QuantizedLinear& q) override { upload_quantized(*f_, l, q); }
 
   void advance() override {
     const auto t0 = Clock::now();

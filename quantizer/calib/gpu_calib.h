@@ -5,6 +5,7 @@
 #include <initializer_list>
 #include <vector>
 
+#include "packer/quantized_linear.h"
 #include "quantizer/calib/forward_cuda.h"
 #include "quantizer/calib/llama.h"
 
@@ -22,8 +23,8 @@ std::unique_ptr<CudaForward> make_gpu_forward(const LlamaModel& m, const std::ve
 // Block b's linears straight from the checkpoint's bytes (no fp32 copy on the host), its norms and
 // biases.
 void upload_block(CudaForward& f, const LlamaModel& m, int64_t b);
-// One linear's quantized weights, dequantize()'s [in, out] layout.
-void upload_dequantized(CudaForward& f, Linear l, const std::vector<float>& kn);
+// One linear's quantized weights (dequantized on the device).
+void upload_quantized(CudaForward& f, Linear l, const QuantizedLinear& q);
 void run_block(CudaForward& f, std::initializer_list<LinearInput> capture, bool update, int64_t block);
 Matrix download_hidden(const CudaForward& f, size_t sample, int64_t hidden);
 

@@ -7,6 +7,7 @@
 // tolerance with a different chunking.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -16,10 +17,12 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/error.h"
+#include "checkpoint/half.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/writer.h"
 #include "quantizer/calib/gpu_calib.h"
 #include "quantizer/calib/llama.h"
+#include "packer/quantized_linear.h"
 #include "quantizer/hessian.h"
 #include "tests/common.h"
 
@@ -240,7 +243,94 @@ TEST_CASE("GPU forward: bad shapes and unloaded blocks are refused by name", "[g
   bool want[4] = {true, false, false, false};
   CHECK_THROWS_WITH(f->run(want, false, 0), Catch::Contains("q_proj was not loaded"));
   std::vector<float> small(10);
-  CHECK_THROWS_WITH(f->set_linear_kn(0, small.data(), small.size()), Catch::Contains("q_proj"));
+  GpuQuantized wrong;  // [k=10, n=1] for a [256, 256] q_proj
+  wrong.k = 10;
+  wrong.n = 1;
+  std::vector<uint8_t> codes(10);
+  std::vector<uint16_t> scales(1);
+  wrong.codes = codes.data();
+  wrong.scales = scales.data();
+  CHECK_THROWS_WITH(f->set_linear_quantized(0, wrong), Catch::Contains("q_proj"));
   CHECK_THROWS_WITH(f->set_hidden(0, small.data(), small.size()), Catch::Contains("wrong size"));
   CHECK_THROWS_AS(CudaForward(gpu_dims(m.config()), {}, GpuAct::F16, rope_inv_freq(m.config())), Error);
+}
+
+namespace {
+
+struct QuantVariant {
+  const char* what;
+  int bits, group;
+  bool gidx, mask, bf16, asym;
+};
+
+// A random QuantizedLinear [k, n] of the variant (codes, positive scales, and the optional arrays).
+QuantizedLinear random_quantized(int64_t k, int64_t n, const QuantVariant& v, std::mt19937_64& rng) {
+  QuantizedLinear q;
+  q.name = "random";
+  q.k = k;
+  q.n = n;
+  q.bits = v.bits;
+  q.group_size = v.group;
+  q.sym = !v.asym;
+  q.scale_type = v.bf16 ? ScaleType::BF16 : ScaleType::F16;
+  q.codes.resize(size_t(k * n));
+  for (auto& c : q.codes) c = uint8_t(rng() % (1u << v.bits));
+  const int64_t G = q.groups();
+  std::uniform_real_distribution<float> sd(0.002f, 0.03f);
+  for (int64_t i = 0; i < G * n; ++i) q.scales.push_back(v.bf16 ? float_to_bf16(sd(rng)) : float_to_half(sd(rng)));
+  if (v.asym)
+    for (int64_t i = 0; i < G * n; ++i) q.zeros.push_back(uint8_t(rng() % (1u << v.bits)));
+  if (v.gidx) {
+    for (int64_t r = 0; r < k; ++r) q.g_idx.push_back(int32_t(r / v.group));
+    std::shuffle(q.g_idx.begin(), q.g_idx.end(), rng);  // act-order: any row may sit in any group
+  }
+  if (v.mask) {
+    q.mask.assign(size_t(k * n), 0);
+    for (int64_t r0 = 0; r0 < k; r0 += 4)
+      for (int64_t c = 0; c < n; ++c) {
+        const int64_t a = int64_t(rng() % 4), b = (a + 1 + int64_t(rng() % 3)) % 4;
+        q.mask[size_t((r0 + a) * n + c)] = 1;
+        q.mask[size_t((r0 + b) * n + c)] = 1;
+      }
+  }
+  q.validate();
+  return q;
+}
+
+}  // namespace
+
+TEST_CASE("GPU forward: quantized weights dequantized on the device equal the host's dequantize()",
+          "[gpu][forward][sanitize]") {
+  const LlamaModel m = LlamaModel::open(std::filesystem::path(MARLINC_SOURCE_DIR) / "data" / "sample" / "model");
+  const LlamaConfig& c = m.config();
+  const auto samples = random_samples(3, 2, 30, int32_t(c.vocab), 21);
+  const QuantVariant variants[] = {{"4-bit g128", 4, 128, false, false, false, false},
+                                   {"8-bit per channel", 8, -1, false, false, false, false},
+                                   {"4-bit g64 act-order g_idx", 4, 64, true, false, false, false},
+                                   {"4-bit g128 2:4 mask", 4, 128, false, true, false, false},
+                                   {"4-bit g128 bf16 scales", 4, 128, false, false, true, false},
+                                   {"4-bit g128 asymmetric", 4, 128, false, false, false, true}};
+  const BlockWeights w0 = m.load_block(0);
+  for (const QuantVariant& v : variants) {
+    INFO(v.what);
+    std::mt19937_64 rng(77);
+    auto dev = make_gpu_forward(m, samples, GpuAct::F16, 40);
+    auto host = make_gpu_forward(m, samples, GpuAct::F16, 40);
+    upload_block(*dev, m, 0);
+    upload_block(*host, m, 0);
+    for (Linear l : kAllLinears) {
+      const Matrix& w = w0.weight(l);  // [n, k]
+      const QuantizedLinear q = random_quantized(w.cols(), w.rows(), v, rng);
+      upload_quantized(*dev, l, q);
+      const std::vector<float> dq = dequantize(q);  // [k, n]
+      std::vector<float> nk(dq.size());             // [n, k], the checkpoint orientation
+      for (int64_t r = 0; r < q.k; ++r)
+        for (int64_t col = 0; col < q.n; ++col) nk[size_t(col * q.k + r)] = dq[size_t(r * q.n + col)];
+      host->set_linear(int(l), nk.data(), nk.size() * sizeof(float), GpuRaw::F32);
+    }
+    run_block(*dev, {}, true, 0);
+    run_block(*host, {}, true, 0);
+    for (size_t s = 0; s < samples.size(); ++s)
+      CHECK((download_hidden(*dev, s, c.hidden) - download_hidden(*host, s, c.hidden)).cwiseAbs().maxCoeff() == 0.0f);
+  }
 }
