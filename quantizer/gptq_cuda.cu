@@ -20,45 +20,15 @@
 #include "checkpoint/half.h"
 #include "quantizer/gptq_cuda.cuh"
 #include "quantizer/gptq_cuda_kernels.cuh"
+#include "quantizer/cuda_util.cuh"
 #include "quantizer/gptq_internal.h"
 #include "quantizer/grid.h"
 #include "quantizer/rtn.h"
 
 namespace marlinc {
 
-namespace gptq_cuda {
-
-// ---- errors ----------------------------------------------------------------------------------------
-
-const char* status_text(cudaError_t e) { return cudaGetErrorString(e); }
-const char* status_text(cublasStatus_t e) { return cublasGetStatusString(e); }
-const char* status_text(cusolverStatus_t e) {
-  switch (e) {
-    case CUSOLVER_STATUS_NOT_INITIALIZED: return "CUSOLVER_STATUS_NOT_INITIALIZED";
-    case CUSOLVER_STATUS_ALLOC_FAILED: return "CUSOLVER_STATUS_ALLOC_FAILED";
-    case CUSOLVER_STATUS_INVALID_VALUE: return "CUSOLVER_STATUS_INVALID_VALUE";
-    case CUSOLVER_STATUS_ARCH_MISMATCH: return "CUSOLVER_STATUS_ARCH_MISMATCH";
-    case CUSOLVER_STATUS_EXECUTION_FAILED: return "CUSOLVER_STATUS_EXECUTION_FAILED";
-    case CUSOLVER_STATUS_INTERNAL_ERROR: return "CUSOLVER_STATUS_INTERNAL_ERROR";
-    case CUSOLVER_STATUS_NOT_SUPPORTED: return "CUSOLVER_STATUS_NOT_SUPPORTED";
-    default: return "cuSOLVER error";
-  }
-}
-bool ok(cudaError_t e) { return e == cudaSuccess; }
-bool ok(cublasStatus_t e) { return e == CUBLAS_STATUS_SUCCESS; }
-bool ok(cusolverStatus_t e) { return e == CUSOLVER_STATUS_SUCCESS; }
-
-template <class Status>
-void check(Status s, const char* stmt, const char* file, int line, const std::string& who) {
-  if (!ok(s))
-    fail(ErrorKind::Internal, who + ": " + stmt + " failed at " + file + ":" + std::to_string(line) + ": " +
-                                  status_text(s));
-}
-
-}  // namespace gptq_cuda
-
 // The one device-call check: statement, file, line and the layer (`who` must be in scope).
-#define CUDA_CHECK(call) ::marlinc::gptq_cuda::check((call), #call, __FILE__, __LINE__, who)
+#define CUDA_CHECK(call) ::marlinc::cuda_util::check((call), #call, __FILE__, __LINE__, who)
 
 namespace gptq_cuda {
 
@@ -66,27 +36,17 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// Owning device buffer; freed on scope exit, so a throw never leaks device memory.
+struct Ctx;
+Ctx& context(const std::string& who);
+
+// Owning device buffer on the calling thread's stream (stream-ordered: several layers quantized at
+// once on different threads do not stall each other the way cudaFree would); freed on scope exit,
+// so a throw never leaks device memory.
 template <class T>
-struct DBuf {
-  T* p = nullptr;
-  size_t count = 0;
+struct DBuf : cuda_util::StreamBuf<T> {
   DBuf() = default;
   DBuf(size_t c, const std::string& who) { alloc(c, who); }
-  DBuf(const DBuf&) = delete;
-  DBuf& operator=(const DBuf&) = delete;
-  ~DBuf() { reset(); }
-  void alloc(size_t c, const std::string& who) {
-    reset();
-    if (c == 0) return;
-    CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), c * sizeof(T)));
-    count = c;
-  }
-  void reset() {
-    if (p) cudaFree(p);
-    p = nullptr;
-    count = 0;
-  }
+  void alloc(size_t c, const std::string& who);
 };
 
 // Per host thread and device: one stream and the library handles. Creating a cuBLAS/cuSOLVER
@@ -113,6 +73,7 @@ Ctx& context(const std::string& who) {
   if (!c || c->device != dev) {
     c = std::make_unique<Ctx>();
     c->device = dev;
+    cuda_util::keep_pool_memory(dev, who);
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     CUDA_CHECK(cublasCreate(&c->blas));
     CUDA_CHECK(cublasSetStream(c->blas, c->stream));
@@ -126,6 +87,11 @@ Ctx& context(const std::string& who) {
     c->smem_optin = size_t(optin);
   }
   return *c;
+}
+
+template <class T>
+void DBuf<T>::alloc(size_t c, const std::string& who) {
+  cuda_util::StreamBuf<T>::alloc(c, context(who).stream, who);
 }
 
 unsigned blocks_for(int64_t count, int threads = kThreads) { return unsigned((count + threads - 1) / threads); }

@@ -4,7 +4,11 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <condition_variable>
 #include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
 
 #include "checkpoint/convert_dtype.h"
 #include "checkpoint/error.h"
@@ -126,6 +130,86 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+// Host threads that live as long as the pass, so that what gptq_cuda.cu keeps per thread (a CUDA
+// stream, cuBLAS and cuSOLVER handles: tens of milliseconds to create) is made once, and that are not
+// OpenMP threads, so the OpenMP loops inside each layer's GPTQ still get a team of their own.
+class Workers {
+ public:
+  explicit Workers(size_t n) {
+    for (size_t w = 0; w < n; ++w) threads_.emplace_back([this, w] { loop(w); });
+  }
+  Workers(const Workers&) = delete;
+  Workers& operator=(const Workers&) = delete;
+  ~Workers() {
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  size_t size() const { return threads_.size(); }
+  // fn(i) for i in [0, count), index i on worker i % size(); returns when all are done and rethrows
+  // the error of the lowest failing index.
+  void run(size_t count, const std::function<void(size_t)>& fn) {
+    std::vector<std::exception_ptr> err(count);
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      fn_ = &fn;
+      err_ = &err;
+      count_ = count;
+      busy_ = threads_.size();
+      ++generation_;
+    }
+    cv_.notify_all();
+    std::unique_lock<std::mutex> lk(m_);
+    done_cv_.wait(lk, [&] { return busy_ == 0; });
+    fn_ = nullptr;
+    for (auto& e : err)
+      if (e) std::rethrow_exception(e);
+  }
+
+ private:
+  void loop(size_t w) {
+    uint64_t seen = 0;
+    for (;;) {
+      const std::function<void(size_t)>* fn;
+      std::vector<std::exception_ptr>* err;
+      size_t count;
+      {
+        std::unique_lock<std::mutex> lk(m_);
+        cv_.wait(lk, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+        fn = fn_;
+        err = err_;
+        count = count_;
+      }
+      for (size_t i = w; i < count; i += threads_.size()) {
+        try {
+          (*fn)(i);
+        } catch (...) {
+          (*err)[i] = std::current_exception();
+        }
+      }
+      {
+        std::lock_guard<std::mutex> lk(m_);
+        --busy_;
+      }
+      done_cv_.notify_one();
+    }
+  }
+
+  std::vector<std::thread> threads_;
+  std::mutex m_;
+  std::condition_variable cv_, done_cv_;
+  const std::function<void(size_t)>* fn_ = nullptr;
+  std::vector<std::exception_ptr>* err_ = nullptr;
+  size_t count_ = 0, busy_ = 0;
+  uint64_t generation_ = 0;
+  bool stop_ = false;
+};
+
 // Everything on the device: hidden states, the block, the Hessians (finalized in device memory and
 // handed to GPTQ there). Only the linear being quantized crosses as fp32 (GPTQ's host interface) and
 // its dequantized result comes back.
@@ -164,9 +248,7 @@ class GpuPass : public CalibPass {
     return q;
   }
 
-  // The Hessians are finalized first, in order; then each linear runs on its own host thread, which
-  // keeps its CUDA stream and library handles (thread-local in gptq_cuda.cu) across blocks because
-  // OpenMP reuses its threads.
+  // The Hessians are finalized first, in order; then the linears run on the pass's worker threads.
   std::vector<QuantizedLinear> quantize_all(const std::vector<Linear>& ls, const std::vector<GptqOptions>& o,
                                             std::vector<GptqStats>& stats) override {
     const LlamaConfig& c = m_.config();
@@ -193,22 +275,13 @@ class GpuPass : public CalibPass {
     }
     std::vector<QuantizedLinear> out(ls.size());
     stats.assign(ls.size(), GptqStats{});
-    std::vector<std::exception_ptr> err(ls.size());
-#pragma omp parallel for num_threads(int(std::min<size_t>(ls.size(), kConcurrentLayers))) schedule(static, 1)
-    for (long long i = 0; i < (long long)ls.size(); ++i) {
-      try {
-        const size_t g = size_t(input_of(ls[size_t(i)]));
-        const int64_t k = k_of(g);
-        GptqOptions go = o[size_t(i)];
-        go.device = GptqOptions::Device::Cuda;
-        out[size_t(i)] = gptq_quantize_cuda_device(W[size_t(i)].data(), int64_t(W[size_t(i)].size()) / k, k,
-                                                   H_[g].p, go, &stats[size_t(i)]);
-      } catch (...) {
-        err[size_t(i)] = std::current_exception();
-      }
-    }
-    for (auto& e : err)
-      if (e) std::rethrow_exception(e);
+    workers_.run(ls.size(), [&](size_t i) {
+      const size_t g = size_t(input_of(ls[i]));
+      const int64_t k = k_of(g);
+      GptqOptions go = o[i];
+      go.device = GptqOptions::Device::Cuda;
+      out[i] = gptq_quantize_cuda_device(W[i].data(), int64_t(W[i].size()) / k, k, H_[g].p, go, &stats[i]);
+    });
     t_.gptq += since(t0);
     return out;
   }
@@ -227,6 +300,7 @@ class GpuPass : public CalibPass {
   int64_t block_ = -1;
   std::array<cuda_util::DBuf<float>, 4> H_;  // finalized Hessians [k, k] on the device
   std::array<bool, 4> ready_{};
+  Workers workers_{kConcurrentLayers};
 };
 
 }  // namespace
