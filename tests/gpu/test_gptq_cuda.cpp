@@ -192,6 +192,26 @@ TEST_CASE("GPTQ CUDA: other block sizes, Marlin's 10% damping and dead columns",
     for (int64_t r = 0; r < s.n; ++r) CHECK(q.codes[size_t(c * s.n + r)] == 8);
 }
 
+// Small enough for compute-sanitizer's racecheck (gpu.sh runs it on [sanitize]): every kernel of the
+// back end once — tiled clip search with one and an odd number of chunk pairs, static groups, the
+// generic clip kernel, 2:4, a partial lazy block and a partial 32-row CTA.
+TEST_CASE("GPTQ CUDA: every kernel on small layers (sanitizer subset)", "[gpu][gptq][sanitize]") {
+  REQUIRE_GPU();
+  const Layer s(40, 256, kSeed + 400);
+  const Layer t(40, 384, kSeed + 410);  // k a multiple of 48
+  struct Case { int group; GptqOptions::Order order; bool sparse; int block; };
+  for (const Case& c : {Case{128, GptqOptions::Natural, false, 128}, Case{48, GptqOptions::StaticActOrder, false, 96},
+                        Case{16, GptqOptions::Natural, true, 64}, Case{256, GptqOptions::Natural, false, 128}}) {
+    GptqOptions o;
+    o.clip = GptqOptions::Marlin;
+    o.group_size = c.group;
+    o.order = c.order;
+    o.sparse24 = c.sparse;
+    o.block = c.block;
+    compare(c.group == 48 ? t : s, o);
+  }
+}
+
 TEST_CASE("GPTQ CUDA: damping retry and RTN fallback as on the CPU", "[gpu][gptq]") {
   REQUIRE_GPU();
   test::check_damping_retry(GptqOptions::Device::Cuda);
