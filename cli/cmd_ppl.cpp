@@ -1,6 +1,8 @@
-// marlinc ppl: perplexity of a model on a text file with marlinc's own forward pass (CPU, fp32). A
-// quantized checkpoint (GPTQ, Marlin, Marlin-24, AWQ, compressed-tensors) runs with its linears
-// dequantized, so quantization quality is measured with the same forward pass as the original.
+// marlinc ppl: perplexity of a model on a text file with marlinc's own forward pass: CPU (fp32) or
+// --device cuda (16-bit GEMM inputs, fp32 accumulation). A quantized checkpoint (GPTQ, Marlin,
+// Marlin-24, AWQ, compressed-tensors) runs with its linears dequantized on the CPU, and on the GPU
+// through marlinc's Marlin kernel where a layer fits it (dequantized on the device where not), so
+// quantization quality is measured with the same forward pass as the original.
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -26,6 +28,7 @@ struct PplArgs {
   std::string model_dir, text;
   size_t ctx = 256, stride = 0, max_tokens = 0;
   bool json = false, quiet = false;
+  std::string device = "cpu";
 };
 
 void run_ppl(const PplArgs& a) {
@@ -50,6 +53,7 @@ void run_ppl(const PplArgs& a) {
   opt.ctx = a.ctx;
   opt.stride = a.stride;
   opt.max_tokens = a.max_tokens;
+  opt.device = a.device == "cuda" ? PplOptions::Device::Cuda : PplOptions::Device::Cpu;
   size_t last_decile = 0;
   PplProgress progress = [&](size_t done, size_t total, size_t predicted, double nll) {
     if (a.quiet) return;
@@ -61,10 +65,18 @@ void run_ppl(const PplArgs& a) {
   };
   PplResult r = perplexity(model, ids, opt, progress, qlin ? &*qlin : nullptr);
   const size_t stride = a.stride ? a.stride : a.ctx;
+  const bool gpu = opt.device == PplOptions::Device::Cuda;
+  std::string weights = qlin ? format_name(qlin->format().format) + " (dequantized)" : "plain";
+  if (gpu && qlin)
+    weights = format_name(qlin->format().format) + " (GPU: " + std::to_string(r.gpu_kernel) +
+              " linears through the Marlin kernel, " + std::to_string(r.gpu_dequantized) + " dequantized on the device)";
   if (a.json) {
     nlohmann::json j = {{"model", a.model_dir},
                         {"architecture", model.config().architecture},
-                        {"weights", qlin ? format_name(qlin->format().format) + " (dequantized)" : "plain"},
+                        {"weights", weights},
+                        {"device", a.device},
+                        {"gpu_linears", {{"plain", r.gpu_plain}, {"marlin_kernel", r.gpu_kernel},
+                                         {"dequantized", r.gpu_dequantized}}},
                         {"text", a.text},
                         {"text_sha256", sha256_file(a.text)},
                         {"tokenizer", tok->description()},
@@ -79,7 +91,9 @@ void run_ppl(const PplArgs& a) {
                         {"seconds", r.seconds}};
     std::cout << j.dump(2) << "\n";
   } else {
-    if (qlin) std::printf("weights: %s, %zu quantized linears dequantized\n", format_name(qlin->format().format).c_str(), qlin->modules());
+    if (qlin) std::printf("weights: %s, %zu quantized linears\n", weights.c_str(), qlin->modules());
+    if (gpu) std::printf("device: cuda (block linears: %d plain, %d Marlin kernel, %d dequantized)\n", r.gpu_plain,
+                         r.gpu_kernel, r.gpu_dequantized);
     std::printf("ppl %.4f  (mean NLL %.6f over %zu predicted tokens; %zu tokens, %zu windows, ctx %zu, stride %zu, %.1f s)\n",
                 r.ppl, r.mean_nll, r.predicted, r.tokens, r.windows, a.ctx, stride, r.seconds);
   }
@@ -89,12 +103,15 @@ void run_ppl(const PplArgs& a) {
 
 void register_ppl(CLI::App& app) {
   static PplArgs a;
-  auto* cmd = app.add_subcommand("ppl", "Perplexity of an FP16/BF16/FP32 model on a text file (CPU forward pass)");
+  auto* cmd = app.add_subcommand("ppl", "Perplexity of a plain or quantized model on a text file (CPU or GPU forward pass)");
   cmd->add_option("MODEL_DIR", a.model_dir, "Hugging Face model directory (config.json, safetensors, tokenizer)")->required();
   cmd->add_option("--text", a.text, "UTF-8 text file; CRLF is read as LF; encoded whole, with BOS")->required();
   cmd->add_option("--ctx", a.ctx, "window length in tokens")->capture_default_str()->check(CLI::Range(2, 1 << 20));
   cmd->add_option("--stride", a.stride, "tokens between window starts (default: --ctx, non-overlapping)");
   cmd->add_option("--max-tokens", a.max_tokens, "score only the first N tokens of the text (0: all)");
+  cmd->add_option("--device", a.device, "cpu (fp32) or cuda (16-bit GEMM inputs; quantized linears through the Marlin kernel)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
   cmd->add_flag("--json", a.json, "print the result as JSON");
   cmd->add_flag("--quiet", a.quiet, "no progress on stderr");
   cmd->callback([] {

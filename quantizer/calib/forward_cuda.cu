@@ -11,6 +11,7 @@
 #include <limits>
 #include <string>
 
+#include "kernels/marlin.h"
 #include "quantizer/calib/forward_cuda.h"
 #include "quantizer/cuda_util.cuh"
 
@@ -218,6 +219,13 @@ __global__ void swiglu_kernel(const float* g, const float* u, int64_t count, T* 
     out[e] = to_act<T>(g[e] / (1.0f + expf(-g[e])) * u[e]);
 }
 
+// y [count] = beta·y + c (the Marlin kernel's 16-bit output widened into the fp32 stream).
+template <class T>
+__global__ void widen_add_kernel(float* y, float beta, const T* c, int64_t count) {
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < count; e += int64_t(gridDim.x) * blockDim.x)
+    y[e] = (beta != 0.0f ? beta * y[e] : 0.0f) + float(c[e]);
+}
+
 __global__ void nonfinite_kernel(const float* x, int64_t count, int* flag) {
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < count; e += int64_t(gridDim.x) * blockDim.x)
     if (!isfinite(x[e])) *flag = 1;
@@ -259,6 +267,14 @@ struct CudaForward::Impl {
   DBuf<int32_t> tok_len, tok_pos;          // [T]
   DBuf<float> cosv, sinv;                  // [max_len, hd/2]
   std::array<DBuf<uint16_t>, kLinears> W;  // [out, in] 16-bit
+  // Linears that run through the Marlin kernel: packed tiles, permuted scales, group size.
+  std::array<DBuf<int32_t>, kLinears> mB;
+  std::array<DBuf<uint16_t>, kLinears> mS;
+  std::array<int, kLinears> m_group{};
+  std::array<bool, kLinears> marlin{};
+  DBuf<uint8_t> m_work;                    // the kernel's workspace (locks zeroed once)
+  DBuf<uint16_t> m_out;                    // [tc, max out] its 16-bit output
+  int sms = 0;
   std::array<DBuf<float>, kVecs> vec;      // norms and biases
   std::array<bool, kVecs> has_vec{};
   DBuf<uint8_t> staging;                   // raw weight bytes on their way to W
@@ -315,15 +331,57 @@ struct CudaForward::Impl {
   void linear(int l, const void* X, int64_t rows, float* Y, float beta, bool with_bias = true) {
     const auto [out, in] = shape(l);
     const float one = 1.0f;
-    FWD_CHECK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, int(out), int(rows), int(in), &one, W[size_t(l)].p, dtype(),
-                           int(in), X, dtype(), int(in), &beta, Y, CUDA_R_32F, int(out), CUBLAS_COMPUTE_32F,
-                           CUBLAS_GEMM_DEFAULT));
+    if (marlin[size_t(l)]) {
+      marlin_linear(l, X, rows, Y, beta);
+    } else {
+      FWD_CHECK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, int(out), int(rows), int(in), &one, W[size_t(l)].p, dtype(),
+                             int(in), X, dtype(), int(in), &beta, Y, CUDA_R_32F, int(out), CUBLAS_COMPUTE_32F,
+                             CUBLAS_GEMM_DEFAULT));
+    }
     const float* b = with_bias ? vec_or_null(GpuVec(int(GpuVec::BiasQ) + l)) : nullptr;
     if (b) {
       add_bias_kernel<<<stride_grid(rows * out), kThreads, 0, stream>>>(Y, b, rows, out);
       FWD_CHECK(cudaGetLastError());
     }
   }
+  void marlin_linear(int l, const void* X, int64_t rows, float* Y, float beta) {
+    const auto [out, in] = shape(l);
+    if (!sms) FWD_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    const size_t ws = kernels::marlin_workspace_bytes(sms, false);
+    if (m_work.count < ws) {
+      m_work.reserve(ws, who + ": Marlin workspace");
+      FWD_CHECK(cudaMemsetAsync(m_work.p, 0, ws, stream));  // the kernel leaves its locks zero again
+    }
+    m_out.reserve(size_t(max_chunk * std::max(c.intermediate, std::max(c.hidden, qd()))), who + ": Marlin output");
+    kernels::MarlinGemm g;
+    g.A = X;
+    g.B = mB[size_t(l)].p;
+    g.s = mS[size_t(l)].p;
+    g.C = m_out.p;
+    g.m = int(rows);
+    g.n = int(out);
+    g.k = int(in);
+    g.group_size = m_group[size_t(l)];
+    g.act = act == GpuAct::F16 ? kernels::ActType::F16 : kernels::ActType::BF16;
+    g.workspace = m_work.p;
+    g.workspace_bytes = m_work.count;
+    g.stream = stream;
+    g.num_sms = sms;
+    g.path = kernels::MarlinPath::Marlin;  // the fused kernel at every m: this is what it is here to run
+    const kernels::MarlinStatus st = kernels::marlin_gemm(g);
+    if (st != kernels::MarlinStatus::Ok)
+      fail(ErrorKind::Internal, who + ": " + kLinearNames[l] + ": the Marlin kernel refused [m=" + std::to_string(rows) +
+                                    ", n=" + std::to_string(out) + ", k=" + std::to_string(in) +
+                                    "]: " + kernels::marlin_status_name(st));
+    const int64_t count = rows * out;
+    if (act == GpuAct::F16)
+      widen_add_kernel<<<stride_grid(count), kThreads, 0, stream>>>(Y, beta, reinterpret_cast<const __half*>(m_out.p), count);
+    else
+      widen_add_kernel<<<stride_grid(count), kThreads, 0, stream>>>(Y, beta,
+                                                                    reinterpret_cast<const __nv_bfloat16*>(m_out.p), count);
+    FWD_CHECK(cudaGetLastError());
+  }
+
   // sum [k, k] += Xᵀ X for X [rows, k] 16-bit (fp32 accumulation, both triangles).
   void gram(int g, const void* X, int64_t rows) {
     const int64_t k = in_of(c, g);
@@ -421,6 +479,7 @@ CudaForward::~CudaForward() {
 }
 
 size_t CudaForward::tokens() const { return size_t(p_->T); }
+GpuAct CudaForward::act() const { return p_->act; }
 size_t CudaForward::samples() const { return p_->len.size(); }
 size_t CudaForward::sample_tokens(size_t sample) const { return sample < p_->len.size() ? p_->len[sample] : 0; }
 
@@ -469,6 +528,7 @@ void CudaForward::set_linear(int l, const void* bytes, size_t nbytes, GpuRaw raw
     bad_usage(who + ": expected [" + std::to_string(out) + ", " + std::to_string(in) + "] of " + std::to_string(elt) +
               "-byte elements, got " + std::to_string(nbytes) + " bytes");
   I.W[size_t(l)].reserve(size_t(out * in), who);
+  I.marlin[size_t(l)] = false;
   const bool same = (raw == GpuRaw::F16 && I.act == GpuAct::F16) || (raw == GpuRaw::BF16 && I.act == GpuAct::BF16);
   if (same) {
     FWD_CHECK(cudaMemcpyAsync(I.W[size_t(l)].p, bytes, nbytes, cudaMemcpyHostToDevice, I.stream));
@@ -509,6 +569,7 @@ void CudaForward::set_linear_quantized(int l, const GpuQuantized& q) {
   const size_t o_mask = up16(kn), o_zero = o_mask + (q.mask ? up16(kn) : 0), o_scale = o_zero + (q.zeros ? up16(gn) : 0),
                o_gidx = o_scale + up16(gn * 2), total = o_gidx + (q.g_idx ? size_t(q.k) * 4 : 0);
   I.W[size_t(l)].reserve(kn, who);
+  I.marlin[size_t(l)] = false;
   I.staging.reserve(total, who);
   uint8_t* st = I.staging.p;
   FWD_CHECK(cudaMemcpyAsync(st, q.codes, kn, cudaMemcpyHostToDevice, I.stream));
@@ -530,6 +591,26 @@ void CudaForward::set_linear_quantized(int l, const GpuQuantized& q) {
         a, reinterpret_cast<__nv_bfloat16*>(I.W[size_t(l)].p));
   FWD_CHECK(cudaGetLastError());
   FWD_CHECK(cudaStreamSynchronize(I.stream));  // the caller may release the host arrays now
+}
+
+void CudaForward::set_linear_marlin(int l, const int32_t* B, size_t b_count, const uint16_t* s, size_t s_count,
+                                    int group_size) {
+  Impl& I = *p_;
+  if (l < 0 || l >= kLinears) bad_usage(I.who + ": no linear " + std::to_string(l));
+  const std::string who = I.who + ": " + kLinearNames[l];
+  const auto [out, in] = I.shape(l);
+  const int64_t G = group_size > 0 && group_size < in ? in / group_size : 1;
+  if (in % 128 != 0 || out % 64 != 0 || b_count != size_t(in / 16 * 2 * out) || s_count != size_t(G * out) ||
+      (group_size > 0 && in % group_size != 0))
+    bad_usage(who + ": Marlin tiles of " + std::to_string(b_count) + " words and " + std::to_string(s_count) +
+              " scales (group " + std::to_string(group_size) + ") do not fit [k=" + std::to_string(in) +
+              ", n=" + std::to_string(out) + "] (k % 128 == 0 and n % 64 == 0 are needed)");
+  I.mB[size_t(l)].reserve(b_count, who);
+  I.mS[size_t(l)].reserve(s_count, who);
+  FWD_CHECK(cudaMemcpy(I.mB[size_t(l)].p, B, b_count * 4, cudaMemcpyHostToDevice));
+  FWD_CHECK(cudaMemcpy(I.mS[size_t(l)].p, s, s_count * 2, cudaMemcpyHostToDevice));
+  I.m_group[size_t(l)] = G == 1 ? -1 : group_size;
+  I.marlin[size_t(l)] = true;
 }
 
 void CudaForward::set_vector(GpuVec which, const float* v, size_t count) {
@@ -637,7 +718,7 @@ void CudaForward::run(const bool capture[4], bool update, int64_t block) {
   Impl& I = *p_;
   const std::string who = I.who + " (block " + std::to_string(block) + ")";
   for (int l = 0; l < kLinears; ++l)
-    if (!I.W[size_t(l)].p) bad_usage(who + ": " + kLinearNames[l] + " was not loaded");
+    if (!I.W[size_t(l)].p && !I.marlin[size_t(l)]) bad_usage(who + ": " + kLinearNames[l] + " was not loaded");
   if (!I.has_vec[size_t(GpuVec::InputNorm)] || !I.has_vec[size_t(GpuVec::PostNorm)])
     bad_usage(who + ": the block's norms were not loaded");
   int last = -1;

@@ -65,6 +65,7 @@ class CudaForward {
   CudaForward& operator=(const CudaForward&) = delete;
 
   size_t tokens() const;
+  GpuAct act() const;
   size_t samples() const;
   size_t sample_tokens(size_t sample) const;
   // Device bytes held for these dimensions and calibration lengths (weights, hidden states, scratch,
@@ -81,6 +82,11 @@ class CudaForward {
   // The same from a quantized linear, dequantized on the device exactly as QuantizedLinear::weight
   // does it ((code − zero)·scale in fp32, 0 where the 2:4 mask prunes), then rounded to 16 bits.
   void set_linear_quantized(int l, const GpuQuantized& q);
+  // The same from Marlin's packed layout (../shared/spec/formats.md §1): B int32 [k/16, 2n] uint4b8
+  // tiles and permuted scales [G, n] (fp16 bits; bf16 when the activations are bf16). The linear then
+  // runs through marlinc's own Marlin kernel (kernels/marlin.h, the fused path at every m), whose
+  // fp16 output is widened into the fp32 stream, instead of through cuBLAS.
+  void set_linear_marlin(int l, const int32_t* B, size_t b_count, const uint16_t* s, size_t s_count, int group_size);
   // A norm weight or bias of the current block; count 0 removes an optional one (biases, q/k norm).
   void set_vector(GpuVec which, const float* v, size_t count);
 

@@ -12,6 +12,7 @@
 
 #include "checkpoint/convert_dtype.h"
 #include "checkpoint/error.h"
+#include "packer/marlin.h"
 #include "quantizer/calib/calib_pass.h"
 #include "quantizer/cuda_util.cuh"
 #include "quantizer/gptq_cuda.cuh"
@@ -73,17 +74,42 @@ std::unique_ptr<CudaForward> make_gpu_forward(const LlamaModel& m, const std::ve
   return make_gpu_forward(m, samples, gpu_act_for(m), chunk_tokens);
 }
 
-void upload_block(CudaForward& f, const LlamaModel& m, int64_t b) {
+std::string marlin_rule(const QuantizedLinear& q, GpuAct act) {
+  if (q.bits != 4 || !q.sym) return "4-bit symmetric codes";
+  if (!q.mask.empty()) return "dense weights (2:4 layers run dequantized)";
+  if (!q.trivial_g_idx()) return "no act-order g_idx";
+  if (q.k % 128 != 0 || q.n % 64 != 0) return "k % 128 == 0 and n % 64 == 0";
+  if (q.group_size > 0 && q.group_size < q.k && q.group_size != 32 && q.group_size != 64 && q.group_size != 128)
+    return "group size -1, 32, 64 or 128";
+  if ((q.scale_type == ScaleType::BF16) != (act == GpuAct::BF16)) return "scales of the activations' type";
+  return "";
+}
+
+void upload_block(CudaForward& f, const LlamaModel& m, int64_t b, const QuantizedLinears* ql, bool kernel,
+                  GpuLinearCounts* counts) {
   const BlockWeights w = m.load_block(b, nullptr, /*linears=*/false);
+  GpuLinearCounts n;
   for (Linear l : kAllLinears) {
-    const std::string name = linear_name(b, l) + ".weight";
-    const auto ref = m.checkpoint().at(name);
-    const DType dt = ref.info->dtype;
-    if (dt != DType::F32 && dt != DType::F16 && dt != DType::BF16)
-      bad_data(name + ": dtype " + std::string(dtype_name(dt)) + "; the GPU pass reads F32, F16 or BF16");
-    const auto bytes = ref.file->data(*ref.info);
-    f.set_linear(int(l), bytes.data(), bytes.size(),
-                 dt == DType::F32 ? GpuRaw::F32 : dt == DType::F16 ? GpuRaw::F16 : GpuRaw::BF16);
+    const std::optional<QuantizedLinear> q = ql ? ql->quantized(b, l) : std::nullopt;
+    if (q && kernel && marlin_rule(*q, f.act()).empty()) {
+      const std::vector<int32_t> B = marlin::pack_weights(q->codes.data(), q->k, q->n, 4);           // [k/16, 2n]
+      const std::vector<uint16_t> s = marlin::permute_scales(q->scales.data(), q->groups(), q->n);  // [G, n]
+      f.set_linear_marlin(int(l), B.data(), B.size(), s.data(), s.size(), q->group_size);
+      ++n.kernel;
+    } else if (q) {
+      upload_quantized(f, l, *q);
+      ++n.dequantized;
+    } else {
+      const std::string name = linear_name(b, l) + ".weight";
+      const auto ref = m.checkpoint().at(name);
+      const DType dt = ref.info->dtype;
+      if (dt != DType::F32 && dt != DType::F16 && dt != DType::BF16)
+        bad_data(name + ": dtype " + std::string(dtype_name(dt)) + "; the GPU pass reads F32, F16 or BF16");
+      const auto bytes = ref.file->data(*ref.info);
+      f.set_linear(int(l), bytes.data(), bytes.size(),
+                   dt == DType::F32 ? GpuRaw::F32 : dt == DType::F16 ? GpuRaw::F16 : GpuRaw::BF16);
+      ++n.plain;
+    }
     const Vector& bias = w.bias(l);
     f.set_vector(GpuVec(int(GpuVec::BiasQ) + int(l)), bias.data(), size_t(bias.size()));
   }
@@ -91,6 +117,27 @@ void upload_block(CudaForward& f, const LlamaModel& m, int64_t b) {
   f.set_vector(GpuVec::PostNorm, w.post_norm.data(), size_t(w.post_norm.size()));
   f.set_vector(GpuVec::QNorm, w.q_norm.data(), size_t(w.q_norm.size()));
   f.set_vector(GpuVec::KNorm, w.k_norm.data(), size_t(w.k_norm.size()));
+  if (counts) {
+    counts->plain += n.plain;
+    counts->kernel += n.kernel;
+    counts->dequantized += n.dequantized;
+  }
+}
+
+std::vector<Matrix> gpu_final_hidden(const LlamaModel& m, const std::vector<std::vector<int32_t>>& windows,
+                                     const QuantizedLinears* ql, bool kernel, GpuLinearCounts* counts) {
+  // bf16 activations when the checkpoint's plain tensors are bf16 (a quantized one has no q_proj weight
+  // to judge by: its norms tell).
+  const auto norm = m.checkpoint().at("model.norm.weight");
+  const GpuAct act = norm.info->dtype == DType::BF16 ? GpuAct::BF16 : GpuAct::F16;
+  auto f = make_gpu_forward(m, windows, act, CudaForward::kDefaultChunkTokens);
+  for (int64_t b = 0; b < m.config().layers; ++b) {
+    upload_block(*f, m, b, ql, kernel, counts);
+    run_block(*f, {}, true, b);
+  }
+  std::vector<Matrix> out;
+  for (size_t w = 0; w < windows.size(); ++w) out.push_back(download_hidden(*f, w, m.config().hidden));
+  return out;
 }
 
 void upload_quantized(CudaForward& f, Linear l, const QuantizedLinear& q) {

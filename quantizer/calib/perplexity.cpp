@@ -1,5 +1,9 @@
 #include "quantizer/calib/perplexity.h"
 
+#ifdef MARLINC_HAVE_CUDA
+#include "quantizer/calib/gpu_calib.h"
+#endif
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -30,8 +34,13 @@ PplResult perplexity(const LlamaModel& model, std::span<const int32_t> tokens, c
                " is outside the model's vocabulary of " + std::to_string(model.config().vocab));
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t vocab = model.config().vocab;
+  const bool gpu = opt.device == PplOptions::Device::Cuda;
+#ifndef MARLINC_HAVE_CUDA
+  if (gpu) bad_usage("--device cuda: this marlinc was built without CUDA (configure with -DMARLINC_CUDA=ON)");
+#endif
   std::vector<BlockWeights> blocks;
-  for (int64_t i = 0; i < model.config().layers; ++i) blocks.push_back(model.load_block(i, provider));
+  if (!gpu)
+    for (int64_t i = 0; i < model.config().layers; ++i) blocks.push_back(model.load_block(i, provider));
 
   // Window starts 0, stride, 2*stride, ... until a window reaches the end of the stream. Window w
   // scores positions [max(b+1, end of window w-1), e).
@@ -42,6 +51,23 @@ PplResult perplexity(const LlamaModel& model, std::span<const int32_t> tokens, c
     if (b + ctx >= n) break;
   }
   const size_t total = begins.size();
+  PplResult r;
+  // On the GPU every window runs through the blocks at once (the windows are its samples).
+  std::vector<Matrix> final_hidden;  // [windows] x [len, hidden]
+#ifdef MARLINC_HAVE_CUDA
+  if (gpu) {
+    std::vector<std::vector<int32_t>> windows;
+    for (size_t b : begins) {
+      const auto win = tokens.subspan(b, std::min(b + ctx, n) - b);
+      windows.emplace_back(win.begin(), win.end());
+    }
+    GpuLinearCounts counts;
+    final_hidden = gpu_final_hidden(model, windows, dynamic_cast<const QuantizedLinears*>(provider), true, &counts);
+    r.gpu_plain = counts.plain;
+    r.gpu_kernel = counts.kernel;
+    r.gpu_dequantized = counts.dequantized;
+  }
+#endif
   std::vector<double> nll(total, 0.0);     // [windows] per-window NLL sums, added in order afterwards
   std::vector<size_t> scored(total, 0);    // [windows]
   size_t done = 0, done_scored = 0;
@@ -52,7 +78,8 @@ PplResult perplexity(const LlamaModel& model, std::span<const int32_t> tokens, c
   for (size_t w = 0; w < total; ++w) {
     const size_t b = begins[w], e = std::min(b + ctx, n);
     const size_t first = w == 0 ? 1 : std::max(b + 1, std::min(begins[w - 1] + ctx, n));
-    Matrix logits = model.forward(tokens.subspan(b, e - b), blocks);  // [len, vocab]
+    const Matrix logits = gpu ? model.logits(model.final_norm(final_hidden[w]))  // [len, vocab]
+                              : model.forward(tokens.subspan(b, e - b), blocks);
     for (size_t t = first; t < e; ++t) {
       nll[w] += token_nll(logits.row(static_cast<Eigen::Index>(t - b - 1)).data(), vocab, tokens[t]);
       ++scored[w];
@@ -65,7 +92,6 @@ PplResult perplexity(const LlamaModel& model, std::span<const int32_t> tokens, c
       if (progress) progress(done, total, done_scored, done_nll);
     }
   }
-  PplResult r;
   r.tokens = n;
   r.windows = total;
   for (size_t w = 0; w < total; ++w) {

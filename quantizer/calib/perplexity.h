@@ -18,6 +18,10 @@ struct PplOptions {
   size_t ctx = 256;
   size_t stride = 0;      // 0: = ctx (non-overlapping windows)
   size_t max_tokens = 0;  // 0: all; else the stream is cut to its first max_tokens tokens
+  // Cuda: the blocks run on the GPU (forward_cuda.h; 16-bit GEMM inputs), a quantized checkpoint's
+  // Marlin-compatible linears through marlinc's Marlin kernel; logits and NLL stay on the CPU.
+  enum class Device { Cpu, Cuda };
+  Device device = Device::Cpu;
 };
 
 struct PplResult {
@@ -26,6 +30,8 @@ struct PplResult {
   size_t predicted = 0;  // tokens scored
   size_t windows = 0;
   double seconds = 0;
+  // --device cuda: how the block linears ran (summed over blocks).
+  int gpu_plain = 0, gpu_kernel = 0, gpu_dequantized = 0;
 };
 
 // Called after each window: (windows done, windows total, tokens scored so far, running NLL sum).

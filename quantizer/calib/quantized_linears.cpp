@@ -11,10 +11,16 @@ QuantizedLinears::QuantizedLinears(const Checkpoint& ck) : ck_(ck), fi_(detect_f
   for (size_t i = 0; i < mods_.size(); ++i) by_prefix_[mods_[i].prefix] = i;
 }
 
-std::optional<Matrix> QuantizedLinears::weight(int64_t block, Linear l) const {
+std::optional<QuantizedLinear> QuantizedLinears::quantized(int64_t block, Linear l) const {
   auto it = by_prefix_.find(linear_name(block, l));
   if (it == by_prefix_.end()) return std::nullopt;
-  const QuantizedLinear q = read_module(ck_, mods_[it->second], fi_);
+  return read_module(ck_, mods_[it->second], fi_);
+}
+
+std::optional<Matrix> QuantizedLinears::weight(int64_t block, Linear l) const {
+  const std::optional<QuantizedLinear> oq = quantized(block, l);
+  if (!oq) return std::nullopt;
+  const QuantizedLinear& q = *oq;
   const std::vector<float> w = dequantize(q);  // [k, n]
   Matrix m(q.n, q.k);                          // [out, in]
   for (int64_t r = 0; r < q.k; ++r)

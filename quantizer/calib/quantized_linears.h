@@ -20,6 +20,9 @@ class QuantizedLinears : public LinearProvider {
   explicit QuantizedLinears(const Checkpoint& ck);
   // The dequantized weight of a quantized module; nullopt (the plain weight) for one that is not.
   std::optional<Matrix> weight(int64_t block, Linear l) const override;
+  // The quantized module itself (the GPU pass runs it through the Marlin kernel); nullopt for a
+  // linear that is not quantized.
+  std::optional<QuantizedLinear> quantized(int64_t block, Linear l) const;
   const FormatInfo& format() const { return fi_; }
   size_t modules() const { return mods_.size(); }
 

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -22,8 +23,11 @@
 #include "checkpoint/writer.h"
 #include "quantizer/calib/gpu_calib.h"
 #include "quantizer/calib/llama.h"
+#include "quantizer/calib/perplexity.h"
+#include "quantizer/calib/quantized_linears.h"
 #include "packer/quantized_linear.h"
 #include "quantizer/hessian.h"
+#include "quantizer/quantize_checkpoint.h"
 #include "tests/common.h"
 
 using namespace marlinc;
@@ -333,4 +337,49 @@ TEST_CASE("GPU forward: quantized weights dequantized on the device equal the ho
     for (size_t s = 0; s < samples.size(); ++s)
       CHECK((download_hidden(*dev, s, c.hidden) - download_hidden(*host, s, c.hidden)).cwiseAbs().maxCoeff() == 0.0f);
   }
+}
+
+namespace {
+
+// ppl (GPU) / ppl (CPU) − 1: fp16 GEMM inputs against fp32.
+constexpr double kPplRelTol = 1e-2;
+
+double ppl_rel(const PplResult& gpu, const PplResult& cpu) { return std::fabs(gpu.ppl / cpu.ppl - 1.0); }
+
+}  // namespace
+
+TEST_CASE("GPU ppl: plain stories260K and a Marlin checkpoint through the Marlin kernel agree with the CPU",
+          "[gpu][forward][ppl]") {
+  PplOptions cpu_opt, gpu_opt;
+  cpu_opt.ctx = gpu_opt.ctx = 128;
+  gpu_opt.device = PplOptions::Device::Cuda;
+  if (test::have_shared()) {
+    const LlamaModel m = LlamaModel::open(stories());
+    std::ifstream f(stories() / "calib-tiny.tokens.jsonl");
+    std::vector<int32_t> ids;
+    for (std::string line; std::getline(f, line) && ids.size() < 4096;)
+      for (int32_t t : nlohmann::json::parse(line).get<std::vector<int32_t>>()) ids.push_back(t);
+    const PplResult c = perplexity(m, ids, cpu_opt), g = perplexity(m, ids, gpu_opt);
+    std::printf("gpu ppl stories260K: cpu %.4f gpu %.4f (%zu windows; rel %.2e, tol %.0e)\n", c.ppl, g.ppl, g.windows,
+                ppl_rel(g, c), kPplRelTol);
+    CHECK(g.predicted == c.predicted);
+    CHECK(g.gpu_plain == 7 * int(m.config().layers));
+    CHECK(ppl_rel(g, c) <= kPplRelTol);
+  }
+  // The built-in sample (Marlin shapes) quantized to Marlin: every block linear runs through the kernel.
+  test::TempDir dir("gpu-ppl");
+  QuantizeOptions qo;
+  qo.to = TargetFormat::Marlin;
+  qo.group_size = 128;
+  quantize_checkpoint(std::filesystem::path(MARLINC_SOURCE_DIR) / "data" / "sample" / "model", dir.path / "q", qo);
+  const LlamaModel m = LlamaModel::open(dir.path / "q", /*quantized_linears=*/true);
+  const QuantizedLinears ql(m.checkpoint());
+  std::vector<int32_t> ids;
+  for (const auto& s : random_samples(16, 64, 64, int32_t(m.config().vocab), 31)) ids.insert(ids.end(), s.begin(), s.end());
+  const PplResult c = perplexity(m, ids, cpu_opt, nullptr, &ql), g = perplexity(m, ids, gpu_opt, nullptr, &ql);
+  std::printf("gpu ppl sample (marlin, %d linears through the kernel): cpu %.4f gpu %.4f (rel %.2e, tol %.0e)\n",
+              g.gpu_kernel, c.ppl, g.ppl, ppl_rel(g, c), kPplRelTol);
+  CHECK(g.gpu_kernel == 7 * int(m.config().layers));
+  CHECK(g.gpu_dequantized == 0);
+  CHECK(ppl_rel(g, c) <= kPplRelTol);
 }
