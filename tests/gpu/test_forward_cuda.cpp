@@ -342,7 +342,7 @@ TEST_CASE("GPU forward: quantized weights dequantized on the device equal the ho
 namespace {
 
 // ppl (GPU) / ppl (CPU) − 1: fp16 GEMM inputs against fp32.
-constexpr double kPplRelTol = 1e-2;
+constexpr double kPplRelTol = 1e-3;  // measured on the H100: 5.1e-5 (stories260K), 1.4e-5 (sample, Marlin kernel)
 
 double ppl_rel(const PplResult& gpu, const PplResult& cpu) { return std::fabs(gpu.ppl / cpu.ppl - 1.0); }
 
