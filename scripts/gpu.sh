@@ -73,11 +73,15 @@ if [ "${SKIP_VERIFY:-0}" != 1 ]; then
   bin="$BUILD/cli/marlinc"
   tmp=${VERIFY_TMP:-/tmp/marlinc-gpu}
   rm -rf "$tmp/sample"; mkdir -p "$tmp"
+  # Twice: the GPU path must give the same bytes run to run (the README says so).
+  rm -rf "$tmp/sample2"
+  "$bin" quantize data/sample/model "$tmp/sample2" --method gptq --device cuda --format marlin --group 128 > /dev/null 2>&1
   "$bin" quantize data/sample/model "$tmp/sample" --method gptq --device cuda --format marlin --group 128 > "$OUT/sample_quantize.log" 2>&1 &&
+    cmp "$tmp/sample/model.safetensors" "$tmp/sample2/model.safetensors" &&
     "$bin" verify "$tmp/sample" --reference data/sample/model --certificate "$OUT/sample_certificate.json" > "$OUT/sample_verify.log" 2>&1
   rc=$?
   [ $rc -ne 0 ] && status=1 && tail -20 "$OUT/sample_verify.log"
-  summary+=("sample gptq (--device cuda) + verify on the GPU: rc=$rc, $(grep -E "^backend" "$OUT/sample_verify.log"), $(grep -E "^layers" "$OUT/sample_verify.log")")
+  summary+=("sample gptq (--device cuda, twice: same bytes) + verify on the GPU: rc=$rc, $(grep -E "^backend" "$OUT/sample_verify.log"), $(grep -E "^layers" "$OUT/sample_verify.log")")
   if [ "${SKIP_VERIFY_8B:-0}" != 1 ]; then
     t0=$(date +%s)
     "$BUILD/bench/bench_convert" --dir "$tmp/bc" --blocks "${VERIFY_BLOCKS:-32}" --reps 1 --keep > "$OUT/bench_convert.log" 2>&1 || status=1
