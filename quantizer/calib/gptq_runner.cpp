@@ -283,6 +283,7 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
   if (!pass) pass = make_cpu_pass(model, cs.samples);
 
   BlockSaver saver(resume);
+  double computed_s = 0;  // wall time of the blocks this run computed (not replayed)
   for (int64_t b = 0; b < c.layers; ++b) {
     const auto t_block = Clock::now();
     pass->load(b);
@@ -339,8 +340,16 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
       I.seconds_io += since(t_s);
       resumable = true;  // from here a failure leaves a job (at worst without block b, recomputed)
     }
+    // ETA from the blocks computed so far (replayed ones are much faster and say nothing about the rest).
+    const double block_s = since(t_block);
+    std::string eta;
+    if (b >= resumed) {
+      computed_s += block_s;
+      const double left = computed_s / double(b + 1 - resumed) * double(c.layers - 1 - b);
+      eta = ", eta " + std::to_string(int64_t(std::llround(left))) + " s";
+    }
     say("block " + std::to_string(b + 1) + "/" + std::to_string(c.layers) + (b < resumed ? " replayed" : " done") +
-        " in " + std::to_string(since(t_block)).substr(0, 5) + " s");
+        " in " + std::to_string(block_s).substr(0, 5) + " s" + eta);
     if (b >= resumed && go.stop_after_block == b + 1) {
       saver.wait();
       fail(ErrorKind::Internal, "stopped after block " + std::to_string(b + 1) +
