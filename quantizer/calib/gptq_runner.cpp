@@ -181,6 +181,9 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
   if (base.device == GptqOptions::Device::Cuda)
     bad_usage("--device cuda: this marlinc was built without CUDA (configure with -DMARLINC_CUDA=ON)");
 #endif
+#ifdef MARLINC_HAVE_CUDA
+  if (base.device == GptqOptions::Device::Cuda) require_cuda_device("--device cuda");
+#endif
   if (base.sparse24 && base.order != GptqOptions::Natural)
     bad_usage("--sparsity 2:4 runs in natural column order (SparseGPT); drop --order or use --order natural");
   if (base.order == GptqOptions::DynamicActOrder &&

@@ -25,6 +25,16 @@ static_assert(int(LinearInput::QKV) == 0 && int(LinearInput::O) == 1 && int(Line
               int(LinearInput::Down) == 3, "CudaForward's group order");
 static_assert(int(GpuVec::BiasDown) - int(GpuVec::BiasQ) == int(Linear::Down), "biases follow the linear order");
 
+void require_cuda_device(const std::string& what) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    cudaGetLastError();  // clear the sticky error
+    bad_usage(what + ": no CUDA device is visible (" +
+              std::string(e != cudaSuccess ? cudaGetErrorString(e) : "device count 0") + "); use --device cpu");
+  }
+}
+
 GpuDims gpu_dims(const LlamaConfig& c) {
   GpuDims d;
   d.hidden = c.hidden;

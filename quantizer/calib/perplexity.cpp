@@ -37,6 +37,8 @@ PplResult perplexity(const LlamaModel& model, std::span<const int32_t> tokens, c
   const bool gpu = opt.device == PplOptions::Device::Cuda;
 #ifndef MARLINC_HAVE_CUDA
   if (gpu) bad_usage("--device cuda: this marlinc was built without CUDA (configure with -DMARLINC_CUDA=ON)");
+#else
+  if (gpu) require_cuda_device("--device cuda");
 #endif
   std::vector<BlockWeights> blocks;
   if (!gpu)

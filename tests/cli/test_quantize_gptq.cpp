@@ -128,4 +128,16 @@ TEST_CASE("gptq options that do not fit exit 2 naming the option, leaving no out
   CHECK(r.rc == 1);
   CHECK(r.err.find("missing.txt") != std::string::npos);
   CHECK(!fs::exists(td.path / "o"));
+  // --device cuda without CUDA (a CPU build, or no device visible) is a usage error before any
+  // calibration work, not an internal one; on a GPU machine it simply runs.
+  r = run_cli("quantize " + q(sample) + " " + q(td.path / "g") + " --method gptq --device cuda", td.path);
+  if (r.rc == 0) {
+    CHECK(fs::exists(td.path / "g" / "model.safetensors"));
+  } else {
+    CHECK(r.rc == 2);
+    CHECK((r.err.find("built without CUDA") != std::string::npos ||
+           r.err.find("no CUDA device is visible") != std::string::npos));
+    CHECK(r.out.find("calibration") == std::string::npos);
+    CHECK(!fs::exists(td.path / "g"));
+  }
 }
