@@ -163,7 +163,7 @@ void check_arithmetic(LayerReport& L, const QuantizedLinear& q, const VerifyOpti
 }
 
 // error_feedback: the checkpoint records that GPTQ produced it (marlinc's quantization_config
-// "marlinc": {"method": "gptq"}). GPTQ moves each weight by the error of the ones quantized before
+// "marlinc": {"method": "gptq"}, or the GPTQ tools' damp_percent). GPTQ moves each weight by the error of the ones quantized before
 // it (and 2:4 moves the kept ones by the pruned ones'), so a weight many steps from the original is
 // expected there; the whole-layer, per-column and peer checks still apply.
 void check_reference(LayerReport& L, const QuantizedLinear& q, const Checkpoint& ref, const VerifyOptions& opt,
@@ -319,7 +319,10 @@ VerifyReport verify_checkpoint(const std::filesystem::path& dir, const VerifyOpt
   }
   const nlohmann::json::json_pointer method_ptr("/marlinc/method");
   const auto& qc = ck.quantize_config();
-  const bool error_feedback = qc.contains(method_ptr) && qc.at(method_ptr) == "gptq";
+  // GPTQ-made weights sit several steps from the original by design: marlinc records its method, and
+  // the GPTQ tools (AutoGPTQ, GPTQModel, optimum) write their damping hyperparameter, damp_percent,
+  // which no marlinc writer emits (conversions carry it over from a GPTQ source).
+  const bool error_feedback = (qc.contains(method_ptr) && qc.at(method_ptr) == "gptq") || qc.contains("damp_percent");
   std::vector<ModuleDesc> mods;
   try {
     mods = describe_modules(ck, fi);

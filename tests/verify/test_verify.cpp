@@ -197,6 +197,35 @@ TEST_CASE("a flipped high bit in B is caught against the reference and named", "
   CHECK(layer(r, "model.layers.0.self_attn.q_proj")->ok());
 }
 
+TEST_CASE("a GPTQ tool's checkpoint (damp_percent in its config) is not gated on step distance", "[verify]") {
+  // GPTQ's error feedback moves weights several steps from the original by design; a checkpoint from
+  // AutoGPTQ / GPTQModel says it came from GPTQ through damp_percent. The moved weight is simulated
+  // with the same 8-step code change as above: reported, not gated; without damp_percent, gated.
+  test::TempDir tmp("verify-gptq-tool");
+  write_reference(tmp.path / "fp");
+  write_quantized(tmp.path / "q", TargetFormat::GptqV1);
+  patch_tensor(tmp.path / "q", "model.layers.0.self_attn.k_proj.qweight", [](uint8_t* p, size_t) { p[4 * 77] ^= 0x08; });
+  VerifyOptions opt;
+  opt.reference = tmp.path / "fp";
+  auto reference_check = [&] {
+    const VerifyReport r = verify_checkpoint(tmp.path / "q", opt);
+    const LayerReport* l = layer(r, "model.layers.0.self_attn.k_proj");
+    REQUIRE(l);
+    for (const auto& c : l->checks)
+      if (c.name == "reference") return c;
+    FAIL("no reference check");
+    return CheckResult{};
+  };
+  const CheckResult gated = reference_check();
+  CHECK(!gated.ok);
+  CHECK(gated.detail.find("quantization steps") != std::string::npos);
+  edit_quant_configs(tmp.path / "q", [](nlohmann::json& q) { q["damp_percent"] = 0.01; });
+  const CheckResult reported = reference_check();
+  INFO(reported.detail);
+  CHECK(reported.ok);
+  CHECK(reported.detail.find("not gated") != std::string::npos);
+}
+
 TEST_CASE("swapped scale columns are caught against the reference and named", "[verify]") {
   test::TempDir tmp("verify-scales");
   write_reference(tmp.path / "fp");
