@@ -35,7 +35,9 @@ std::map<std::string, std::set<std::string>> leaves_by_prefix(const Checkpoint& 
 
 std::map<std::string, Kind> module_kinds(const Checkpoint& ck) {
   std::map<std::string, Kind> out;
-  for (const auto& [prefix, leaves] : leaves_by_prefix(ck)) {
+  for (const auto& entry : leaves_by_prefix(ck)) {
+    const std::string& prefix = entry.first;
+    const auto& leaves = entry.second;  // a named reference: clang 14 cannot capture a structured binding
     auto has = [&](const char* l) { return leaves.count(l) > 0; };
     if (has("B_24") && (has("B_meta") || has("meta"))) out[prefix] = Kind::Marlin24;
     else if (has("weight_packed") && has("meta") && has("scale_packed")) out[prefix] = Kind::CtMarlin24;

@@ -2,6 +2,7 @@
 
 #include <cstring>
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 #include <fstream>
@@ -90,7 +91,15 @@ __attribute__((target("sha,sse4.1"))) void blocks_shani(uint32_t state[8], const
   _mm_storeu_si128(reinterpret_cast<__m128i*>(state), dcba);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(state + 4), hgfe);
 }
-const bool kHaveShani = __builtin_cpu_supports("sha") && __builtin_cpu_supports("sse4.1");
+// CPUID directly: leaf 7 EBX bit 29 (SHA), leaf 1 ECX bit 19 (SSE4.1). clang 14's
+// __builtin_cpu_supports does not know "sha".
+bool detect_shani() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 19))) return false;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  return (b & (1u << 29)) != 0;
+}
+const bool kHaveShani = detect_shani();
 }  // namespace
 bool sha256_uses_shani() { return kHaveShani; }
 #else

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds and runs every test that needs no GPU, then fuzzes the safetensors header parser for a bounded
-# time. Prints "N passed, M failed" last.
+# Builds and runs every test that needs no GPU, then fuzzes the safetensors header parser and the
+# resume job's readers for a bounded time each. Prints "N passed, M failed" last.
 #
 # Two builds, so that both sides of MARLINC_CUDA are compiled and tested without building everything
 # three times on a 2-core machine:
@@ -10,7 +10,7 @@
 #  - asan: CUDA off, AddressSanitizer + UBSan, every non-GPU test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-FUZZ_SECONDS=${FUZZ_SECONDS:-60}
+FUZZ_SECONDS=${FUZZ_SECONDS:-45}  # per fuzzer
 logs=build/test-logs
 mkdir -p "$logs"
 passed=0; failed=0
@@ -46,17 +46,21 @@ cmake --build --preset asan
 ASAN_OPTIONS=detect_leaks=1 ctest --preset asan 2>&1 | tee "$logs/asan.log" || true
 count "$logs/asan.log"
 
-stamp "fuzzing the safetensors header parser for ${FUZZ_SECONDS}s"
+stamp "fuzzing the safetensors header parser and the resume job's readers, ${FUZZ_SECONDS}s each"
 cmake --preset fuzz >/dev/null
-cmake --build build/fuzz --target fuzz_safetensors_header
-mkdir -p build/fuzz/corpus
-if ./build/fuzz/tests/fuzz/fuzz_safetensors_header -max_total_time="$FUZZ_SECONDS" -print_final_stats=1 \
-    build/fuzz/corpus tests/fuzz/corpus > "$logs/fuzz.log" 2>&1; then
-  passed=$((passed + 1)); echo "fuzzer: clean"
-else
-  failed=$((failed + 1)); echo "fuzzer: FAILED"
-fi
-tail -n 12 "$logs/fuzz.log"
+cmake --build build/fuzz --target fuzz_safetensors_header fuzz_job_file
+for target in safetensors_header job_file; do
+  corpus=tests/fuzz/corpus
+  [ "$target" = job_file ] && corpus=tests/fuzz/corpus_job
+  mkdir -p "build/fuzz/corpus_$target"
+  if ./build/fuzz/tests/fuzz/fuzz_$target -max_total_time="$FUZZ_SECONDS" -max_len=4096 -print_final_stats=1 \
+      "build/fuzz/corpus_$target" "$corpus" > "$logs/fuzz_$target.log" 2>&1; then
+    passed=$((passed + 1)); echo "fuzzer $target: clean"
+  else
+    failed=$((failed + 1)); echo "fuzzer $target: FAILED"
+  fi
+  tail -n 4 "$logs/fuzz_$target.log"
+done
 
 stamp "done"
 echo "tests: $passed passed, $failed failed"
