@@ -1,6 +1,7 @@
 #include "checkpoint/writer.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -314,6 +315,36 @@ std::vector<std::string> copy_non_tensor_files(const fs::path& src_dir, Checkpoi
   std::sort(copied.begin(), copied.end());
   for (const std::string& n : copied) w.copy_file(src_dir / n, n);
   return copied;
+}
+
+std::vector<fs::path> stale_temp_outputs(const fs::path& out_dir) {
+  std::vector<fs::path> out;
+  fs::path o = out_dir;
+  if (!o.has_filename()) o = o.parent_path();  // "out/" names "out"
+  const fs::path parent = o.has_parent_path() ? o.parent_path() : fs::path(".");
+  const std::string prefix = o.filename().string() + ".tmp-";
+  std::error_code ec;
+  for (fs::directory_iterator it(parent, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    // "<pid>-<n>", both decimal.
+    const std::string rest = name.substr(prefix.size());
+    const size_t dash = rest.find('-');
+    if (dash == 0 || dash == std::string::npos || dash + 1 == rest.size() ||
+        rest.find_first_not_of("0123456789-") != std::string::npos || rest.find('-', dash + 1) != std::string::npos)
+      continue;
+    long long pid = 0;
+    try {
+      pid = std::stoll(rest.substr(0, dash));
+    } catch (...) {
+      continue;
+    }
+    // kill(pid, 0) probes without signalling: ESRCH means no such process here.
+    const bool gone = pid > 0 && (pid > 0x7fffffffLL || (::kill(pid_t(pid), 0) != 0 && errno == ESRCH));
+    if (gone && it->is_directory(ec)) out.push_back(it->path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 }  // namespace marlinc

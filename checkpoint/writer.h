@@ -26,6 +26,11 @@ struct WriterOptions {
   bool overwrite = false;            // replace an existing non-empty out_dir
 };
 
+// Temporary outputs of earlier writers for out_dir (`<out>.tmp-<pid>-<n>` beside it) whose process no
+// longer runs on this machine: what a killed run left behind. Listed, never removed (a writer on
+// another machine sharing the directory could own one); the CLI points them out.
+std::vector<std::filesystem::path> stale_temp_outputs(const std::filesystem::path& out_dir);
+
 class CheckpointWriter {
  public:
   // Validates the plan (unique non-empty names, non-negative dims) and creates the temporary directory.

@@ -5,6 +5,7 @@
 
 #include "checkpoint/error.h"
 #include "cli/commands.h"
+#include "cli/output.h"
 #include "packer/formats/convert.h"
 
 namespace marlinc::cli {
@@ -29,6 +30,7 @@ struct Args {
 
 void run_convert(const Args& a) {
   ConvertOptions o;
+  note_stale_outputs(a.out);
   auto t = target_from_name(a.to);
   if (!t) bad_usage("--to " + a.to + ": unknown format (use marlin, marlin24, gptq, gptq_v2, compressed-tensors, awq)");
   o.to = *t;

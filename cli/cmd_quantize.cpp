@@ -71,6 +71,7 @@ calib::GptqRunOptions gptq_run_options(const QuantizeArgs& a) {
 
 int run_quantize(const QuantizeArgs& a) {
   QuantizeOptions o;
+  note_stale_outputs(a.out);
   auto t = target_from_name(a.format);
   if (!t) bad_usage("--format " + a.format + ": expected marlin, gptq, gptq_v2 or compressed-tensors");
   o.to = *t;

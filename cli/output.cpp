@@ -1,9 +1,11 @@
 #include "cli/output.h"
 
+#include <cstdio>
 #include <fstream>
 #include <unistd.h>
 
 #include "checkpoint/error.h"
+#include "checkpoint/writer.h"
 
 namespace marlinc::cli {
 
@@ -27,6 +29,12 @@ void write_file_atomic(const std::filesystem::path& path, const std::string& con
     std::filesystem::remove(tmp, ec);
     fail(ErrorKind::Io, path.string() + ": cannot rename the temporary file into place: " + ec.message());
   }
+}
+
+void note_stale_outputs(const std::filesystem::path& out) {
+  for (const auto& p : stale_temp_outputs(out))
+    std::fprintf(stderr, "note: %s is the partial output of an interrupted run (its process has exited); "
+                         "remove it to free the space\n", p.c_str());
 }
 
 }  // namespace marlinc::cli

@@ -9,4 +9,7 @@ namespace marlinc::cli {
 // half-written file and an interrupted run leaves the old file (or none). Throws marlinc::Error (Io).
 void write_file_atomic(const std::filesystem::path& path, const std::string& contents);
 
+// One line on stderr per partial output an interrupted run left beside `out` (stale_temp_outputs).
+void note_stale_outputs(const std::filesystem::path& out);
+
 }  // namespace marlinc::cli

@@ -1,5 +1,8 @@
 // CheckpointWriter: byte-exact output (formats.md §7.1 example), determinism, sharding + index,
 // atomicity, refusal to clobber; Checkpoint's sharded-index validation.
+#include <unistd.h>
+
+#include <fstream>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -316,4 +319,20 @@ TEST_CASE("quantize_config merges config.json, quant_config.json and quantize_co
         std::vector<std::string>{"quantize_config.json", "quant_config.json", "config.json:quantization_config"});
   write_text(tmp.path / "m" / "config.json", "[1]");
   CHECK(contains(error_of([&] { Checkpoint::open(tmp.path / "m"); }), "config.json: top level is array"));
+}
+
+TEST_CASE("stale_temp_outputs lists what killed writers left, and nothing a live one owns", "[writer]") {
+  TempDir tmp("wstale");
+  const fs::path out = tmp.path / "out";
+  const std::string mine = std::to_string(::getpid());
+  // 99999999999 is above any pid_max: that process cannot be running.
+  for (const std::string& n : std::vector<std::string>{"out.tmp-99999999999-0", "out.tmp-" + mine + "-3", "out.tmp-x-1",
+                                                       "out.tmp-12-", "other.tmp-99999999999-0", "out.tmp-99999999999-1-2"})
+    fs::create_directories(tmp.path / n);
+  std::ofstream(tmp.path / "out.tmp-99999999999-7") << "a file, not a directory";
+  const auto stale = stale_temp_outputs(out);
+  REQUIRE(stale.size() == 1);
+  CHECK(stale[0].filename() == "out.tmp-99999999999-0");
+  CHECK(stale_temp_outputs(tmp.path / "out/") == stale);  // a trailing slash names the same output
+  CHECK(stale_temp_outputs(tmp.path / "missing" / "out").empty());
 }
