@@ -5,7 +5,6 @@
 
 #include <bit>
 #include <cerrno>
-#include <charconv>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -14,25 +13,15 @@
 #include "checkpoint/error.h"
 #include "checkpoint/json_strict.h"
 #include "checkpoint/sha256.h"
+#include "quantizer/calib/job_file_internal.h"
 
 namespace marlinc::calib {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using namespace job_detail;
 
-namespace {
-
-constexpr char kMagic[8] = {'M', 'L', 'C', 'J', 'O', 'B', 'B', '1'};
-constexpr size_t kFingerprintChars = 64;
-constexpr size_t kTrailer = 32;          // SHA-256 of everything before it
-constexpr uint32_t kMaxLayers = 1024;    // a block has 7 linears; anything near this is corrupt
-constexpr uint32_t kMaxName = 4096;
-constexpr int64_t kMaxDim = int64_t(1) << 31;
-constexpr uint64_t kMaxJobJson = 64u << 20;  // job.json is a few KB; a huge one is not ours
-// json dumps that never throw on a non-UTF-8 file name, the same way on write and on re-hash.
-std::string dump(const json& j, int indent = -1) { return j.dump(indent, ' ', false, json::error_handler_t::replace); }
-
-[[noreturn]] void io_fail(const std::string& what) { fail(ErrorKind::Io, what + ": " + std::strerror(errno)); }
+namespace job_detail {
 
 std::string read_all(const fs::path& p, uint64_t max_bytes, const std::string& what) {
   std::error_code ec;
@@ -44,6 +33,19 @@ std::string read_all(const fs::path& p, uint64_t max_bytes, const std::string& w
   if (!f || !f.read(s.data(), std::streamsize(s.size()))) fail(ErrorKind::Io, p.string() + ": cannot read " + what);
   return s;
 }
+
+}  // namespace job_detail
+
+namespace {
+
+constexpr char kMagic[8] = {'M', 'L', 'C', 'J', 'O', 'B', 'B', '1'};
+constexpr size_t kFingerprintChars = 64;
+constexpr size_t kTrailer = 32;          // SHA-256 of everything before it
+constexpr uint32_t kMaxLayers = 1024;    // a block has 7 linears; anything near this is corrupt
+constexpr uint32_t kMaxName = 4096;
+constexpr int64_t kMaxDim = int64_t(1) << 31;
+
+[[noreturn]] void io_fail(const std::string& what) { fail(ErrorKind::Io, what + ": " + std::strerror(errno)); }
 
 void fsync_dir(const fs::path& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -82,36 +84,7 @@ bool is_hex64(const std::string& s) {
   return true;
 }
 
-// Shortest text that reads back as the same float, so job.json shows "0.01", not 0.009999999776.
-std::string float_text(float v) {
-  char buf[32];
-  const auto r = std::to_chars(buf, buf + sizeof buf, v);
-  return std::string(buf, r.ptr);
-}
-
-std::string order_name(GptqOptions::Order o) {
-  switch (o) {
-    case GptqOptions::Natural: return "natural";
-    case GptqOptions::StaticActOrder: return "static";
-    case GptqOptions::Gar: return "gar";
-    case GptqOptions::DynamicActOrder: return "dynamic";
-  }
-  return "?";
-}
-
 // ---- block file codec ---------------------------------------------------------------------------
-
-class Writer {
- public:
-  std::string s;
-  void bytes(const void* p, size_t n) { s.append(static_cast<const char*>(p), n); }
-  void u8(uint8_t v) { s.push_back(char(v)); }
-  void u32(uint32_t v) { for (int i = 0; i < 4; ++i) s.push_back(char((v >> (8 * i)) & 0xff)); }
-  void u64(uint64_t v) { for (int i = 0; i < 8; ++i) s.push_back(char((v >> (8 * i)) & 0xff)); }
-  void i32(int32_t v) { u32(uint32_t(v)); }
-  void i64(int64_t v) { u64(uint64_t(v)); }
-  void f64(double v) { u64(std::bit_cast<uint64_t>(v)); }
-};
 
 // Bounds-checked reads over the verified payload; every failure names the file and the byte offset.
 class Reader {
@@ -297,57 +270,6 @@ std::string JobInputs::fingerprint() const {
   Sha256 h;
   h.update(dump(json));
   return h.hex();
-}
-
-JobInputs job_inputs(const Checkpoint& ck, const QuantizeOptions& qo, const GptqOptions& g, bool true_sequential,
-                     const CalibSet& cs) {
-  JobInputs in;
-  json model = json::object();
-  const fs::path cfg = ck.dir() / "config.json";
-  if (fs::exists(cfg)) {
-    const std::string bytes = read_all(cfg, kMaxJobJson, "config.json");
-    model["config.json"] = {{"size", bytes.size()}, {"sha256", sha256_hex({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()})}};
-  }
-  json files = json::object();
-  for (const SafetensorsFile& f : ck.files()) {
-    // The header only: it fixes every tensor's name, dtype, shape and offsets (see the file comment).
-    std::ifstream in_f(f.path(), std::ios::binary);
-    std::string header(size_t(f.data_start()), '\0');
-    if (!in_f || !in_f.read(header.data(), std::streamsize(header.size())))
-      fail(ErrorKind::Io, f.path().string() + ": cannot read the safetensors header");
-    files[f.path().filename().string()] = {
-        {"size", f.file_size()},
-        {"header_sha256", sha256_hex({reinterpret_cast<const uint8_t*>(header.data()), header.size()})}};
-  }
-  model["safetensors"] = files;
-  in.json["model"] = model;
-  in.json["options"] = {{"format", target_name(qo.to)},
-                        {"bits", g.bits},
-                        {"group", g.group_size},
-                        {"clip", g.clip == GptqOptions::Marlin ? "marlin" : "none"},
-                        {"damp", float_text(g.damp)},
-                        {"auto_damp", g.auto_damp},
-                        {"lazy_block", g.block},
-                        {"order", order_name(g.order)},
-                        {"sparsity", g.sparse24 ? "2:4" : "none"},
-                        {"true_sequential", true_sequential},
-                        {"device", g.device == GptqOptions::Device::Cuda ? "cuda" : "cpu"},
-                        {"skip", qo.skip},
-                        {"include_lm_head", qo.include_lm_head},
-                        {"shard_size", qo.max_shard_bytes},
-                        {"marlinc", MARLINC_VERSION}};
-  // Each sample as its length then its ids, so [[1, 2], [3]] and [[1], [2, 3]] hash differently.
-  Sha256 ids;
-  for (const auto& s : cs.samples) {
-    Writer w;
-    w.u64(s.size());
-    for (int32_t t : s) w.i32(t);
-    ids.update(w.s);
-  }
-  json calib = cs.to_json();
-  calib["ids_sha256"] = ids.hex();
-  in.json["calibration"] = calib;
-  return in;
 }
 
 std::vector<std::string> describe_differences(const json& job, const json& now) {
