@@ -91,16 +91,29 @@ __device__ __forceinline__ void dequant8(uint32_t q, uint32_t (&f)[4]) {
   }
 }
 
-// Multiplies a dequantized pair by a scale broadcast to both halves.
-template <int DT>
-__device__ __forceinline__ uint32_t scale_pair(uint32_t f, uint32_t s2) {
-  uint32_t d;
+// Multiplies the two dequantized pairs f0, f1 by the low (HI = false) or high half of the scale word s,
+// broadcast to both halves. Written as a `mov {l, h}` split and a `{l, l}` join, the pattern ptxas folds
+// into the multiply's operand selector (R.H0_H0 / R.H1_H1) instead of spending a PRMT per broadcast.
+// bf16 multiplies as fma with -0 (an exact product, like mul.bf16x2, which needs sm_90).
+template <int DT, bool HI>
+__device__ __forceinline__ void scale2(uint32_t& f0, uint32_t& f1, uint32_t s) {
   if constexpr (DT == 0) {
-    asm("mul.f16x2 %0, %1, %2;\n" : "=r"(d) : "r"(f), "r"(s2));
+    if constexpr (!HI)
+      asm("{\n .reg .b16 l, h;\n .reg .b32 b;\n mov.b32 {l, h}, %2;\n mov.b32 b, {l, l};\n"
+          " mul.f16x2 %0, %0, b;\n mul.f16x2 %1, %1, b;\n}\n" : "+r"(f0), "+r"(f1) : "r"(s));
+    else
+      asm("{\n .reg .b16 l, h;\n .reg .b32 b;\n mov.b32 {l, h}, %2;\n mov.b32 b, {h, h};\n"
+          " mul.f16x2 %0, %0, b;\n mul.f16x2 %1, %1, b;\n}\n" : "+r"(f0), "+r"(f1) : "r"(s));
   } else {
-    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(f), "r"(s2), "r"(0x80008000u));  // + (-0)
+    if constexpr (!HI)
+      asm("{\n .reg .b16 l, h;\n .reg .b32 b;\n mov.b32 {l, h}, %2;\n mov.b32 b, {l, l};\n"
+          " fma.rn.bf16x2 %0, %0, b, %3;\n fma.rn.bf16x2 %1, %1, b, %3;\n}\n"
+          : "+r"(f0), "+r"(f1) : "r"(s), "r"(0x80008000u));
+    else
+      asm("{\n .reg .b16 l, h;\n .reg .b32 b;\n mov.b32 {l, h}, %2;\n mov.b32 b, {h, h};\n"
+          " fma.rn.bf16x2 %0, %0, b, %3;\n fma.rn.bf16x2 %1, %1, b, %3;\n}\n"
+          : "+r"(f0), "+r"(f1) : "r"(s), "r"(0x80008000u));
   }
-  return d;
 }
 
 template <int DT>
@@ -154,10 +167,14 @@ struct Shape {
   static_assert(kKB % kKWarps == 0 && kKBPerWarp >= 1, "k-warps split the tile's k16 blocks evenly");
   static_assert(kAChunks >= 8, "the A swizzle XORs the chunk index with row % 8");
   static_assert((kKWarps & (kKWarps - 1)) == 0, "tree reduction over a power-of-two number of k-warps");
+  static_assert(16 * kKBPerWarp <= 32, "a warp's k16 steps of a tile share one group (the smallest is 32)");
+  static_assert((kStages * kKBPerWarp) % 2 == 0, "register double-buffer parity repeats every stage round");
   static_assert(MB >= 1 && MB <= kMaxMBlocks && TN <= kMaxThreadN, "workspace slots are sized for these");
 };
 
-template <int DT, int MB, int TN, int TK>
+// GROUPED: group scales applied to the dequantized weights (groups > 1); otherwise per-channel scales
+// are applied to the output. A template parameter keeps the branch out of the inner loop.
+template <int DT, bool GROUPED, int MB, int TN, int TK>
 __global__ void __launch_bounds__(kThreads) marlin_kernel(const KernelArgs p) {
   using S = Shape<MB, TN, TK>;
   extern __shared__ int4 sh[];
@@ -169,7 +186,6 @@ __global__ void __launch_bounds__(kThreads) marlin_kernel(const KernelArgs p) {
   const int a_row = p.k / 8;  // int4 per row of A
   const int b_row = p.n / 2;  // int4 per row of B (2n words)
   const int s_row = p.n / 8;  // int4 per row of s
-  const bool grouped = p.groups > 1;
   const int4* A = static_cast<const int4*>(p.A);
   const int4* B = reinterpret_cast<const int4*>(p.B);
   const int4* Sc = static_cast<const int4*>(p.s);
@@ -206,7 +222,7 @@ __global__ void __launch_bounds__(kThreads) marlin_kernel(const KernelArgs p) {
           cp_async16(sB + i, B + size_t(kt * S::kKB + r) * b_row + ncol * S::kBRow + c, true);
         }
       }
-      if (grouped) {
+      if constexpr (GROUPED) {
         const int g0 = (kt * TK) >> p.group_shift;
         const int rows = (TK >> p.group_shift) > 1 ? (TK >> p.group_shift) : 1;
         for (int i = tid; i < rows * S::kSRow; i += kThreads) {
@@ -220,61 +236,89 @@ __global__ void __launch_bounds__(kThreads) marlin_kernel(const KernelArgs p) {
 #pragma unroll
     for (int a = 0; a < S::kAcc; ++a) acc[a][0] = acc[a][1] = acc[a][2] = acc[a][3] = 0.f;
 
-    auto compute_tile = [&](int st) {
+    // One k16 step's operands in registers: A fragments (ldmatrix) and the lane's packed B words.
+    struct Frags {
+      uint32_t a[MB][4];
+      int4 b;
+    };
+    auto load_frags = [&](Frags& f, int st, int kk) {
       const int4* sA = sh + st * S::kStage;
       const int4* sB = sA + S::kAStage;
-      const int4* sS = sB + S::kBStage;
+      const int kb = wk * S::kKBPerWarp + kk;
 #pragma unroll
-      for (int kk = 0; kk < S::kKBPerWarp; ++kk) {
-        const int kb = wk * S::kKBPerWarp + kk;
-        uint32_t a[MB][4];
+      for (int mb = 0; mb < MB; ++mb) {
+        const int r = mb * 16 + (lane & 15), c = kb * 2 + (lane >> 4);
+        ldmatrix_x4(f.a[mb], sA + r * S::kAChunks + (c ^ (r & 7)));
+      }
+      f.b = sB[kb * S::kBRow + wn * 32 + lane];
+    };
+    // A warp's k16 steps of one tile lie in one group (static_assert in Shape): one scale load per tile.
+    const int s_off = ((wk * S::kKBPerWarp * 16) >> p.group_shift) * S::kSRow + wn * 8 + (lane >> 2);
+    auto load_scales = [&](int st) -> int4 {
+      if constexpr (!GROUPED) return make_int4(0, 0, 0, 0);
+      return (sh + st * S::kStage + S::kAStage + S::kBStage)[s_off];
+    };
+    auto compute = [&](const Frags& f, const int4& sv) {
+      const uint32_t words[4] = {uint32_t(f.b.x), uint32_t(f.b.y), uint32_t(f.b.z), uint32_t(f.b.w)};
+      const uint32_t sw[4] = {uint32_t(sv.x), uint32_t(sv.y), uint32_t(sv.z), uint32_t(sv.w)};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        uint32_t w[4];
+        dequant8<DT>(words[j], w);
+        if constexpr (GROUPED) {
+          // Scale halves 2j (column 16j + c) and 2j + 1 (column 16j + c + 8), §1.6 grouped perm.
+          scale2<DT, false>(w[0], w[1], sw[j]);
+          scale2<DT, true>(w[2], w[3], sw[j]);
+        }
 #pragma unroll
         for (int mb = 0; mb < MB; ++mb) {
-          const int r = mb * 16 + (lane & 15), c = kb * 2 + (lane >> 4);
-          ldmatrix_x4(a[mb], sA + r * S::kAChunks + (c ^ (r & 7)));
-        }
-        const int4 bq = sB[kb * S::kBRow + wn * 32 + lane];
-        int4 sv = make_int4(0, 0, 0, 0);
-        if (grouped) sv = sS[((kb * 16) >> p.group_shift) * S::kSRow + wn * 8 + (lane >> 2)];
-        const uint32_t words[4] = {uint32_t(bq.x), uint32_t(bq.y), uint32_t(bq.z), uint32_t(bq.w)};
-        const uint32_t sw[4] = {uint32_t(sv.x), uint32_t(sv.y), uint32_t(sv.z), uint32_t(sv.w)};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          uint32_t f[4];
-          dequant8<DT>(words[j], f);
-          if (grouped) {
-            // Scale halves 2j (column 16j + c) and 2j + 1 (column 16j + c + 8), §1.6 grouped perm.
-            const uint32_t s_lo = __byte_perm(sw[j], 0, 0x1010), s_hi = __byte_perm(sw[j], 0, 0x3232);
-            f[0] = scale_pair<DT>(f[0], s_lo);
-            f[1] = scale_pair<DT>(f[1], s_lo);
-            f[2] = scale_pair<DT>(f[2], s_hi);
-            f[3] = scale_pair<DT>(f[3], s_hi);
-          }
-#pragma unroll
-          for (int mb = 0; mb < MB; ++mb) {
-            mma_16816<DT>(a[mb], f[0], f[1], acc[mb * 8 + 2 * j]);
-            mma_16816<DT>(a[mb], f[2], f[3], acc[mb * 8 + 2 * j + 1]);
-          }
+          mma_16816<DT>(f.a[mb], w[0], w[1], acc[mb * 8 + 2 * j]);
+          mma_16816<DT>(f.a[mb], w[2], w[3], acc[mb * 8 + 2 * j + 1]);
         }
       }
     };
 
-    // Pipeline: STAGES-1 tiles in flight ahead of the one being computed; one barrier per tile both
-    // publishes the landed tile and retires the stage the next load overwrites.
+    // Pipeline: STAGES-1 tiles in flight ahead of the one being computed. Operands are double-buffered
+    // in registers: the next k16 step's shared loads are issued before the current step's dequantize and
+    // mma, and at a tile's last step the barrier comes first, so the next tile's first operands load
+    // while this tile finishes (shared-memory latency never sits between a barrier and the math). The
+    // stage loop is unrolled so that every shared-memory offset is a constant.
 #pragma unroll
     for (int st = 0; st < S::kStages - 1; ++st) {
       if (st < cnt) load_tile(st, kt0 + st);
       cp_async_commit();
     }
-    int st_read = 0, st_write = S::kStages - 1;
-    for (int t = 0; t < cnt; ++t) {
-      cp_async_wait<S::kStages - 2>();
-      __syncthreads();
-      if (t + S::kStages - 1 < cnt) load_tile(st_write, kt0 + t + S::kStages - 1);
-      cp_async_commit();
-      compute_tile(st_read);
-      st_read = st_read + 1 == S::kStages ? 0 : st_read + 1;
-      st_write = st_write + 1 == S::kStages ? 0 : st_write + 1;
+    cp_async_wait<S::kStages - 2>();
+    __syncthreads();
+    Frags fr[2];
+    load_frags(fr[0], 0, 0);
+    int4 sv_cur = load_scales(0), sv_next = sv_cur;
+    int t = 0;
+    while (t < cnt) {
+#pragma unroll
+      for (int pipe = 0; pipe < S::kStages; ++pipe) {
+#pragma unroll
+        for (int kk = 0; kk < S::kKBPerWarp; ++kk) {
+          const int cur = (pipe * S::kKBPerWarp + kk) & 1;  // S * kKBPerWarp is even: parity carries over
+          if (kk + 1 < S::kKBPerWarp) {
+            load_frags(fr[cur ^ 1], pipe, kk + 1);
+          } else {
+            // Every warp has its operands of tile t in registers once past this barrier, so the stage
+            // that held tile t - 1 is free for tile t + STAGES - 1; tile t + 1 has landed.
+            if (t + S::kStages - 1 < cnt) load_tile((pipe + S::kStages - 1) % S::kStages, kt0 + t + S::kStages - 1);
+            cp_async_commit();
+            cp_async_wait<S::kStages - 2>();
+            __syncthreads();
+            if (t + 1 < cnt) {
+              load_frags(fr[cur ^ 1], (pipe + 1) % S::kStages, 0);
+              sv_next = load_scales((pipe + 1) % S::kStages);
+            }
+          }
+          compute(fr[cur], sv_cur);
+        }
+        sv_cur = sv_next;
+        if (++t == cnt) break;
+      }
     }
     cp_async_wait<0>();
     __syncthreads();
@@ -369,7 +413,7 @@ __global__ void __launch_bounds__(kThreads) marlin_kernel(const KernelArgs p) {
         // Per-channel scales (§1.6 single perm): the lane's 8 values for n8 tiles 4*half..4*half+3 are
         // one contiguous 16-byte run at 32*(n/32) + 8*(lane%4).
         float sc[8];
-        if (!grouped) {
+        if constexpr (!GROUPED) {
           const int4 v = *reinterpret_cast<const int4*>(s16 + ncol * TN + wn * 64 + 32 * half + 8 * (lane & 3));
           const uint16_t* hv = reinterpret_cast<const uint16_t*>(&v);
 #pragma unroll
@@ -386,7 +430,7 @@ __global__ void __launch_bounds__(kThreads) marlin_kernel(const KernelArgs p) {
               if (r < valid_rows) {
                 const int c = ncol * TN + wn * 64 + 8 * t + 2 * (lane & 3);
                 float v0 = acc[mb * 8 + t][2 * h], v1 = acc[mb * 8 + t][2 * h + 1];
-                if (!grouped) {
+                if constexpr (!GROUPED) {
                   v0 *= sc[2 * tt];
                   v1 *= sc[2 * tt + 1];
                 }
@@ -403,16 +447,25 @@ __global__ void __launch_bounds__(kThreads) marlin_kernel(const KernelArgs p) {
 template <int DT, int MB, int TN, int TK>
 cudaError_t marlin_prepare(int* blocks_per_sm, int* smem_bytes) {
   using S = Shape<MB, TN, TK>;
-  auto kern = marlin_kernel<DT, MB, TN, TK>;
-  cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes);
-  if (e != cudaSuccess) return e;
+  int occ[2] = {0, 0};
+  const auto kerns = {marlin_kernel<DT, false, MB, TN, TK>, marlin_kernel<DT, true, MB, TN, TK>};
+  int i = 0;
+  for (auto kern : kerns) {
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes);
+    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ[i++], kern, kThreads, S::kSmemBytes);
+    if (e != cudaSuccess) return e;
+  }
   *smem_bytes = S::kSmemBytes;
-  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, kern, kThreads, S::kSmemBytes);
+  *blocks_per_sm = occ[0] < occ[1] ? occ[0] : occ[1];  // one grid size serves both variants
+  return cudaSuccess;
 }
 
 template <int DT, int MB, int TN, int TK>
 cudaError_t marlin_launch(const KernelArgs& a, int grid, int smem_bytes, cudaStream_t stream) {
-  marlin_kernel<DT, MB, TN, TK><<<grid, kThreads, smem_bytes, stream>>>(a);
+  if (a.groups > 1)
+    marlin_kernel<DT, true, MB, TN, TK><<<grid, kThreads, smem_bytes, stream>>>(a);
+  else
+    marlin_kernel<DT, false, MB, TN, TK><<<grid, kThreads, smem_bytes, stream>>>(a);
   return cudaGetLastError();
 }
 
