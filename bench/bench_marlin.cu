@@ -4,6 +4,9 @@
 // replays (spread printed), cuBLAS (cublasGemmEx, fp16 in/out, fp32 accumulate) and a device-to-device
 // copy bandwidth measured in the same run. Random data only. Prints per-(set, m) rows and a summary
 // table last; --json PATH writes every number; --explore also times every tile configuration.
+// The fused kernel is timed twice: plainly ("serial") and with MarlinGemm::overlap_previous
+// (programmatic dependent launch: each call streams its first weight tiles while the previous call
+// finishes, as in a model's sequence of layers, whose weights are constant); Auto uses the latter.
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -26,6 +29,7 @@ namespace {
 constexpr size_t kRotateBytes = size_t(512) << 20;  // per sweep, weights (+ scales) of one variant
 constexpr int kCalls = 64;                           // calls per captured graph
 constexpr int kReplays = 7;                          // timed replays; the median is reported
+constexpr int kWarmReplays = 3;                      // untimed replays before them
 constexpr int kMaxM = 1024;
 
 #define CK(x)                                                                                  \
@@ -80,7 +84,9 @@ Stats time_graph(cudaStream_t st, const std::function<void(int)>& call) {
   for (int i = 0; i < kCalls; ++i) call(i);
   CK(cudaStreamEndCapture(st, &g));
   CK(cudaGraphInstantiate(&ge, g, 0));
-  CK(cudaGraphLaunch(ge, st));
+  // Untimed replays first: after the host-side allocations between layers the GPU has idled and its
+  // clocks take a few milliseconds to come back (the first layer of a run measured up to 40% slow).
+  for (int r = 0; r < kWarmReplays; ++r) CK(cudaGraphLaunch(ge, st));
   CK(cudaStreamSynchronize(st));
   cudaEvent_t a, b;
   CK(cudaEventCreate(&a));
@@ -110,11 +116,13 @@ struct LayerSet { const char* name; int group; std::vector<Layer> layers; };
 struct Row {
   std::string set;
   int group, m;
-  double cublas = 0, fused = 0, dq = 0, autop = 0;  // summed over the set's layers, µs
+  // Summed over the set's layers, µs. fused: the fused kernel with overlap_previous (programmatic
+  // dependent launch, as a serving engine would call it); serial: the same kernel without it.
+  double cublas = 0, fused = 0, serial = 0, dq = 0, autop = 0;
   double bytes = 0, flops = 0;
   double spread = 0;
   std::string configs;
-  std::string layers_json;  // per layer: [k, n, cuBLAS µs, fused µs, dq+cuBLAS µs]
+  std::string layers_json;  // per layer: [k, n, cuBLAS µs, fused µs, serial µs, dq+cuBLAS µs]
 };
 
 }  // namespace
@@ -247,13 +255,14 @@ int main(int argc, char** argv) {
           CB(cublasGemmEx(cub, CUBLAS_OP_N, CUBLAS_OP_N, L.n, m, L.k, &one, Wf[i % nf], CUDA_R_16F, L.n, A, CUDA_R_16F,
                           L.k, &zero, C, CUDA_R_16F, L.n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         });
-        auto marlin_call = [&](MarlinPath path, int tk, int tn) {
-          return [&, path, tk, tn](int i) {
+        auto marlin_call = [&](MarlinPath path, int tk, int tn, bool overlap = true, int mb = 0) {
+          return [&, path, tk, tn, overlap, mb](int i) {
             MarlinGemm g;
             g.A = A; g.B = Bq[i % nq]; g.s = Sq[i % nq]; g.C = C;
             g.m = m; g.n = L.n; g.k = L.k; g.group_size = set.group;
             g.workspace = ws; g.workspace_bytes = ws_bytes; g.stream = st; g.cublas = cub; g.num_sms = sms;
-            g.path = path; g.thread_k = tk; g.thread_n = tn;
+            g.path = path; g.thread_k = tk; g.thread_n = tn; g.overlap_previous = overlap;
+            g.thread_m_blocks = mb;
             const MarlinStatus s = marlin_gemm(g);
             if (s != MarlinStatus::Ok) {
               std::fprintf(stderr, "marlin_gemm(m=%d k=%d n=%d): %s\n", m, L.k, L.n, marlin_status_name(s));
@@ -262,11 +271,13 @@ int main(int argc, char** argv) {
           };
         };
         const Stats sf = time_graph(st, marlin_call(MarlinPath::Marlin, 0, 0));
+        const Stats ss = time_graph(st, marlin_call(MarlinPath::Marlin, 0, 0, false));
         double dq = 0;
         if (m >= 64) dq = time_graph(st, marlin_call(MarlinPath::DequantCublas, 0, 0)).us;
         const bool auto_cublas = m >= marlin_cublas_min_m(L.n, L.k);
         R.cublas += sc.us;
         R.fused += sf.us;
+        R.serial += ss.us;
         R.dq += dq;
         R.autop += auto_cublas ? dq : sf.us;
         R.spread = std::max({R.spread, sc.spread, sf.spread});
@@ -277,8 +288,8 @@ int main(int argc, char** argv) {
         std::snprintf(cfg, sizeof cfg, "%s%dx%d", R.configs.empty() ? "" : " ", tc.thread_k, tc.thread_n);
         R.configs += auto_cublas ? (R.configs.empty() ? "dq" : " dq") : cfg;
         char lj[128];
-        std::snprintf(lj, sizeof lj, "%s[%d, %d, %.2f, %.2f, %.2f]", R.layers_json.empty() ? "" : ", ", L.k, L.n, sc.us,
-                      sf.us, dq);
+        std::snprintf(lj, sizeof lj, "%s[%d, %d, %.2f, %.2f, %.2f, %.2f]", R.layers_json.empty() ? "" : ", ", L.k, L.n,
+                      sc.us, sf.us, ss.us, dq);
         R.layers_json += lj;
         if (explore && m <= 128) {
           const int tiles[3][2] = {{128, 128}, {64, 256}, {128, 64}};
@@ -286,11 +297,16 @@ int main(int argc, char** argv) {
           std::snprintf(line, sizeof line, "explore %s g%d k%d n%d m%d: auto(%dx%d) %.1f", set.name, set.group, L.k, L.n,
                         m, tc.thread_k, tc.thread_n, sf.us);
           explore_log += line;
-          for (auto& t : tiles) {
-            if (L.n % t[1] != 0 || L.k % t[0] != 0) continue;
-            const Stats sx = time_graph(st, marlin_call(MarlinPath::Marlin, t[0], t[1]));
-            std::snprintf(line, sizeof line, " | %dx%d %.1f", t[0], t[1], sx.us);
-            explore_log += line;
+          // Every tile shape at the default m tile, and at 32-row m tiles (two row chunks side by side,
+          // two blocks per SM) where the default tile is taller.
+          for (int mbx : {0, 2}) {
+            if (mbx == 2 && tc.thread_m_blocks <= 2) continue;
+            for (auto& t : tiles) {
+              if (L.n % t[1] != 0 || L.k % t[0] != 0) continue;
+              const Stats sx = time_graph(st, marlin_call(MarlinPath::Marlin, t[0], t[1], true, mbx));
+              std::snprintf(line, sizeof line, " | %dx%d%s %.1f", t[0], t[1], mbx ? "/mb2" : "", sx.us);
+              explore_log += line;
+            }
           }
           explore_log += "\n";
         }
@@ -313,25 +329,28 @@ int main(int argc, char** argv) {
       for (size_t i = 0; i < rows.size(); ++i) {
         const Row& r = rows[i];
         std::fprintf(f,
-                     "  {\"set\": \"%s\", \"group\": %d, \"m\": %d, \"cublas_us\": %.2f, \"fused_us\": %.2f, "
+                     "  {\"set\": \"%s\", \"group\": %d, \"m\": %d, \"cublas_us\": %.2f, \"fused_us\": %.2f, \"fused_serial_us\": %.2f, "
                      "\"dequant_cublas_us\": %.2f, \"auto_us\": %.2f, \"bytes\": %.0f, \"flops\": %.0f, \"spread\": %.3f, "
                      "\"configs\": \"%s\", \"layers\": [%s]}%s\n",
-                     r.set.c_str(), r.group, r.m, r.cublas, r.fused, r.dq, r.autop, r.bytes, r.flops, r.spread,
+                     r.set.c_str(), r.group, r.m, r.cublas, r.fused, r.serial, r.dq, r.autop, r.bytes, r.flops, r.spread,
                      r.configs.c_str(), r.layers_json.c_str(), i + 1 < rows.size() ? "," : "");
       }
       std::fprintf(f, "]}\n");
       std::fclose(f);
     }
   }
-  std::printf("\n%-11s %4s %5s | %9s %9s %9s %9s | %6s %6s | %7s %5s %5s | %6s | %s\n", "set", "g", "m", "cuBLAS_us",
-              "fused_us", "dq+cuB_us", "auto_us", "x_fuse", "x_auto", "GB/s", "%copy", "ideal", "spread", "tiles (k x n)");
+  // serial: fused kernel launched plainly; fused/auto: with overlap_previous (see Row).
+  std::printf("\n%-10s %3s %4s | %8s %8s %8s %8s %8s | %5s %5s %5s | %5s %5s %5s | %5s | %s\n", "set", "g", "m",
+              "cuBLAS", "serial", "fused", "dq+cuB", "auto", "x_ser", "x_fus", "x_aut", "GB/s", "%copy", "ideal",
+              "sprd", "tiles (k x n)");
   for (const Row& r : rows) {
     const double t_ideal = std::max(r.bytes / copy_bw, r.flops / gemm_flops) * 1e6;
-    std::printf("%-11s %4d %5d | %9.1f %9.1f %9.1f %9.1f | %6.2f %6.2f | %7.0f %5.2f %5.2f | %6.3f | %s\n", r.set.c_str(),
-                r.group, r.m, r.cublas, r.fused, r.dq, r.autop, r.cublas / r.fused, r.cublas / r.autop,
-                r.bytes / (r.autop * 1e-6) / 1e9, r.bytes / (r.autop * 1e-6) / copy_bw, t_ideal / r.autop, r.spread,
-                r.configs.c_str());
+    std::printf("%-10s %3d %4d | %8.1f %8.1f %8.1f %8.1f %8.1f | %5.2f %5.2f %5.2f | %5.0f %5.2f %5.2f | %5.3f | %s\n",
+                r.set.c_str(), r.group, r.m, r.cublas, r.serial, r.fused, r.dq, r.autop, r.cublas / r.serial,
+                r.cublas / r.fused, r.cublas / r.autop, r.bytes / (r.autop * 1e-6) / 1e9,
+                r.bytes / (r.autop * 1e-6) / copy_bw, t_ideal / r.autop, r.spread, r.configs.c_str());
   }
+  std::printf("times in µs per call, summed over the set's layers; ");
   std::printf("copy bandwidth %.0f GB/s, cuBLAS fp16 %.0f TFLOP/s (ideal = max(bytes/copy, flops/cuBLAS peak))\n",
               copy_bw / 1e9, gemm_flops / 1e12);
   CK(cudaFree(ws));

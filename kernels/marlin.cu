@@ -18,7 +18,7 @@ namespace detail {
 // Declarations of the generated instantiations (kernels/generated/marlin_dt*_mb*.cu).
 #define MARLINC_DECLARE(DT, MB, TN, TK)                                     \
   extern template cudaError_t marlin_prepare<DT, MB, TN, TK>(int*, int*); \
-  extern template cudaError_t marlin_launch<DT, MB, TN, TK>(const KernelArgs&, int, int, cudaStream_t);
+  extern template cudaError_t marlin_launch<DT, MB, TN, TK>(const KernelArgs&, const LaunchOpts&, cudaStream_t);
 #define MARLINC_DECLARE_MB(DT, MB) \
   MARLINC_DECLARE(DT, MB, 128, 128) MARLINC_DECLARE(DT, MB, 256, 64) MARLINC_DECLARE(DT, MB, 64, 128)
 MARLINC_DECLARE_MB(0, 1) MARLINC_DECLARE_MB(0, 2) MARLINC_DECLARE_MB(0, 3) MARLINC_DECLARE_MB(0, 4)
@@ -33,7 +33,7 @@ constexpr TileShape kShapes[3] = {{128, 128}, {256, 64}, {64, 128}};
 constexpr int kNumShapes = 3;
 
 using PrepareFn = cudaError_t (*)(int*, int*);
-using LaunchFn = cudaError_t (*)(const KernelArgs&, int, int, cudaStream_t);
+using LaunchFn = cudaError_t (*)(const KernelArgs&, const LaunchOpts&, cudaStream_t);
 struct Entry { PrepareFn prepare; LaunchFn launch; };
 
 #define MARLINC_ENTRY(DT, MB, TN, TK) Entry{&marlin_prepare<DT, MB, TN, TK>, &marlin_launch<DT, MB, TN, TK>}
@@ -61,12 +61,19 @@ Prepared prepared(int dev, int dt, int mb, int shape) {
   return p;
 }
 
-int sm_count(int dev) {
-  static int counts[kMaxDevices] = {};
+// A device attribute read once per device (the launcher runs per layer per token).
+int cached_attr(int dev, cudaDeviceAttr attr, int (&cache)[kMaxDevices]) {
   std::lock_guard<std::mutex> lock(g_prepared_mu);
-  if (counts[dev] == 0 && cudaDeviceGetAttribute(&counts[dev], cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-    counts[dev] = 0;
-  return counts[dev];
+  if (cache[dev] == 0 && cudaDeviceGetAttribute(&cache[dev], attr, dev) != cudaSuccess) cache[dev] = 0;
+  return cache[dev];
+}
+int sm_count(int dev) {
+  static int cache[kMaxDevices] = {};
+  return cached_attr(dev, cudaDevAttrMultiProcessorCount, cache);
+}
+int cc_major(int dev) {
+  static int cache[kMaxDevices] = {};
+  return cached_attr(dev, cudaDevAttrComputeCapabilityMajor, cache);
 }
 
 constexpr size_t kLockBytesPerBlock = sizeof(int);
@@ -82,20 +89,47 @@ size_t part_region(int sms) { return size_t(sms) * kMaxBlocksPerSm * kPartBytesP
 int ceil_div(int64_t a, int64_t b) { return int((a + b - 1) / b); }
 int m_blocks_for(int m) { return std::min(kMaxMBlocks, ceil_div(m, 16)); }
 
+// The work split of one launch (KernelArgs): par row chunks of 16*mb rows; each chunk's n x k tiles cut
+// into stripes of `iters` tiles, one per block of a group of chunk_blocks blocks; chunk_groups groups.
+// When every chunk gets a group (par <= max_blocks), the groups run the same stripes side by side and
+// all but one read each weight tile from L2. Otherwise a block owns whole chunks (whole slices, no
+// cross-block reduction) and walks them in turn.
+struct Partition { int par, iters, chunk_blocks, chunk_groups, grid; };
+Partition partition(int m, int n, int k, int mb, TileShape t, int max_blocks) {
+  Partition P{};
+  P.par = ceil_div(m, 16 * mb);
+  const int64_t nk = int64_t(n / t.tn) * (k / t.tk);
+  if (P.par <= max_blocks) {
+    P.iters = ceil_div(nk, max_blocks / P.par);
+    P.chunk_blocks = ceil_div(nk, P.iters);
+    P.chunk_groups = P.par;
+  } else {
+    P.iters = int(nk);
+    P.chunk_blocks = 1;
+    P.chunk_groups = max_blocks;
+  }
+  P.grid = P.chunk_groups * P.chunk_blocks;
+  return P;
+}
+
+// Blocks per SM that the model assumes: two where the m tile fits in 128 registers (MB <= 2).
+int model_blocks_per_sm(int mb) { return mb <= 2 ? 2 : 1; }
+
 // Estimated time of one configuration, in units of "weight elements streamed by the busiest block":
-// the stripe length times the tile size, with the tile's A traffic (re-read per tile from L2 into
-// shared memory) and a pipeline refill per slice a block starts as surcharges.
+// the stripe length times the tile size (times the row chunks a block walks), with the tile's A
+// traffic (re-read per tile from L2 into shared memory) and a pipeline refill per slice a block starts
+// as surcharges.
 double config_cost(int m, int n, int k, int sms, int mb, TileShape t) {
   const int rows = 16 * mb;
-  const int par = ceil_div(m, rows);
-  const int64_t k_tiles = k / t.tk, tiles = int64_t(par) * (n / t.tn) * k_tiles;
-  const int blocks = sms * (mb == 1 ? 2 : 1);
-  const int64_t iters = (tiles + blocks - 1) / blocks;
+  const Partition P = partition(m, n, k, mb, t, sms * model_blocks_per_sm(mb));
+  const int64_t k_tiles = k / t.tk;
+  const int chunks_per_block = ceil_div(P.par, P.chunk_groups);
+  const double iters = double(P.iters) * chunks_per_block;
   const double tile = double(t.tk) * t.tn;
   const double a_surcharge = 0.5 * double(rows) / t.tn;  // A bytes per weight byte (0.5 B/weight)
-  const double slices = double(iters) / double(k_tiles) + 1.0;
+  const double slices = iters / double(k_tiles) + chunks_per_block;
   const double refill = 3.0;  // tiles of latency lost when a block starts a new slice
-  return (double(iters) * (1.0 + a_surcharge) + slices * refill) * tile;
+  return (iters * (1.0 + a_surcharge) + slices * refill) * tile;
 }
 
 int choose_shape(int m, int n, int k, int sms, int mb) {
@@ -112,13 +146,14 @@ int choose_shape(int m, int n, int k, int sms, int mb) {
   }
   // Measured on the H100 (docs/PERF.md, tile exploration): for layers up to 16384 wide and deep and
   // m <= 64, 128x128 beats the 64x256 the cost model picks by 3-22% (Llama-3-8B down_proj at m = 16:
-  // 20.4 vs 26.2 us); the model's A-traffic term overrates 64x256 there. Wider or deeper layers and
-  // m > 64 keep the model's choice, which measured best or equal.
+  // 20.4 vs 26.2 us); the model's A-traffic term overrates 64x256 there. Up to m = 128 the same holds
+  // for layers at most 8192 wide (Llama-3-8B qkv/o/down, 70B o_proj: 0.5-23% faster). Wider or deeper
+  // layers keep the model's choice, which measured best or equal.
   constexpr int kWide = 1, kSquare = 0;
   static_assert(kShapes[kWide].tn == 256 && kShapes[kSquare].tn == 128 && kShapes[kSquare].tk == 128,
                 "the override below names shapes by index");
-  if (best == kWide && m <= 64 && n <= 16384 && k <= 16384 && n % kShapes[kSquare].tn == 0 &&
-      k % kShapes[kSquare].tk == 0)
+  const bool square_wins = (m <= 64 && n <= 16384 && k <= 16384) || (m <= 128 && n <= 8192 && k <= 16384);
+  if (best == kWide && square_wins && n % kShapes[kSquare].tn == 0 && k % kShapes[kSquare].tk == 0)
     best = kSquare;
   return best;
 }
@@ -263,7 +298,8 @@ MarlinStatus marlin_gemm(const MarlinGemm& g) {
   if (use_cublas) return run_dequant_cublas(g, groups, shift, sms);
 
   if (g.workspace_bytes < marlin_workspace_bytes(sms, false)) return MarlinStatus::WorkspaceTooSmall;
-  const int mb = m_blocks_for(g.m);
+  if (g.thread_m_blocks < 0 || g.thread_m_blocks > kMaxMBlocks) return MarlinStatus::NoConfig;
+  const int mb = g.thread_m_blocks > 0 ? g.thread_m_blocks : m_blocks_for(g.m);
   int shape = -1;
   if (g.thread_k != 0 || g.thread_n != 0) {
     for (int i = 0; i < kNumShapes; ++i)
@@ -278,13 +314,9 @@ MarlinStatus marlin_gemm(const MarlinGemm& g) {
   if (pr.err != cudaSuccess || pr.blocks_per_sm < 1) return MarlinStatus::CudaError;
 
   const TileShape t = kShapes[shape];
-  const int rows = 16 * mb;
-  const int par = ceil_div(g.m, rows);
-  const int64_t tiles = int64_t(par) * (g.n / t.tn) * (g.k / t.tk);
-  if (tiles > std::numeric_limits<int>::max() / 2) return MarlinStatus::BadShape;
-  const int max_blocks = sms * std::min(pr.blocks_per_sm, kMaxBlocksPerSm);
-  const int iters = ceil_div(tiles, max_blocks);
-  const int grid = ceil_div(tiles, iters);
+  if (int64_t(ceil_div(g.m, 16 * mb)) * (g.n / t.tn) * (g.k / t.tk) > std::numeric_limits<int>::max() / 2)
+    return MarlinStatus::BadShape;
+  const Partition P = partition(g.m, g.n, g.k, mb, t, sms * std::min(pr.blocks_per_sm, kMaxBlocksPerSm));
 
   KernelArgs a{};
   a.A = g.A;
@@ -298,9 +330,15 @@ MarlinStatus marlin_gemm(const MarlinGemm& g) {
   a.k = g.k;
   a.groups = groups;
   a.group_shift = shift;
-  a.par = par;
-  a.iters = iters;
-  if (kTable[dt][mb - 1][shape].launch(a, grid, pr.smem, g.stream) != cudaSuccess) return MarlinStatus::CudaError;
+  a.par = P.par;
+  a.iters = P.iters;
+  a.chunk_blocks = P.chunk_blocks;
+  a.chunk_groups = P.chunk_groups;
+  LaunchOpts o;
+  o.grid = P.grid;
+  o.smem_bytes = pr.smem;
+  o.pdl = g.overlap_previous && cc_major(dev) >= 9;
+  if (kTable[dt][mb - 1][shape].launch(a, o, g.stream) != cudaSuccess) return MarlinStatus::CudaError;
   return MarlinStatus::Ok;
 }
 

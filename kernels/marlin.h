@@ -49,6 +49,12 @@ struct MarlinGemm {
   int num_sms = 0;                  // 0: read from the current device
   MarlinPath path = MarlinPath::Auto;
   int thread_k = 0, thread_n = 0;   // 0: chosen per shape and m; else force (128,128), (64,256) or (128,64)
+  int thread_m_blocks = 0;          // 0: chosen per m; else force 1..4 16-row blocks per tile (row chunks of 16x)
+  // Programmatic dependent launch (sm_90+): the kernel may start while the previous kernel on `stream`
+  // is still running and stream its first weight tiles (B, s) before waiting for that kernel to finish;
+  // A, C and the workspace are touched only after the wait. Set it only when no kernel still in flight
+  // writes B or s (inference: weights are constant), never when B/s were just produced on the GPU.
+  bool overlap_previous = false;
 };
 
 // Workspace bytes for a device with `num_sms` multiprocessors; `with_dequant_path` adds the 16-bit

@@ -49,11 +49,11 @@ __device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t b, uint32_t
 template <int DT>
 __device__ __forceinline__ void mma_16816(const uint32_t (&a)[4], uint32_t b0, uint32_t b1, float (&c)[4]) {
   if constexpr (DT == 0) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   } else {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
@@ -132,6 +132,20 @@ __device__ __forceinline__ uint32_t pack2(float a, float b) {
   }
 }
 
+// Programmatic dependent launch (sm_90): let the next kernel on the stream launch now (its blocks take
+// SM slots as ours exit), and wait until the previous kernel has finished and its writes are visible.
+// Both are no-ops when the launch carried no programmatic-serialization attribute.
+__device__ __forceinline__ void allow_next_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::);
+#endif
+}
+__device__ __forceinline__ void wait_previous_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ int ld_acquire(const int* p) {
   int v;
   asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
@@ -175,14 +189,14 @@ struct Shape {
 // GROUPED: group scales applied to the dequantized weights (groups > 1); otherwise per-channel scales
 // are applied to the output. A template parameter keeps the branch out of the inner loop.
 template <int DT, bool GROUPED, int MB, int TN, int TK>
-__global__ void __launch_bounds__(kThreads) marlin_kernel(const KernelArgs p) {
+__global__ void __launch_bounds__(kThreads, MB <= 2 ? 2 : 1) marlin_kernel(const KernelArgs p) {
   using S = Shape<MB, TN, TK>;
   extern __shared__ int4 sh[];
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wn = warp % S::kNWarps, wk = warp / S::kNWarps;
   const int k_tiles = p.k / TK, n_tiles = p.n / TN;
-  const int total = p.par * n_tiles * k_tiles;
+  const int nk = n_tiles * k_tiles;  // tiles of one row chunk
   const int a_row = p.k / 8;  // int4 per row of A
   const int b_row = p.n / 2;  // int4 per row of B (2n words)
   const int s_row = p.n / 8;  // int4 per row of s
@@ -190,201 +204,207 @@ __global__ void __launch_bounds__(kThreads) marlin_kernel(const KernelArgs p) {
   const int4* B = reinterpret_cast<const int4*>(p.B);
   const int4* Sc = static_cast<const int4*>(p.s);
 
-  int it = blockIdx.x * p.iters;
-  const int it_end = min(it + p.iters, total);
+  // Partition (KernelArgs): the grid is chunk_groups groups of chunk_blocks blocks; every group splits
+  // one row chunk's n x k tiles into the same stripes, so the groups read each weight tile at about the
+  // same time and all but the first read come from L2. A group takes row chunks group, group +
+  // chunk_groups, ... (more than one only when chunk_blocks == 1, i.e. whole slices, no reduction).
+  const int group = blockIdx.x / p.chunk_blocks, local = blockIdx.x % p.chunk_blocks;
+  const int base_b = group * p.chunk_blocks;  // the group's first block
+  // Every block of this grid is resident by the time the next grid can start (a block that has not
+  // launched has not made this call), so the stripe reduction's co-residency is kept.
+  allow_next_grid();
 
-  while (it < it_end) {
-    const int slice = it / k_tiles;  // (row chunk, column tile) pair
-    const int kt0 = it % k_tiles;
-    const int cnt = min(it_end, (slice + 1) * k_tiles) - it;
-    const int pc = slice / n_tiles, ncol = slice % n_tiles;
-    const int row0 = pc * S::kRows;
+  for (int pc = group; pc < p.par; pc += p.chunk_groups) {
+    int it = local * p.iters;
+    const int it_end = min(it + p.iters, nk);
+    while (it < it_end) {
+      const int slice = it / k_tiles;  // the column tile within row chunk pc
+      const int kt0 = it % k_tiles;
+      const int cnt = min(it_end, (slice + 1) * k_tiles) - it;
+      const int ncol = slice;
+      const int row0 = pc * S::kRows;
 
-    auto load_tile = [&](int st, int kt) {
-      int4* sA = sh + st * S::kStage;
-      int4* sB = sA + S::kAStage;
-      int4* sS = sB + S::kBStage;
+      // A tile's activations, and its weights + scales: separate, so that the prologue can stream weights
+      // before the previous kernel (which may write A) has finished (MarlinGemm::overlap_previous).
+      auto load_a = [&](int st, int kt) {
+        int4* sA = sh + st * S::kStage;
 #pragma unroll
-      for (int i0 = 0; i0 < S::kAStage; i0 += kThreads) {
-        const int i = i0 + tid;
-        if (S::kAStage % kThreads == 0 || i < S::kAStage) {
-          const int r = i / S::kAChunks, c = i % S::kAChunks;
-          const bool ok = row0 + r < p.m;
-          const int4* src = A + size_t(ok ? row0 + r : 0) * a_row + kt * S::kAChunks + c;
-          cp_async16(sA + r * S::kAChunks + (c ^ (r & 7)), src, ok);
+        for (int i0 = 0; i0 < S::kAStage; i0 += kThreads) {
+          const int i = i0 + tid;
+          if (S::kAStage % kThreads == 0 || i < S::kAStage) {
+            const int r = i / S::kAChunks, c = i % S::kAChunks;
+            const bool ok = row0 + r < p.m;
+            const int4* src = A + size_t(ok ? row0 + r : 0) * a_row + kt * S::kAChunks + c;
+            cp_async16(sA + r * S::kAChunks + (c ^ (r & 7)), src, ok);
+          }
         }
-      }
+      };
+      auto load_weights = [&](int st, int kt) {
+        int4* sB = sh + st * S::kStage + S::kAStage;
+        int4* sS = sB + S::kBStage;
 #pragma unroll
-      for (int i0 = 0; i0 < S::kBStage; i0 += kThreads) {
-        const int i = i0 + tid;
-        if (S::kBStage % kThreads == 0 || i < S::kBStage) {
-          const int r = i / S::kBRow, c = i % S::kBRow;
-          cp_async16(sB + i, B + size_t(kt * S::kKB + r) * b_row + ncol * S::kBRow + c, true);
+        for (int i0 = 0; i0 < S::kBStage; i0 += kThreads) {
+          const int i = i0 + tid;
+          if (S::kBStage % kThreads == 0 || i < S::kBStage) {
+            const int r = i / S::kBRow, c = i % S::kBRow;
+            cp_async16(sB + i, B + size_t(kt * S::kKB + r) * b_row + ncol * S::kBRow + c, true);
+          }
         }
-      }
-      if constexpr (GROUPED) {
-        const int g0 = (kt * TK) >> p.group_shift;
-        const int rows = (TK >> p.group_shift) > 1 ? (TK >> p.group_shift) : 1;
-        for (int i = tid; i < rows * S::kSRow; i += kThreads) {
-          const int r = i / S::kSRow, c = i % S::kSRow;
-          cp_async16(sS + i, Sc + size_t(g0 + r) * s_row + ncol * S::kSRow + c, true);
-        }
-      }
-    };
-
-    float acc[S::kAcc][4];
-#pragma unroll
-    for (int a = 0; a < S::kAcc; ++a) acc[a][0] = acc[a][1] = acc[a][2] = acc[a][3] = 0.f;
-
-    // One k16 step's operands in registers: A fragments (ldmatrix) and the lane's packed B words.
-    struct Frags {
-      uint32_t a[MB][4];
-      int4 b;
-    };
-    auto load_frags = [&](Frags& f, int st, int kk) {
-      const int4* sA = sh + st * S::kStage;
-      const int4* sB = sA + S::kAStage;
-      const int kb = wk * S::kKBPerWarp + kk;
-#pragma unroll
-      for (int mb = 0; mb < MB; ++mb) {
-        const int r = mb * 16 + (lane & 15), c = kb * 2 + (lane >> 4);
-        ldmatrix_x4(f.a[mb], sA + r * S::kAChunks + (c ^ (r & 7)));
-      }
-      f.b = sB[kb * S::kBRow + wn * 32 + lane];
-    };
-    // A warp's k16 steps of one tile lie in one group (static_assert in Shape): one scale load per tile.
-    const int s_off = ((wk * S::kKBPerWarp * 16) >> p.group_shift) * S::kSRow + wn * 8 + (lane >> 2);
-    auto load_scales = [&](int st) -> int4 {
-      if constexpr (!GROUPED) return make_int4(0, 0, 0, 0);
-      return (sh + st * S::kStage + S::kAStage + S::kBStage)[s_off];
-    };
-    auto compute = [&](const Frags& f, const int4& sv) {
-      const uint32_t words[4] = {uint32_t(f.b.x), uint32_t(f.b.y), uint32_t(f.b.z), uint32_t(f.b.w)};
-      const uint32_t sw[4] = {uint32_t(sv.x), uint32_t(sv.y), uint32_t(sv.z), uint32_t(sv.w)};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        uint32_t w[4];
-        dequant8<DT>(words[j], w);
         if constexpr (GROUPED) {
-          // Scale halves 2j (column 16j + c) and 2j + 1 (column 16j + c + 8), §1.6 grouped perm.
-          scale2<DT, false>(w[0], w[1], sw[j]);
-          scale2<DT, true>(w[2], w[3], sw[j]);
+          const int g0 = (kt * TK) >> p.group_shift;
+          const int rows = (TK >> p.group_shift) > 1 ? (TK >> p.group_shift) : 1;
+          for (int i = tid; i < rows * S::kSRow; i += kThreads) {
+            const int r = i / S::kSRow, c = i % S::kSRow;
+            cp_async16(sS + i, Sc + size_t(g0 + r) * s_row + ncol * S::kSRow + c, true);
+          }
         }
+      };
+      auto load_tile = [&](int st, int kt) {
+        load_a(st, kt);
+        load_weights(st, kt);
+      };
+
+      float acc[S::kAcc][4];
+#pragma unroll
+      for (int a = 0; a < S::kAcc; ++a) acc[a][0] = acc[a][1] = acc[a][2] = acc[a][3] = 0.f;
+
+      // One k16 step's operands in registers: A fragments (ldmatrix) and the lane's packed B words.
+      struct Frags {
+        uint32_t a[MB][4];
+        int4 b;
+      };
+      auto load_frags = [&](Frags& f, int st, int kk) {
+        const int4* sA = sh + st * S::kStage;
+        const int4* sB = sA + S::kAStage;
+        const int kb = wk * S::kKBPerWarp + kk;
 #pragma unroll
         for (int mb = 0; mb < MB; ++mb) {
-          mma_16816<DT>(f.a[mb], w[0], w[1], acc[mb * 8 + 2 * j]);
-          mma_16816<DT>(f.a[mb], w[2], w[3], acc[mb * 8 + 2 * j + 1]);
+          const int r = mb * 16 + (lane & 15), c = kb * 2 + (lane >> 4);
+          ldmatrix_x4(f.a[mb], sA + r * S::kAChunks + (c ^ (r & 7)));
+        }
+        f.b = sB[kb * S::kBRow + wn * 32 + lane];
+      };
+      // A warp's k16 steps of one tile lie in one group (static_assert in Shape): one scale load per tile.
+      const int s_off = ((wk * S::kKBPerWarp * 16) >> p.group_shift) * S::kSRow + wn * 8 + (lane >> 2);
+      auto load_scales = [&](int st) -> int4 {
+        if constexpr (!GROUPED) return make_int4(0, 0, 0, 0);
+        return (sh + st * S::kStage + S::kAStage + S::kBStage)[s_off];
+      };
+      auto compute = [&](const Frags& f, const int4& sv) {
+        const uint32_t words[4] = {uint32_t(f.b.x), uint32_t(f.b.y), uint32_t(f.b.z), uint32_t(f.b.w)};
+        const uint32_t sw[4] = {uint32_t(sv.x), uint32_t(sv.y), uint32_t(sv.z), uint32_t(sv.w)};
+        // All four words first: four independent dequantize chains in flight instead of one chain ahead
+        // of each group of mma (which left warps waiting on fixed ALU latencies at m = 64).
+        uint32_t w[4][4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          dequant8<DT>(words[j], w[j]);
+          if constexpr (GROUPED) {
+            // Scale halves 2j (column 16j + c) and 2j + 1 (column 16j + c + 8), §1.6 grouped perm.
+            scale2<DT, false>(w[j][0], w[j][1], sw[j]);
+            scale2<DT, true>(w[j][2], w[j][3], sw[j]);
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int mb = 0; mb < MB; ++mb) {
+            mma_16816<DT>(f.a[mb], w[j][0], w[j][1], acc[mb * 8 + 2 * j]);
+            mma_16816<DT>(f.a[mb], w[j][2], w[j][3], acc[mb * 8 + 2 * j + 1]);
+          }
+      };
+
+      // Pipeline: STAGES-1 tiles in flight ahead of the one being computed. Operands are double-buffered
+      // in registers: the next k16 step's shared loads are issued before the current step's dequantize and
+      // mma, and at a tile's last step the barrier comes first, so the next tile's first operands load
+      // while this tile finishes (shared-memory latency never sits between a barrier and the math). The
+      // stage loop is unrolled so that every shared-memory offset is a constant.
+      // Prologue: the weights of the first STAGES-1 tiles go out before the wait for the previous kernel,
+      // the activations after it. cp.async groups complete in order, so the first group (all prologue
+      // weights + A of tile 0) is the one the first tile waits for; later groups hold one A tile each.
+#pragma unroll
+      for (int st = 0; st < S::kStages - 1; ++st)
+        if (st < cnt) load_weights(st, kt0 + st);
+      wait_previous_grid();
+#pragma unroll
+      for (int st = 0; st < S::kStages - 1; ++st) {
+        if (st < cnt) load_a(st, kt0 + st);
+        cp_async_commit();
+      }
+      cp_async_wait<S::kStages - 2>();
+      __syncthreads();
+      Frags fr[2];
+      load_frags(fr[0], 0, 0);
+      int4 sv_cur = load_scales(0), sv_next = sv_cur;
+      int t = 0;
+      while (t < cnt) {
+#pragma unroll
+        for (int pipe = 0; pipe < S::kStages; ++pipe) {
+#pragma unroll
+          for (int kk = 0; kk < S::kKBPerWarp; ++kk) {
+            const int cur = (pipe * S::kKBPerWarp + kk) & 1;  // S * kKBPerWarp is even: parity carries over
+            if (kk + 1 < S::kKBPerWarp) {
+              load_frags(fr[cur ^ 1], pipe, kk + 1);
+            } else {
+              // Every warp has its operands of tile t in registers once past this barrier, so the stage
+              // that held tile t - 1 is free for tile t + STAGES - 1; tile t + 1 has landed.
+              if (t + S::kStages - 1 < cnt) load_tile((pipe + S::kStages - 1) % S::kStages, kt0 + t + S::kStages - 1);
+              cp_async_commit();
+              cp_async_wait<S::kStages - 2>();
+              __syncthreads();
+              if (t + 1 < cnt) {
+                load_frags(fr[cur ^ 1], (pipe + 1) % S::kStages, 0);
+                sv_next = load_scales((pipe + 1) % S::kStages);
+              }
+            }
+            compute(fr[cur], sv_cur);
+          }
+          sv_cur = sv_next;
+          if (++t == cnt) break;
         }
       }
-    };
+      cp_async_wait<0>();
+      __syncthreads();
 
-    // Pipeline: STAGES-1 tiles in flight ahead of the one being computed. Operands are double-buffered
-    // in registers: the next k16 step's shared loads are issued before the current step's dequantize and
-    // mma, and at a tile's last step the barrier comes first, so the next tile's first operands load
-    // while this tile finishes (shared-memory latency never sits between a barrier and the math). The
-    // stage loop is unrolled so that every shared-memory offset is a constant.
+      // Reduce the k-warps' partial sums through shared memory (tree: halves the active warps per step).
+      if constexpr (S::kKWarps > 1) {
+        float4* red = reinterpret_cast<float4*>(sh);
 #pragma unroll
-    for (int st = 0; st < S::kStages - 1; ++st) {
-      if (st < cnt) load_tile(st, kt0 + st);
-      cp_async_commit();
-    }
-    cp_async_wait<S::kStages - 2>();
-    __syncthreads();
-    Frags fr[2];
-    load_frags(fr[0], 0, 0);
-    int4 sv_cur = load_scales(0), sv_next = sv_cur;
-    int t = 0;
-    while (t < cnt) {
+        for (int step = S::kKWarps / 2; step >= 1; step /= 2) {
+          if (wk >= step && wk < 2 * step) {
+            float4* dst = red + ((wk - step) * S::kNWarps + wn) * (S::kAcc * 32);
 #pragma unroll
-      for (int pipe = 0; pipe < S::kStages; ++pipe) {
+            for (int a = 0; a < S::kAcc; ++a)
+              dst[a * 32 + lane] = make_float4(acc[a][0], acc[a][1], acc[a][2], acc[a][3]);
+          }
+          __syncthreads();
+          if (wk < step) {
+            const float4* src = red + (wk * S::kNWarps + wn) * (S::kAcc * 32);
 #pragma unroll
-        for (int kk = 0; kk < S::kKBPerWarp; ++kk) {
-          const int cur = (pipe * S::kKBPerWarp + kk) & 1;  // S * kKBPerWarp is even: parity carries over
-          if (kk + 1 < S::kKBPerWarp) {
-            load_frags(fr[cur ^ 1], pipe, kk + 1);
-          } else {
-            // Every warp has its operands of tile t in registers once past this barrier, so the stage
-            // that held tile t - 1 is free for tile t + STAGES - 1; tile t + 1 has landed.
-            if (t + S::kStages - 1 < cnt) load_tile((pipe + S::kStages - 1) % S::kStages, kt0 + t + S::kStages - 1);
-            cp_async_commit();
-            cp_async_wait<S::kStages - 2>();
-            __syncthreads();
-            if (t + 1 < cnt) {
-              load_frags(fr[cur ^ 1], (pipe + 1) % S::kStages, 0);
-              sv_next = load_scales((pipe + 1) % S::kStages);
+            for (int a = 0; a < S::kAcc; ++a) {
+              const float4 v = src[a * 32 + lane];
+              acc[a][0] += v.x; acc[a][1] += v.y; acc[a][2] += v.z; acc[a][3] += v.w;
             }
           }
-          compute(fr[cur], sv_cur);
+          __syncthreads();
         }
-        sv_cur = sv_next;
-        if (++t == cnt) break;
       }
-    }
-    cp_async_wait<0>();
-    __syncthreads();
 
-    // Reduce the k-warps' partial sums through shared memory (tree: halves the active warps per step).
-    if constexpr (S::kKWarps > 1) {
-      float4* red = reinterpret_cast<float4*>(sh);
-#pragma unroll
-      for (int step = S::kKWarps / 2; step >= 1; step /= 2) {
-        if (wk >= step && wk < 2 * step) {
-          float4* dst = red + ((wk - step) * S::kNWarps + wn) * (S::kAcc * 32);
-#pragma unroll
-          for (int a = 0; a < S::kAcc; ++a) dst[a * 32 + lane] = make_float4(acc[a][0], acc[a][1], acc[a][2], acc[a][3]);
-        }
-        __syncthreads();
-        if (wk < step) {
-          const float4* src = red + (wk * S::kNWarps + wn) * (S::kAcc * 32);
-#pragma unroll
-          for (int a = 0; a < S::kAcc; ++a) {
-            const float4 v = src[a * 32 + lane];
-            acc[a][0] += v.x; acc[a][1] += v.y; acc[a][2] += v.z; acc[a][3] += v.w;
-          }
-        }
-        __syncthreads();
-      }
-    }
-
-    // Blocks sharing this slice: every block but the slice's first deposits its fp32 partial tile in
-    // its own workspace slot and bumps the slice's counter, all at once; the first block (which reaches
-    // the slice last, at the end of its stripe) waits for count - 1 deposits, adds them in block order
-    // (deterministic) and writes C. A serial lock hand-off per block would put `count` global-memory
-    // round trips on the critical path, which dominates small layers where count reaches 16.
-    const int first_b = (slice * k_tiles) / p.iters;
-    const int last_b = ((slice + 1) * k_tiles - 1) / p.iters;
-    const int count = last_b - first_b + 1;
-    const bool finisher = int(blockIdx.x) == first_b;
-    const int valid_rows = min(S::kRows, p.m - row0);
-    if (count > 1) {
-      int* counter = p.locks + first_b;
-      if (!finisher) {
-        if (wk == 0) {
-          float* mine = p.red + size_t(blockIdx.x) * (S::kRows * TN);  // [kRows, TN], one slot per block
-#pragma unroll
-          for (int mb = 0; mb < MB; ++mb)
-#pragma unroll
-            for (int t = 0; t < 8; ++t)
-#pragma unroll
-              for (int h = 0; h < 2; ++h) {
-                const int r = mb * 16 + (lane >> 2) + 8 * h;
-                const int c = wn * 64 + 8 * t + 2 * (lane & 3);
-                if (r < valid_rows)
-                  __stcg(reinterpret_cast<float2*>(mine + r * TN + c),
-                         make_float2(acc[mb * 8 + t][2 * h], acc[mb * 8 + t][2 * h + 1]));
-              }
-          __threadfence();  // each writer publishes its own stores before the counter moves
-        }
-        __syncthreads();
-        if (tid == 0) atomicAdd(counter, 1);
-      } else {
-        if (tid == 0)
-          while (ld_acquire(counter) != count - 1) {
-          }
-        __syncthreads();
-        if (wk == 0) {
-          for (int b = first_b + 1; b <= last_b; ++b) {
-            const float* other = p.red + size_t(b) * (S::kRows * TN);
+      // Blocks sharing this slice: every block but the slice's first deposits its fp32 partial tile in
+      // its own workspace slot and bumps the slice's counter, all at once; the first block (which reaches
+      // the slice last, at the end of its stripe) waits for count - 1 deposits, adds them in block order
+      // (deterministic) and writes C. A serial lock hand-off per block would put `count` global-memory
+      // round trips on the critical path, which dominates small layers where count reaches 16.
+      const int first_b = base_b + (slice * k_tiles) / p.iters;
+      const int last_b = base_b + ((slice + 1) * k_tiles - 1) / p.iters;
+      const int count = last_b - first_b + 1;
+      const bool finisher = int(blockIdx.x) == first_b;
+      const int valid_rows = min(S::kRows, p.m - row0);
+      if (count > 1) {
+        int* counter = p.locks + first_b;
+        if (!finisher) {
+          if (wk == 0) {
+            float* mine = p.red + size_t(blockIdx.x) * (S::kRows * TN);  // [kRows, TN], one slot per block
 #pragma unroll
             for (int mb = 0; mb < MB; ++mb)
 #pragma unroll
@@ -393,54 +413,79 @@ __global__ void __launch_bounds__(kThreads) marlin_kernel(const KernelArgs p) {
                 for (int h = 0; h < 2; ++h) {
                   const int r = mb * 16 + (lane >> 2) + 8 * h;
                   const int c = wn * 64 + 8 * t + 2 * (lane & 3);
-                  if (r < valid_rows) {
-                    const float2 o = __ldcg(reinterpret_cast<const float2*>(other + r * TN + c));
-                    acc[mb * 8 + t][2 * h] += o.x;
-                    acc[mb * 8 + t][2 * h + 1] += o.y;
-                  }
+                  if (r < valid_rows)
+                    __stcg(reinterpret_cast<float2*>(mine + r * TN + c),
+                           make_float2(acc[mb * 8 + t][2 * h], acc[mb * 8 + t][2 * h + 1]));
                 }
+            __threadfence();  // each writer publishes its own stores before the counter moves
           }
-        }
-        if (tid == 0) *counter = 0;  // every deposit has been counted: re-arm for the next launch
-      }
-    }
-
-    if ((count == 1 || finisher) && wk == 0) {
-      uint16_t* C = static_cast<uint16_t*>(p.C);
-      const uint16_t* s16 = static_cast<const uint16_t*>(p.s);
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        // Per-channel scales (§1.6 single perm): the lane's 8 values for n8 tiles 4*half..4*half+3 are
-        // one contiguous 16-byte run at 32*(n/32) + 8*(lane%4).
-        float sc[8];
-        if constexpr (!GROUPED) {
-          const int4 v = *reinterpret_cast<const int4*>(s16 + ncol * TN + wn * 64 + 32 * half + 8 * (lane & 3));
-          const uint16_t* hv = reinterpret_cast<const uint16_t*>(&v);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) sc[e] = to_float<DT>(hv[e]);
-        }
-#pragma unroll
-        for (int mb = 0; mb < MB; ++mb)
-#pragma unroll
-          for (int tt = 0; tt < 4; ++tt)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const int t = 4 * half + tt;
-              const int r = mb * 16 + (lane >> 2) + 8 * h;
-              if (r < valid_rows) {
-                const int c = ncol * TN + wn * 64 + 8 * t + 2 * (lane & 3);
-                float v0 = acc[mb * 8 + t][2 * h], v1 = acc[mb * 8 + t][2 * h + 1];
-                if constexpr (!GROUPED) {
-                  v0 *= sc[2 * tt];
-                  v1 *= sc[2 * tt + 1];
-                }
-                *reinterpret_cast<uint32_t*>(C + size_t(row0 + r) * p.n + c) = pack2<DT>(v0, v1);
-              }
+          __syncthreads();
+          if (tid == 0) atomicAdd(counter, 1);
+        } else {
+          if (tid == 0)
+            while (ld_acquire(counter) != count - 1) {
             }
+          __syncthreads();
+          if (wk == 0) {
+            for (int b = first_b + 1; b <= last_b; ++b) {
+              const float* other = p.red + size_t(b) * (S::kRows * TN);
+#pragma unroll
+              for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+                for (int t = 0; t < 8; ++t)
+#pragma unroll
+                  for (int h = 0; h < 2; ++h) {
+                    const int r = mb * 16 + (lane >> 2) + 8 * h;
+                    const int c = wn * 64 + 8 * t + 2 * (lane & 3);
+                    if (r < valid_rows) {
+                      const float2 o = __ldcg(reinterpret_cast<const float2*>(other + r * TN + c));
+                      acc[mb * 8 + t][2 * h] += o.x;
+                      acc[mb * 8 + t][2 * h + 1] += o.y;
+                    }
+                  }
+            }
+          }
+          if (tid == 0) *counter = 0;  // every deposit has been counted: re-arm for the next launch
+        }
       }
+
+      if ((count == 1 || finisher) && wk == 0) {
+        uint16_t* C = static_cast<uint16_t*>(p.C);
+        const uint16_t* s16 = static_cast<const uint16_t*>(p.s);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          // Per-channel scales (§1.6 single perm): the lane's 8 values for n8 tiles 4*half..4*half+3 are
+          // one contiguous 16-byte run at 32*(n/32) + 8*(lane%4).
+          float sc[8];
+          if constexpr (!GROUPED) {
+            const int4 v = *reinterpret_cast<const int4*>(s16 + ncol * TN + wn * 64 + 32 * half + 8 * (lane & 3));
+            const uint16_t* hv = reinterpret_cast<const uint16_t*>(&v);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) sc[e] = to_float<DT>(hv[e]);
+          }
+#pragma unroll
+          for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+            for (int tt = 0; tt < 4; ++tt)
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                const int t = 4 * half + tt;
+                const int r = mb * 16 + (lane >> 2) + 8 * h;
+                if (r < valid_rows) {
+                  const int c = ncol * TN + wn * 64 + 8 * t + 2 * (lane & 3);
+                  float v0 = acc[mb * 8 + t][2 * h], v1 = acc[mb * 8 + t][2 * h + 1];
+                  if constexpr (!GROUPED) {
+                    v0 *= sc[2 * tt];
+                    v1 *= sc[2 * tt + 1];
+                  }
+                  *reinterpret_cast<uint32_t*>(C + size_t(row0 + r) * p.n + c) = pack2<DT>(v0, v1);
+                }
+              }
+        }
+      }
+      it += cnt;
+      __syncthreads();  // the next slice's prologue overwrites the reduction area
     }
-    it += cnt;
-    __syncthreads();  // the next slice's prologue overwrites the reduction area
   }
 }
 
@@ -461,16 +506,23 @@ cudaError_t marlin_prepare(int* blocks_per_sm, int* smem_bytes) {
 }
 
 template <int DT, int MB, int TN, int TK>
-cudaError_t marlin_launch(const KernelArgs& a, int grid, int smem_bytes, cudaStream_t stream) {
-  if (a.groups > 1)
-    marlin_kernel<DT, true, MB, TN, TK><<<grid, kThreads, smem_bytes, stream>>>(a);
-  else
-    marlin_kernel<DT, false, MB, TN, TK><<<grid, kThreads, smem_bytes, stream>>>(a);
-  return cudaGetLastError();
+cudaError_t marlin_launch(const KernelArgs& a, const LaunchOpts& o, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(o.grid);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = size_t(o.smem_bytes);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = o.pdl ? 1 : 0;
+  if (a.groups > 1) return cudaLaunchKernelEx(&cfg, marlin_kernel<DT, true, MB, TN, TK>, a);
+  return cudaLaunchKernelEx(&cfg, marlin_kernel<DT, false, MB, TN, TK>, a);
 }
 
 #define MARLINC_INSTANTIATE(DT, MB, TN, TK)                                                   \
   template cudaError_t marlin_prepare<DT, MB, TN, TK>(int*, int*);                            \
-  template cudaError_t marlin_launch<DT, MB, TN, TK>(const KernelArgs&, int, int, cudaStream_t);
+  template cudaError_t marlin_launch<DT, MB, TN, TK>(const KernelArgs&, const LaunchOpts&, cudaStream_t);
 
 }  // namespace marlinc::kernels::detail

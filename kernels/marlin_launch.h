@@ -27,7 +27,15 @@ struct KernelArgs {
   int groups;           // G; 1 = per-channel (scales applied to the output)
   int group_shift;      // log2(group_size) when groups > 1
   int par;              // row chunks of MB*16 rows
-  int iters;            // k-tiles per block (the stripe length)
+  int iters;            // tiles per block stripe, within one row chunk's n_tiles x k_tiles
+  int chunk_blocks;     // blocks sharing one row chunk (ceil(n_tiles * k_tiles / iters))
+  int chunk_groups;     // groups of chunk_blocks blocks; grid = chunk_groups * chunk_blocks
+};
+
+// Launch options beyond the argument block.
+struct LaunchOpts {
+  int grid = 0, smem_bytes = 0;
+  bool pdl = false;  // cudaLaunchAttributeProgrammaticStreamSerialization (MarlinGemm::overlap_previous)
 };
 
 // Dynamic shared memory bytes and occupancy (blocks per SM) of one configuration; also raises the
@@ -35,6 +43,6 @@ struct KernelArgs {
 template <int DT, int MB, int TN, int TK>
 cudaError_t marlin_prepare(int* blocks_per_sm, int* smem_bytes);
 template <int DT, int MB, int TN, int TK>
-cudaError_t marlin_launch(const KernelArgs& a, int grid, int smem_bytes, cudaStream_t stream);
+cudaError_t marlin_launch(const KernelArgs& a, const LaunchOpts& o, cudaStream_t stream);
 
 }  // namespace marlinc::kernels::detail

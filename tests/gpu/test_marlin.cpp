@@ -140,9 +140,32 @@ std::vector<double> ref_rows_direct(const Layer& L, const std::vector<uint16_t>&
   return out;
 }
 
+// mean|C - ref| / mean|ref| over the given rows of C [m, n]; ref from the packed bytes or the codes.
+double mean_rel_err(const Layer& L, const std::vector<uint16_t>& A, const std::vector<uint16_t>& C,
+                    const std::vector<int64_t>& rows, bool packed_reference) {
+  const int64_t m = int64_t(A.size()) / L.k;
+  std::vector<double> ref;
+  if (packed_reference) {
+    RefGemmProblem p{A.data(), L.B.data(), L.s.data(), m, L.n, L.k, L.group, L.act};
+    ref = reference_gemm(p, rows);
+  } else {
+    ref = ref_rows_direct(L, A, rows);
+  }
+  double err = 0, mag = 0;
+  for (size_t ri = 0; ri < rows.size(); ++ri)
+    for (int64_t col = 0; col < L.n; ++col) {
+      const double r = ref[ri * size_t(L.n) + size_t(col)];
+      err += std::fabs(from_act(C[size_t(rows[ri] * L.n + col)], L.act) - r);
+      mag += std::fabs(r);
+    }
+  REQUIRE(mag > 0);
+  return err / mag;
+}
+
 struct RunOpts {
   MarlinPath path = MarlinPath::Marlin;
   int thread_k = 0, thread_n = 0;
+  int thread_m_blocks = 0;
   int num_sms = 0;
   bool packed_reference = true;  // reference_gemm on the packed bytes (else the direct sum from codes)
   int max_ref_rows = 1 << 30;
@@ -174,7 +197,8 @@ double run_case(const Layer& L, int64_t m, std::mt19937_64& rng, const RunOpts& 
   g.path = o.path;
   g.thread_k = o.thread_k;
   g.thread_n = o.thread_n;
-  INFO("m " << m << " k " << L.k << " n " << L.n << " g " << L.group << " act " << int(L.act) << " tiles ("
+  g.thread_m_blocks = o.thread_m_blocks;
+  INFO("m_blocks " << o.thread_m_blocks << " m " << m << " k " << L.k << " n " << L.n << " g " << L.group << " act " << int(L.act) << " tiles ("
             << o.thread_k << "," << o.thread_n << ") sms " << o.num_sms << " path " << int(o.path));
   const MarlinStatus st = marlin_gemm(g);
   INFO("status: " << marlin_status_name(st));
@@ -206,23 +230,8 @@ double run_case(const Layer& L, int64_t m, std::mt19937_64& rng, const RunOpts& 
     std::uniform_int_distribution<int64_t> rd(1, m - 2);
     while (int64_t(rows.size()) < want) rows.push_back(rd(rng));
   }
-  std::vector<double> ref;
-  if (o.packed_reference) {
-    RefGemmProblem p{A.data(), L.B.data(), L.s.data(), m, L.n, L.k, L.group, L.act};
-    ref = reference_gemm(p, rows);
-  } else {
-    ref = ref_rows_direct(L, A, rows);
-  }
-  double err = 0, mag = 0;
-  for (size_t ri = 0; ri < rows.size(); ++ri)
-    for (int64_t col = 0; col < L.n; ++col) {
-      const double r = ref[ri * size_t(L.n) + size_t(col)];
-      err += std::fabs(from_act(C[size_t(rows[ri] * L.n + col)], L.act) - r);
-      mag += std::fabs(r);
-    }
-  const double rel = err / mag;
+  const double rel = mean_rel_err(L, A, C, rows, o.packed_reference);
   INFO("mean rel err " << rel);
-  REQUIRE(mag > 0);
   REQUIRE(rel <= (L.act == ActType::F16 ? kTolF16 : kTolBF16));
   return rel;
 }
@@ -264,6 +273,23 @@ TEST_CASE("marlin: every tile configuration and m-block count, fp16 and bf16", "
     }
 }
 
+// Forced m tiles shorter than m: several row chunks, each split over its own group of blocks (or, on
+// few SMs, whole chunks walked by one block); every chunk's rows and its partial tiles must land.
+TEST_CASE("marlin: row chunks side by side (forced m tile)", "[gpu][marlin][sanitize]") {
+  std::mt19937_64 rng(kSeed + 8);
+  for (int64_t g : {int64_t(-1), int64_t(128)}) {
+    const Layer L = make_layer(rng, 1024, 768, g, ActType::F16);
+    for (int mb : {1, 2, 3})
+      for (int sms : {0, 2})
+        for (int64_t m : {int64_t(33), int64_t(64), int64_t(100)}) {
+          RunOpts o;
+          o.thread_m_blocks = mb;
+          o.num_sms = sms;
+          run_case(L, m, rng, o);
+        }
+  }
+}
+
 TEST_CASE("marlin: stripes crossing slices on few SMs (lock + fp32 partial reduction)", "[gpu][marlin][sanitize]") {
   std::mt19937_64 rng(kSeed + 2);
   for (int64_t g : {int64_t(-1), int64_t(64)}) {
@@ -279,6 +305,62 @@ TEST_CASE("marlin: stripes crossing slices on few SMs (lock + fp32 partial reduc
   RunOpts o;
   o.num_sms = 3;
   run_case(Lb, 17, rng, o);
+}
+
+// overlap_previous lets a call stream its weights while the previous kernel runs; its activations must
+// still be read only after that kernel has finished. A chain where each call's A is the previous
+// call's output (poisoned with NaN before the chain starts) catches an early read of A or of the
+// shared workspace: the outputs would hold NaN or stale values.
+TEST_CASE("marlin: overlap_previous on a chain of dependent calls", "[gpu][marlin][sanitize]") {
+  std::mt19937_64 rng(kSeed + 7);
+  Ctx& c = ctx();
+  const int64_t dims[] = {1024, 768, 1024, 512};  // k of call i = n of call i - 1
+  std::vector<Layer> Ls;
+  for (int i = 0; i < 3; ++i) Ls.push_back(make_layer(rng, dims[i], dims[i + 1], i == 1 ? -1 : 128, ActType::F16));
+  std::vector<DevBuf<int32_t>> B(3);
+  std::vector<DevBuf<uint16_t>> S(3), X(4);  // X[0] = input, X[i + 1] = output of call i
+  for (int i = 0; i < 3; ++i) {
+    B[size_t(i)].resize(Ls[size_t(i)].B.size());
+    S[size_t(i)].resize(Ls[size_t(i)].s.size());
+    CUDA_OK(cudaMemcpy(B[size_t(i)].p, Ls[size_t(i)].B.data(), Ls[size_t(i)].B.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(S[size_t(i)].p, Ls[size_t(i)].s.data(), Ls[size_t(i)].s.size() * 2, cudaMemcpyHostToDevice));
+  }
+  for (int sms : {0, 5})
+    for (int64_t m : {int64_t(1), int64_t(33), int64_t(100)}) {
+      for (int i = 0; i < 4; ++i) X[size_t(i)].resize(size_t(m * dims[i]));
+      const std::vector<uint16_t> A0 = random_A(rng, m, dims[0], ActType::F16);
+      CUDA_OK(cudaMemcpy(X[0].p, A0.data(), A0.size() * 2, cudaMemcpyHostToDevice));
+      for (int i = 1; i < 4; ++i) CUDA_OK(cudaMemsetAsync(X[size_t(i)].p, 0xff, size_t(m * dims[i]) * 2, c.stream));
+      for (int i = 0; i < 3; ++i) {
+        MarlinGemm g;
+        g.A = X[size_t(i)].p; g.B = B[size_t(i)].p; g.s = S[size_t(i)].p; g.C = X[size_t(i) + 1].p;
+        g.m = int(m); g.n = int(dims[i + 1]); g.k = int(dims[i]);
+        g.group_size = int(Ls[size_t(i)].group);
+        g.workspace = c.ws.p;
+        g.workspace_bytes = c.ws.n;
+        g.stream = c.stream;
+        g.num_sms = sms;
+        g.path = MarlinPath::Marlin;
+        g.overlap_previous = i > 0;
+        REQUIRE(marlin_gemm(g) == MarlinStatus::Ok);
+      }
+      CUDA_OK(cudaStreamSynchronize(c.stream));
+      std::vector<std::vector<uint16_t>> H(4);
+      for (int i = 0; i < 4; ++i) {
+        H[size_t(i)].resize(size_t(m * dims[i]));
+        CUDA_OK(cudaMemcpy(H[size_t(i)].data(), X[size_t(i)].p, H[size_t(i)].size() * 2, cudaMemcpyDeviceToHost));
+      }
+      std::vector<int64_t> rows;
+      for (int64_t r = 0; r < m; ++r) rows.push_back(r);
+      for (int i = 0; i < 3; ++i) {
+        size_t nans = 0;
+        for (uint16_t v : H[size_t(i) + 1]) nans += std::isnan(half_to_float(v)) ? 1 : 0;
+        INFO("sms " << sms << " m " << m << " call " << i << ": NaN outputs " << nans);
+        REQUIRE(nans == 0);
+        // Each call against the reference on the input it actually had (the previous call's output).
+        REQUIRE(mean_rel_err(Ls[size_t(i)], H[size_t(i)], H[size_t(i) + 1], rows, true) <= kTolF16);
+      }
+    }
 }
 
 TEST_CASE("marlin: bf16 activations and scales", "[gpu][marlin]") {
