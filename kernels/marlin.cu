@@ -224,11 +224,13 @@ size_t marlin_workspace_bytes(int num_sms, bool with_dequant_path) {
 
 int marlin_cublas_min_m(int n, int k) {
   (void)n;
-  (void)k;
-  // H100, docs/PERF.md 2026-11-23: at m = 256 the fused kernel beats dequantize + cuBLAS on every
-  // layer set (0.45x vs 0.28-0.41x of cuBLAS FP16); at m = 1024 the cuBLAS path wins (0.53-0.69x vs
-  // 0.41-0.49x). The m = 512 row of the next run places the switch between them.
-  return 512;
+  // H100, docs/PERF.md 2026-11-23 (per-layer times at m = 256, 512, 1024): at m = 256 the fused kernel
+  // beats dequantize + cuBLAS on every layer; at m = 512 the cuBLAS path wins or ties on layers up to
+  // 16384 deep (Llama-3-8B qkv 73 vs 107 us, 70B gate/up 1579 vs 1662) but loses on deeper ones, whose
+  // 24 MB dequantize scratch holds few columns per cuBLAS call (70B down k = 28672: 940 vs 804 us;
+  // 32768^2: 4328 vs 3743); at m = 1024 it wins everywhere.
+  constexpr int kDeep = 16384;
+  return k > kDeep ? 1024 : 512;
 }
 
 MarlinTileChoice marlin_choose_tiles(int m, int n, int k, int num_sms) {
