@@ -87,7 +87,15 @@ size_t lock_region(int sms) { return round_up(size_t(sms) * kMaxBlocksPerSm * kL
 size_t part_region(int sms) { return size_t(sms) * kMaxBlocksPerSm * kPartBytesPerBlock; }
 
 int ceil_div(int64_t a, int64_t b) { return int((a + b - 1) / b); }
-int m_blocks_for(int m) { return std::min(kMaxMBlocks, ceil_div(m, 16)); }
+// 16-row m blocks per tile. One tile covers m up to 64 rows, except that on small layers two 32-row
+// chunks side by side (two blocks per SM, 16 rows per warp) beat one 64-row tile for 32 < m <= 64:
+// measured on the H100 at m = 64 (docs/PERF.md), Llama-3-8B qkv 20.5 vs 25.5 us and o_proj 15.5 vs
+// 18.4; from 4096 x 14336 (58.7M weights) up the 64-row tile wins or ties.
+constexpr int64_t kSmallLayerWeights = int64_t(32) << 20;
+int m_blocks_for(int m, int n, int k) {
+  if (m > 32 && m <= 64 && int64_t(n) * k <= kSmallLayerWeights) return 2;
+  return std::min(kMaxMBlocks, ceil_div(m, 16));
+}
 
 // The work split of one launch (KernelArgs): par row chunks of 16*mb rows; each chunk's n x k tiles cut
 // into stripes of `iters` tiles, one per block of a group of chunk_blocks blocks; chunk_groups groups.
@@ -112,7 +120,8 @@ Partition partition(int m, int n, int k, int mb, TileShape t, int max_blocks) {
   return P;
 }
 
-// Blocks per SM that the model assumes: two where the m tile fits in 128 registers (MB <= 2).
+// Blocks per SM that the model assumes (Shape::kBlocksPerSm): two where a warp's share of the m tile
+// fits in 128 registers (up to 32 rows).
 int model_blocks_per_sm(int mb) { return mb <= 2 ? 2 : 1; }
 
 // Estimated time of one configuration, in units of "weight elements streamed by the busiest block":
@@ -234,7 +243,7 @@ int marlin_cublas_min_m(int n, int k) {
 }
 
 MarlinTileChoice marlin_choose_tiles(int m, int n, int k, int num_sms) {
-  const int mb = m_blocks_for(m);
+  const int mb = m_blocks_for(m, n, k);
   const int s = choose_shape(m, n, k, num_sms, mb);
   if (s < 0) return {mb, 0, 0};
   return {mb, kShapes[s].tn, kShapes[s].tk};
@@ -301,7 +310,7 @@ MarlinStatus marlin_gemm(const MarlinGemm& g) {
 
   if (g.workspace_bytes < marlin_workspace_bytes(sms, false)) return MarlinStatus::WorkspaceTooSmall;
   if (g.thread_m_blocks < 0 || g.thread_m_blocks > kMaxMBlocks) return MarlinStatus::NoConfig;
-  const int mb = g.thread_m_blocks > 0 ? g.thread_m_blocks : m_blocks_for(g.m);
+  const int mb = g.thread_m_blocks > 0 ? g.thread_m_blocks : m_blocks_for(g.m, g.n, g.k);
   int shape = -1;
   if (g.thread_k != 0 || g.thread_n != 0) {
     for (int i = 0; i < kNumShapes; ++i)

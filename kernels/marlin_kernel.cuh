@@ -158,9 +158,19 @@ template <int MB, int TN, int TK>
 struct Shape {
   static constexpr int kWarps = kThreads / 32;
   static constexpr int kNWarps = TN / 64;             // a warp owns 64 output columns
-  static constexpr int kKWarps = kWarps / kNWarps;    // the rest split the tile's k16 blocks
+  // A 32-row tile at most 128 wide is split between two warps (16 rows each): more k16 steps per warp
+  // between barriers and fewer registers, for duplicated dequantization (both warps expand the same
+  // weights). Measured on the H100 (docs/PERF.md): 128x128 and 128x64 tiles gain 7-32% per layer at
+  // m = 32, 64x256 loses 7-12% (all its warps would duplicate), and 64-row tiles lose 15-30% (two
+  // blocks per SM only with register spills).
+  static constexpr int kMWarps = MB == 2 && TN <= 128 ? 2 : 1;
+  static constexpr int kWarpMB = MB / kMWarps;        // 16-row m blocks per warp
+  static constexpr int kKWarps = kWarps / (kNWarps * kMWarps);  // the rest split the tile's k16 blocks
   static constexpr int kKB = TK / 16;                 // k16 blocks per tile
   static constexpr int kKBPerWarp = kKB / kKWarps;
+  // A warp's k16 steps of a tile span more than the smallest group (32): load scales per step.
+  static constexpr bool kScalePerStep = 16 * kKBPerWarp > 32;
+  static constexpr int kBlocksPerSm = kWarpMB <= 2 ? 2 : 1;  // __launch_bounds__ (128 registers for two)
   static constexpr int kRows = MB * 16;
   // More stages where the A tile is small: keeps more weight bytes in flight per SM at small m.
   static constexpr int kStages = MB == 1 ? 6 : 4;
@@ -172,16 +182,15 @@ struct Shape {
   static constexpr int kSRow = TN / 8;
   static constexpr int kSStage = kSRows * kSRow;
   static constexpr int kStage = kAStage + kBStage + kSStage;
-  static constexpr int kAcc = MB * 8;                 // float4 accumulators per thread
-  static constexpr int kRed = (kKWarps / 2) * kNWarps * kAcc * 32;  // float4 for the k-warp reduction
+  static constexpr int kAcc = kWarpMB * 8;            // float4 accumulators per thread
+  static constexpr int kRed = (kKWarps / 2) * kNWarps * kMWarps * kAcc * 32;  // float4, k-warp reduction
   static constexpr int kSmemInt4 = kStages * kStage > kRed ? kStages * kStage : kRed;
   static constexpr int kSmemBytes = kSmemInt4 * 16;
 
-  static_assert(TN % 64 == 0 && kWarps % kNWarps == 0, "a warp owns 64 columns (one 16x64 packed block)");
+  static_assert(TN % 64 == 0 && kWarps % (kNWarps * kMWarps) == 0, "a warp owns 64 columns (a 16x64 packed block)");
   static_assert(kKB % kKWarps == 0 && kKBPerWarp >= 1, "k-warps split the tile's k16 blocks evenly");
   static_assert(kAChunks >= 8, "the A swizzle XORs the chunk index with row % 8");
   static_assert((kKWarps & (kKWarps - 1)) == 0, "tree reduction over a power-of-two number of k-warps");
-  static_assert(16 * kKBPerWarp <= 32, "a warp's k16 steps of a tile share one group (the smallest is 32)");
   static_assert((kStages * kKBPerWarp) % 2 == 0, "register double-buffer parity repeats every stage round");
   static_assert(MB >= 1 && MB <= kMaxMBlocks && TN <= kMaxThreadN, "workspace slots are sized for these");
 };
@@ -189,12 +198,15 @@ struct Shape {
 // GROUPED: group scales applied to the dequantized weights (groups > 1); otherwise per-channel scales
 // are applied to the output. A template parameter keeps the branch out of the inner loop.
 template <int DT, bool GROUPED, int MB, int TN, int TK>
-__global__ void __launch_bounds__(kThreads, MB <= 2 ? 2 : 1) marlin_kernel(const KernelArgs p) {
+__global__ void __launch_bounds__(kThreads, Shape<MB, TN, TK>::kBlocksPerSm) marlin_kernel(const KernelArgs p) {
   using S = Shape<MB, TN, TK>;
   extern __shared__ int4 sh[];
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int wn = warp % S::kNWarps, wk = warp / S::kNWarps;
+  const int wn = warp % S::kNWarps, wm = (warp / S::kNWarps) % S::kMWarps;
+  const int wk = warp / (S::kNWarps * S::kMWarps);
+  const int wmn = wm * S::kNWarps + wn;  // the warp's (m, n) position among the k-warp group
+  const int mrow0 = wm * S::kWarpMB * 16;  // the warp's first row within the m tile
   const int k_tiles = p.k / TK, n_tiles = p.n / TN;
   const int nk = n_tiles * k_tiles;  // tiles of one row chunk
   const int a_row = p.k / 8;  // int4 per row of A
@@ -268,50 +280,52 @@ __global__ void __launch_bounds__(kThreads, MB <= 2 ? 2 : 1) marlin_kernel(const
 #pragma unroll
       for (int a = 0; a < S::kAcc; ++a) acc[a][0] = acc[a][1] = acc[a][2] = acc[a][3] = 0.f;
 
-      // One k16 step's operands in registers: A fragments (ldmatrix) and the lane's packed B words.
+      // One k16 step's operands in registers: A fragments (ldmatrix), the lane's packed B words and,
+      // with kScalePerStep, the step's scales.
       struct Frags {
-        uint32_t a[MB][4];
+        uint32_t a[S::kWarpMB][4];
         int4 b;
+        int4 s;
       };
+      const int s_lane = wn * 8 + (lane >> 2);
       auto load_frags = [&](Frags& f, int st, int kk) {
         const int4* sA = sh + st * S::kStage;
         const int4* sB = sA + S::kAStage;
         const int kb = wk * S::kKBPerWarp + kk;
 #pragma unroll
-        for (int mb = 0; mb < MB; ++mb) {
-          const int r = mb * 16 + (lane & 15), c = kb * 2 + (lane >> 4);
+        for (int mb = 0; mb < S::kWarpMB; ++mb) {
+          const int r = mrow0 + mb * 16 + (lane & 15), c = kb * 2 + (lane >> 4);
           ldmatrix_x4(f.a[mb], sA + r * S::kAChunks + (c ^ (r & 7)));
         }
         f.b = sB[kb * S::kBRow + wn * 32 + lane];
+        if constexpr (GROUPED && S::kScalePerStep)
+          f.s = (sB + S::kBStage)[((kb * 16) >> p.group_shift) * S::kSRow + s_lane];
       };
-      // A warp's k16 steps of one tile lie in one group (static_assert in Shape): one scale load per tile.
-      const int s_off = ((wk * S::kKBPerWarp * 16) >> p.group_shift) * S::kSRow + wn * 8 + (lane >> 2);
+      // Otherwise a warp's k16 steps of one tile lie in one group: one scale load per tile.
+      const int s_off = ((wk * S::kKBPerWarp * 16) >> p.group_shift) * S::kSRow + s_lane;
       auto load_scales = [&](int st) -> int4 {
-        if constexpr (!GROUPED) return make_int4(0, 0, 0, 0);
+        if constexpr (!GROUPED || S::kScalePerStep) return make_int4(0, 0, 0, 0);
         return (sh + st * S::kStage + S::kAStage + S::kBStage)[s_off];
       };
-      auto compute = [&](const Frags& f, const int4& sv) {
+      auto compute = [&](const Frags& f, const int4& tile_sv) {
+        const int4& sv = S::kScalePerStep ? f.s : tile_sv;
         const uint32_t words[4] = {uint32_t(f.b.x), uint32_t(f.b.y), uint32_t(f.b.z), uint32_t(f.b.w)};
         const uint32_t sw[4] = {uint32_t(sv.x), uint32_t(sv.y), uint32_t(sv.z), uint32_t(sv.w)};
-        // All four words first: four independent dequantize chains in flight instead of one chain ahead
-        // of each group of mma (which left warps waiting on fixed ALU latencies at m = 64).
-        uint32_t w[4][4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          dequant8<DT>(words[j], w[j]);
+          uint32_t w[4];
+          dequant8<DT>(words[j], w);
           if constexpr (GROUPED) {
             // Scale halves 2j (column 16j + c) and 2j + 1 (column 16j + c + 8), §1.6 grouped perm.
-            scale2<DT, false>(w[j][0], w[j][1], sw[j]);
-            scale2<DT, true>(w[j][2], w[j][3], sw[j]);
+            scale2<DT, false>(w[0], w[1], sw[j]);
+            scale2<DT, true>(w[2], w[3], sw[j]);
+          }
+#pragma unroll
+          for (int mb = 0; mb < S::kWarpMB; ++mb) {
+            mma_16816<DT>(f.a[mb], w[0], w[1], acc[mb * 8 + 2 * j]);
+            mma_16816<DT>(f.a[mb], w[2], w[3], acc[mb * 8 + 2 * j + 1]);
           }
         }
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-          for (int mb = 0; mb < MB; ++mb) {
-            mma_16816<DT>(f.a[mb], w[j][0], w[j][1], acc[mb * 8 + 2 * j]);
-            mma_16816<DT>(f.a[mb], w[j][2], w[j][3], acc[mb * 8 + 2 * j + 1]);
-          }
       };
 
       // Pipeline: STAGES-1 tiles in flight ahead of the one being computed. Operands are double-buffered
@@ -372,14 +386,14 @@ __global__ void __launch_bounds__(kThreads, MB <= 2 ? 2 : 1) marlin_kernel(const
 #pragma unroll
         for (int step = S::kKWarps / 2; step >= 1; step /= 2) {
           if (wk >= step && wk < 2 * step) {
-            float4* dst = red + ((wk - step) * S::kNWarps + wn) * (S::kAcc * 32);
+            float4* dst = red + ((wk - step) * S::kNWarps * S::kMWarps + wmn) * (S::kAcc * 32);
 #pragma unroll
             for (int a = 0; a < S::kAcc; ++a)
               dst[a * 32 + lane] = make_float4(acc[a][0], acc[a][1], acc[a][2], acc[a][3]);
           }
           __syncthreads();
           if (wk < step) {
-            const float4* src = red + (wk * S::kNWarps + wn) * (S::kAcc * 32);
+            const float4* src = red + (wk * S::kNWarps * S::kMWarps + wmn) * (S::kAcc * 32);
 #pragma unroll
             for (int a = 0; a < S::kAcc; ++a) {
               const float4 v = src[a * 32 + lane];
@@ -406,12 +420,12 @@ __global__ void __launch_bounds__(kThreads, MB <= 2 ? 2 : 1) marlin_kernel(const
           if (wk == 0) {
             float* mine = p.red + size_t(blockIdx.x) * (S::kRows * TN);  // [kRows, TN], one slot per block
 #pragma unroll
-            for (int mb = 0; mb < MB; ++mb)
+            for (int mb = 0; mb < S::kWarpMB; ++mb)
 #pragma unroll
               for (int t = 0; t < 8; ++t)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                  const int r = mb * 16 + (lane >> 2) + 8 * h;
+                  const int r = mrow0 + mb * 16 + (lane >> 2) + 8 * h;
                   const int c = wn * 64 + 8 * t + 2 * (lane & 3);
                   if (r < valid_rows)
                     __stcg(reinterpret_cast<float2*>(mine + r * TN + c),
@@ -430,12 +444,12 @@ __global__ void __launch_bounds__(kThreads, MB <= 2 ? 2 : 1) marlin_kernel(const
             for (int b = first_b + 1; b <= last_b; ++b) {
               const float* other = p.red + size_t(b) * (S::kRows * TN);
 #pragma unroll
-              for (int mb = 0; mb < MB; ++mb)
+              for (int mb = 0; mb < S::kWarpMB; ++mb)
 #pragma unroll
                 for (int t = 0; t < 8; ++t)
 #pragma unroll
                   for (int h = 0; h < 2; ++h) {
-                    const int r = mb * 16 + (lane >> 2) + 8 * h;
+                    const int r = mrow0 + mb * 16 + (lane >> 2) + 8 * h;
                     const int c = wn * 64 + 8 * t + 2 * (lane & 3);
                     if (r < valid_rows) {
                       const float2 o = __ldcg(reinterpret_cast<const float2*>(other + r * TN + c));
@@ -464,13 +478,13 @@ __global__ void __launch_bounds__(kThreads, MB <= 2 ? 2 : 1) marlin_kernel(const
             for (int e = 0; e < 8; ++e) sc[e] = to_float<DT>(hv[e]);
           }
 #pragma unroll
-          for (int mb = 0; mb < MB; ++mb)
+          for (int mb = 0; mb < S::kWarpMB; ++mb)
 #pragma unroll
             for (int tt = 0; tt < 4; ++tt)
 #pragma unroll
               for (int h = 0; h < 2; ++h) {
                 const int t = 4 * half + tt;
-                const int r = mb * 16 + (lane >> 2) + 8 * h;
+                const int r = mrow0 + mb * 16 + (lane >> 2) + 8 * h;
                 if (r < valid_rows) {
                   const int c = ncol * TN + wn * 64 + 8 * t + 2 * (lane & 3);
                   float v0 = acc[mb * 8 + t][2 * h], v1 = acc[mb * 8 + t][2 * h + 1];
