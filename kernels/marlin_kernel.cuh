@@ -409,6 +409,17 @@ __global__ void __launch_bounds__(kThreads, Shape<MB, TN, TK>::kBlocksPerSm) mar
       // the slice last, at the end of its stripe) waits for count - 1 deposits, adds them in block order
       // (deterministic) and writes C. A serial lock hand-off per block would put `count` global-memory
       // round trips on the critical path, which dominates small layers where count reaches 16.
+      // Visits the thread's accumulator pairs: acc[a][2h], acc[a][2h + 1] hold row r, columns c and
+      // c + 1 of the tile (mma.m16n8 C fragment: rows lane/4 and lane/4 + 8, columns 2 (lane % 4)).
+      auto for_each_pair = [&](auto&& f) {
+#pragma unroll
+        for (int mb = 0; mb < S::kWarpMB; ++mb)
+#pragma unroll
+          for (int t = 0; t < 8; ++t)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+              f(mb * 8 + t, h, mrow0 + mb * 16 + (lane >> 2) + 8 * h, wn * 64 + 8 * t + 2 * (lane & 3));
+      };
       const int first_b = base_b + (slice * k_tiles) / p.iters;
       const int last_b = base_b + ((slice + 1) * k_tiles - 1) / p.iters;
       const int count = last_b - first_b + 1;
@@ -419,18 +430,10 @@ __global__ void __launch_bounds__(kThreads, Shape<MB, TN, TK>::kBlocksPerSm) mar
         if (!finisher) {
           if (wk == 0) {
             float* mine = p.red + size_t(blockIdx.x) * (S::kRows * TN);  // [kRows, TN], one slot per block
-#pragma unroll
-            for (int mb = 0; mb < S::kWarpMB; ++mb)
-#pragma unroll
-              for (int t = 0; t < 8; ++t)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                  const int r = mrow0 + mb * 16 + (lane >> 2) + 8 * h;
-                  const int c = wn * 64 + 8 * t + 2 * (lane & 3);
-                  if (r < valid_rows)
-                    __stcg(reinterpret_cast<float2*>(mine + r * TN + c),
-                           make_float2(acc[mb * 8 + t][2 * h], acc[mb * 8 + t][2 * h + 1]));
-                }
+            for_each_pair([&](int a, int h, int r, int c) {
+              if (r < valid_rows)
+                __stcg(reinterpret_cast<float2*>(mine + r * TN + c), make_float2(acc[a][2 * h], acc[a][2 * h + 1]));
+            });
             __threadfence();  // each writer publishes its own stores before the counter moves
           }
           __syncthreads();
@@ -443,20 +446,13 @@ __global__ void __launch_bounds__(kThreads, Shape<MB, TN, TK>::kBlocksPerSm) mar
           if (wk == 0) {
             for (int b = first_b + 1; b <= last_b; ++b) {
               const float* other = p.red + size_t(b) * (S::kRows * TN);
-#pragma unroll
-              for (int mb = 0; mb < S::kWarpMB; ++mb)
-#pragma unroll
-                for (int t = 0; t < 8; ++t)
-#pragma unroll
-                  for (int h = 0; h < 2; ++h) {
-                    const int r = mrow0 + mb * 16 + (lane >> 2) + 8 * h;
-                    const int c = wn * 64 + 8 * t + 2 * (lane & 3);
-                    if (r < valid_rows) {
-                      const float2 o = __ldcg(reinterpret_cast<const float2*>(other + r * TN + c));
-                      acc[mb * 8 + t][2 * h] += o.x;
-                      acc[mb * 8 + t][2 * h + 1] += o.y;
-                    }
-                  }
+              for_each_pair([&](int a, int h, int r, int c) {
+                if (r < valid_rows) {
+                  const float2 o = __ldcg(reinterpret_cast<const float2*>(other + r * TN + c));
+                  acc[a][2 * h] += o.x;
+                  acc[a][2 * h + 1] += o.y;
+                }
+              });
             }
           }
           if (tid == 0) *counter = 0;  // every deposit has been counted: re-arm for the next launch
