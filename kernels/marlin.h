@@ -54,7 +54,7 @@ struct MarlinGemm {
   // is still running and stream its first weight tiles (B, s) before waiting for that kernel to finish;
   // A, C and the workspace are touched only after the wait. Set it only when no kernel still in flight
   // writes B or s (inference: weights are constant), never when B/s were just produced on the GPU.
-  // Only layers below 2^30 weights use it (measured no gain above, see kernels/marlin.cu).
+  // Layers of 2^30 weights or more use it only at m <= 2 (measured, see kernels/marlin.cu).
   bool overlap_previous = false;
 };
 
