@@ -4,10 +4,13 @@
 //
 // Data flow per thread block: a stripe of consecutive (k-tile) iterations over column slices, loaded
 // with a multi-stage cp.async pipeline (A with an XOR swizzle for conflict-free ldmatrix, B streamed
-// once with plain 16-byte cp.async.cg, grouped scales beside them), int4 -> 16-bit dequantization with
-// lop3 straight into mma.sync.m16n8k16 B fragments, warps splitting k inside a tile and reducing
-// through shared memory, and blocks that share a column slice reducing in fp32 through the workspace
-// (parallel deposits, one in-order sum by the slice's first block). Layout facts: formats.md §1.3-§1.6.
+// once with plain 16-byte cp.async.cg, grouped scales beside them), operands double-buffered in
+// registers, int4 -> 16-bit dequantization with lop3 straight into mma.sync.m16n8k16 B fragments,
+// warps splitting n, then (32-row tiles) m, then k inside a tile and reducing k through shared memory,
+// and blocks that share a column slice reducing in fp32 through the workspace (parallel deposits, one
+// in-order sum by the slice's first block). Row chunks beyond one tile run side by side in block
+// groups. With programmatic dependent launch the first tiles' weights stream before the wait for the
+// previous kernel. Layout facts: formats.md §1.3-§1.6.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
