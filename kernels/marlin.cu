@@ -220,7 +220,7 @@ const char* marlin_status_name(MarlinStatus s) {
     case MarlinStatus::BadGroupSize: return "bad group size (need -1, 32, 64 or 128 dividing k)";
     case MarlinStatus::BadAlignment: return "pointer not 16-byte aligned";
     case MarlinStatus::WorkspaceTooSmall: return "workspace too small";
-    case MarlinStatus::NoConfig: return "forced tile configuration does not fit the shape";
+    case MarlinStatus::NoConfig: return "forced tile configuration does not fit the shape (or thread_m_blocks not in 0..4)";
     case MarlinStatus::CudaError: return "CUDA error";
     case MarlinStatus::CublasError: return "cuBLAS error";
   }

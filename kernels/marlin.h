@@ -20,7 +20,7 @@ enum class MarlinStatus {
   BadGroupSize,       // group_size not in {-1, 32, 64, 128} or not dividing k
   BadAlignment,       // A, B, s, C or workspace not 16-byte aligned
   WorkspaceTooSmall,  // workspace_bytes < marlin_workspace_bytes(...) for the chosen path
-  NoConfig,           // a forced tile config that does not fit the shape
+  NoConfig,           // a forced tile config that does not fit the shape, or thread_m_blocks outside 0..4
   CudaError,          // a CUDA runtime call failed (the sticky error is left for the caller to read)
   CublasError,        // the dequantize + cuBLAS path failed
 };

@@ -489,6 +489,11 @@ TEST_CASE("marlin: argument checks return a status", "[gpu][marlin]") {
   b.thread_k = 64;
   b.thread_n = 256;  // n = 64 is not a multiple of 256
   REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
+  for (int bad_mb : {-1, 5}) {  // m tiles are 1..4 blocks of 16 rows
+    b = g;
+    b.thread_m_blocks = bad_mb;
+    REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
+  }
   b = g;
   b.path = MarlinPath::DequantCublas;
   b.cublas = nullptr;
