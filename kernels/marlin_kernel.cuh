@@ -17,36 +17,17 @@
 
 #include <cstdint>
 
+#include "kernels/marlin_device.cuh"
 #include "kernels/marlin_launch.h"
 
 namespace marlinc::kernels::detail {
 
-// ---- small PTX wrappers -------------------------------------------------------------------------
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte global -> shared copy; `pred == false` zero-fills (rows of A past m) without reading.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool pred) {
-  const int n = pred ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+// ---- mma.sync operands ---------------------------------------------------------------------------
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_addr(p)));
-}
-
-// (a & b) | c in one instruction: masks a nibble pair and ORs in the exponent of a magic number.
-__device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t b, uint32_t c) {
-  uint32_t d;
-  asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-  return d;
 }
 
 template <int DT>
@@ -60,99 +41,6 @@ __device__ __forceinline__ void mma_16816(const uint32_t (&a)[4], uint32_t b0, u
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
-}
-
-// One packed word -> four 16-bit pairs (q - 8): f[0] = (e0,e1), f[1] = (e2,e3) are the b0/b1 registers
-// of the B fragment for column c of the 16-wide tile, f[2], f[3] the same for column c + 8 (§1.3: the
-// 64207531 interleave puts (e0,e1) in nibbles 0/4, (e2,e3) in 1/5, (e4,e5) in 2/6, (e6,e7) in 3/7).
-template <int DT>
-__device__ __forceinline__ void dequant8(uint32_t q, uint32_t (&f)[4]) {
-  if constexpr (DT == 0) {
-    // fp16: 0x6400 is 1024.0 whose ulp is 1, so OR-ing a nibble into the mantissa gives 1024 + v;
-    // the high nibble lands as 1024 + 16 v and is scaled by 1/16 while subtracting (64 + 8).
-    constexpr uint32_t kLo = 0x000f000f, kHi = 0x00f000f0, kExp = 0x64006400;
-    constexpr uint32_t kSub = 0x64086408;  // 1032 = 1024 + 8 (fuses the uint4b8 zero point)
-    constexpr uint32_t kMul = 0x2c002c00;  // 1/16
-    constexpr uint32_t kAdd = 0xd480d480;  // -72 = -(64 + 8)
-    const uint32_t lo0 = lop3_and_or(q, kLo, kExp), hi0 = lop3_and_or(q, kHi, kExp);
-    q >>= 8;
-    const uint32_t lo1 = lop3_and_or(q, kLo, kExp), hi1 = lop3_and_or(q, kHi, kExp);
-    asm("sub.f16x2 %0, %1, %2;\n" : "=r"(f[0]) : "r"(lo0), "r"(kSub));
-    asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(f[1]) : "r"(hi0), "r"(kMul), "r"(kAdd));
-    asm("sub.f16x2 %0, %1, %2;\n" : "=r"(f[2]) : "r"(lo1), "r"(kSub));
-    asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(f[3]) : "r"(hi1), "r"(kMul), "r"(kAdd));
-  } else {
-    // bf16 has a 7-bit mantissa, so 16 v would not fit: each nibble pair is shifted to the bottom and
-    // OR-ed into 0x4300 (128.0, ulp 1), then 136 = 128 + 8 is subtracted with an fma by 1.0.
-    constexpr uint32_t kLo = 0x000f000f, kExp = 0x43004300;
-    constexpr uint32_t kOne = 0x3f803f80, kNeg136 = 0xc308c308;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint32_t x = lop3_and_or(q >> (4 * i), kLo, kExp);
-      asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(f[i]) : "r"(x), "r"(kOne), "r"(kNeg136));
-    }
-  }
-}
-
-// Multiplies the two dequantized pairs f0, f1 by the low (HI = false) or high half of the scale word s,
-// broadcast to both halves. Written as a `mov {l, h}` split and a `{l, l}` join, the pattern ptxas folds
-// into the multiply's operand selector (R.H0_H0 / R.H1_H1) instead of spending a PRMT per broadcast.
-// bf16 multiplies as fma with -0 (an exact product, like mul.bf16x2, which needs sm_90).
-template <int DT, bool HI>
-__device__ __forceinline__ void scale2(uint32_t& f0, uint32_t& f1, uint32_t s) {
-  if constexpr (DT == 0) {
-    if constexpr (!HI)
-      asm("{\n .reg .b16 l, h;\n .reg .b32 b;\n mov.b32 {l, h}, %2;\n mov.b32 b, {l, l};\n"
-          " mul.f16x2 %0, %0, b;\n mul.f16x2 %1, %1, b;\n}\n" : "+r"(f0), "+r"(f1) : "r"(s));
-    else
-      asm("{\n .reg .b16 l, h;\n .reg .b32 b;\n mov.b32 {l, h}, %2;\n mov.b32 b, {h, h};\n"
-          " mul.f16x2 %0, %0, b;\n mul.f16x2 %1, %1, b;\n}\n" : "+r"(f0), "+r"(f1) : "r"(s));
-  } else {
-    if constexpr (!HI)
-      asm("{\n .reg .b16 l, h;\n .reg .b32 b;\n mov.b32 {l, h}, %2;\n mov.b32 b, {l, l};\n"
-          " fma.rn.bf16x2 %0, %0, b, %3;\n fma.rn.bf16x2 %1, %1, b, %3;\n}\n"
-          : "+r"(f0), "+r"(f1) : "r"(s), "r"(0x80008000u));
-    else
-      asm("{\n .reg .b16 l, h;\n .reg .b32 b;\n mov.b32 {l, h}, %2;\n mov.b32 b, {h, h};\n"
-          " fma.rn.bf16x2 %0, %0, b, %3;\n fma.rn.bf16x2 %1, %1, b, %3;\n}\n"
-          : "+r"(f0), "+r"(f1) : "r"(s), "r"(0x80008000u));
-  }
-}
-
-template <int DT>
-__device__ __forceinline__ float to_float(uint16_t h) {
-  if constexpr (DT == 0) return __half2float(__ushort_as_half(h));
-  else return __bfloat162float(__ushort_as_bfloat16(h));
-}
-template <int DT>
-__device__ __forceinline__ uint32_t pack2(float a, float b) {
-  if constexpr (DT == 0) {
-    const __half2 h = __floats2half2_rn(a, b);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  } else {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  }
-}
-
-// Programmatic dependent launch (sm_90): let the next kernel on the stream launch now (its blocks take
-// SM slots as ours exit), and wait until the previous kernel has finished and its writes are visible.
-// Both are no-ops when the launch carried no programmatic-serialization attribute.
-__device__ __forceinline__ void allow_next_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::);
-#endif
-}
-__device__ __forceinline__ void wait_previous_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ int ld_acquire(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
 }
 
 // ---- the kernel ------------------------------------------------------------------------------------
