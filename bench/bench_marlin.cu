@@ -7,6 +7,8 @@
 // The fused kernel is timed twice: plainly ("serial") and with MarlinGemm::overlap_previous
 // (programmatic dependent launch: each call streams its first weight tiles while the previous call
 // finishes, as in a model's sequence of layers, whose weights are constant); Auto uses the latter.
+// With --wgmma, on a 9.0 device, the Hopper (wgmma) kernel is timed too ("wgmma", with overlap, m >= 16;
+// layers whose width it cannot take count with the mma.sync time). "auto" is marlin_auto_path's pick.
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -118,11 +120,11 @@ struct Row {
   int group, m;
   // Summed over the set's layers, µs. fused: the fused kernel with overlap_previous (programmatic
   // dependent launch, as a serving engine would call it); serial: the same kernel without it.
-  double cublas = 0, fused = 0, serial = 0, dq = 0, autop = 0;
+  double cublas = 0, fused = 0, serial = 0, dq = 0, wg = 0, autop = 0;
   double bytes = 0, flops = 0;
   double spread = 0;
   std::string configs;
-  std::string layers_json;  // per layer: [k, n, cuBLAS µs, fused µs, serial µs, dq+cuBLAS µs]
+  std::string layers_json;  // per layer: [k, n, cuBLAS µs, fused µs, serial µs, dq+cuBLAS µs, wgmma µs]
 };
 
 }  // namespace
@@ -131,10 +133,12 @@ int main(int argc, char** argv) {
   std::vector<std::string> sets_wanted = {"llama3-8b", "llama3-70b", "large"};
   std::vector<int> ms = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024};
   bool explore = false;
+  bool time_wgmma = false;
   std::string json_path;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--explore") explore = true;
+    else if (a == "--wgmma") time_wgmma = true;
     else if (a == "--json" && i + 1 < argc) json_path = argv[++i];
     else if (a == "--sets" && i + 1 < argc) {
       sets_wanted.clear();
@@ -155,7 +159,7 @@ int main(int argc, char** argv) {
         p = q + 1;
       }
     } else {
-      std::fprintf(stderr, "usage: bench_marlin [--sets llama3-8b,llama3-70b,large] [--ms 1,16,...] [--explore] [--json PATH]\n");
+      std::fprintf(stderr, "usage: bench_marlin [--sets llama3-8b,llama3-70b,large] [--ms 1,16,...] [--explore] [--wgmma] [--json PATH]\n");
       return 2;
     }
   }
@@ -272,24 +276,29 @@ int main(int argc, char** argv) {
         };
         const Stats sf = time_graph(st, marlin_call(MarlinPath::Marlin, 0, 0));
         const Stats ss = time_graph(st, marlin_call(MarlinPath::Marlin, 0, 0, false));
-        double dq = 0;
+        double dq = 0, wg = 0;
         if (m >= 64) dq = time_graph(st, marlin_call(MarlinPath::DequantCublas, 0, 0)).us;
-        const bool auto_cublas = m >= marlin_cublas_min_m(L.n, L.k);
+        const bool wg_runs = marlin_wgmma_available() && L.n % 256 == 0;
+        if (time_wgmma && m >= 16) wg = wg_runs ? time_graph(st, marlin_call(MarlinPath::Wgmma, 0, 0)).us : sf.us;
+        const MarlinPath ap = marlin_auto_path(m, L.n, L.k);
+        const bool auto_cublas = ap == MarlinPath::DequantCublas, auto_wg = ap == MarlinPath::Wgmma;
         R.cublas += sc.us;
         R.fused += sf.us;
         R.serial += ss.us;
         R.dq += dq;
-        R.autop += auto_cublas ? dq : sf.us;
+        R.wg += wg;
+        R.autop += auto_cublas ? dq : auto_wg ? wg : sf.us;
         R.spread = std::max({R.spread, sc.spread, sf.spread});
         R.bytes += double(qbytes) + double(sbytes) + 2.0 * m * L.k + 2.0 * m * L.n;
         R.flops += 2.0 * m * double(L.k) * L.n;
         const MarlinTileChoice tc = marlin_choose_tiles(m, L.n, L.k, sms);
         char cfg[64];
         std::snprintf(cfg, sizeof cfg, "%s%dx%d", R.configs.empty() ? "" : " ", tc.thread_k, tc.thread_n);
-        R.configs += auto_cublas ? (R.configs.empty() ? "dq" : " dq") : cfg;
-        char lj[128];
-        std::snprintf(lj, sizeof lj, "%s[%d, %d, %.2f, %.2f, %.2f, %.2f]", R.layers_json.empty() ? "" : ", ", L.k, L.n,
-                      sc.us, sf.us, ss.us, dq);
+        const char* sep = R.configs.empty() ? "" : " ";
+        R.configs += auto_cublas ? std::string(sep) + "dq" : auto_wg ? std::string(sep) + "wg" : std::string(cfg);
+        char lj[160];
+        std::snprintf(lj, sizeof lj, "%s[%d, %d, %.2f, %.2f, %.2f, %.2f, %.2f]", R.layers_json.empty() ? "" : ", ", L.k,
+                      L.n, sc.us, sf.us, ss.us, dq, wg);
         R.layers_json += lj;
         if (explore && m <= 128) {
           const int tiles[3][2] = {{128, 128}, {64, 256}, {128, 64}};
@@ -330,9 +339,9 @@ int main(int argc, char** argv) {
         const Row& r = rows[i];
         std::fprintf(f,
                      "  {\"set\": \"%s\", \"group\": %d, \"m\": %d, \"cublas_us\": %.2f, \"fused_us\": %.2f, \"fused_serial_us\": %.2f, "
-                     "\"dequant_cublas_us\": %.2f, \"auto_us\": %.2f, \"bytes\": %.0f, \"flops\": %.0f, \"spread\": %.3f, "
+                     "\"dequant_cublas_us\": %.2f, \"wgmma_us\": %.2f, \"auto_us\": %.2f, \"bytes\": %.0f, \"flops\": %.0f, \"spread\": %.3f, "
                      "\"configs\": \"%s\", \"layers\": [%s]}%s\n",
-                     r.set.c_str(), r.group, r.m, r.cublas, r.fused, r.serial, r.dq, r.autop, r.bytes, r.flops, r.spread,
+                     r.set.c_str(), r.group, r.m, r.cublas, r.fused, r.serial, r.dq, r.wg, r.autop, r.bytes, r.flops, r.spread,
                      r.configs.c_str(), r.layers_json.c_str(), i + 1 < rows.size() ? "," : "");
       }
       std::fprintf(f, "]}\n");
@@ -340,13 +349,13 @@ int main(int argc, char** argv) {
     }
   }
   // serial: fused kernel launched plainly; fused/auto: with overlap_previous (see Row).
-  std::printf("\n%-10s %3s %4s | %8s %8s %8s %8s %8s | %5s %5s %5s | %5s %5s %5s | %5s | %s\n", "set", "g", "m",
-              "cuBLAS", "serial", "fused", "dq+cuB", "auto", "x_ser", "x_fus", "x_aut", "GB/s", "%copy", "ideal",
+  std::printf("\n%-10s %3s %4s | %8s %8s %8s %8s %8s %8s | %5s %5s %5s | %5s %5s %5s | %5s | %s\n", "set", "g", "m",
+              "cuBLAS", "serial", "fused", "dq+cuB", "wgmma", "auto", "x_ser", "x_fus", "x_aut", "GB/s", "%copy", "ideal",
               "sprd", "tiles (k x n)");
   for (const Row& r : rows) {
     const double t_ideal = std::max(r.bytes / copy_bw, r.flops / gemm_flops) * 1e6;
-    std::printf("%-10s %3d %4d | %8.1f %8.1f %8.1f %8.1f %8.1f | %5.2f %5.2f %5.2f | %5.0f %5.2f %5.2f | %5.3f | %s\n",
-                r.set.c_str(), r.group, r.m, r.cublas, r.serial, r.fused, r.dq, r.autop, r.cublas / r.serial,
+    std::printf("%-10s %3d %4d | %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f | %5.2f %5.2f %5.2f | %5.0f %5.2f %5.2f | %5.3f | %s\n",
+                r.set.c_str(), r.group, r.m, r.cublas, r.serial, r.fused, r.dq, r.wg, r.autop, r.cublas / r.serial,
                 r.cublas / r.fused, r.cublas / r.autop, r.bytes / (r.autop * 1e-6) / 1e9,
                 r.bytes / (r.autop * 1e-6) / copy_bw, t_ideal / r.autop, r.spread, r.configs.c_str());
   }

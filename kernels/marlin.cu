@@ -24,6 +24,14 @@ namespace detail {
 MARLINC_DECLARE_MB(0, 1) MARLINC_DECLARE_MB(0, 2) MARLINC_DECLARE_MB(0, 3) MARLINC_DECLARE_MB(0, 4)
 MARLINC_DECLARE_MB(1, 1) MARLINC_DECLARE_MB(1, 2) MARLINC_DECLARE_MB(1, 3) MARLINC_DECLARE_MB(1, 4)
 
+#if MARLINC_HAVE_SM90A
+#define MARLINC_DECLARE_WGMMA(DT, NT)                               \
+  extern template cudaError_t wgmma_prepare<DT, NT>(int*, int*); \
+  extern template cudaError_t wgmma_launch<DT, NT>(const KernelArgs&, const LaunchOpts&, cudaStream_t);
+MARLINC_DECLARE_WGMMA(0, 32) MARLINC_DECLARE_WGMMA(0, 64) MARLINC_DECLARE_WGMMA(0, 128)
+MARLINC_DECLARE_WGMMA(1, 32) MARLINC_DECLARE_WGMMA(1, 64) MARLINC_DECLARE_WGMMA(1, 128)
+#endif
+
 namespace {
 
 // The three tile shapes (thread_n, thread_k): 128x128 for small m, 256x64 when A tiles are large
@@ -44,28 +52,43 @@ const Entry kTable[2][kMaxMBlocks][kNumShapes] = {
     {MARLINC_ENTRY_MB(1, 1), MARLINC_ENTRY_MB(1, 2), MARLINC_ENTRY_MB(1, 3), MARLINC_ENTRY_MB(1, 4)},
 };
 
+// The Hopper kernel's token tiles (rows of C per tile), smallest first.
+constexpr int kWgRows[3] = {32, 64, 128};
+#if MARLINC_HAVE_SM90A
+#define MARLINC_WG_ENTRY(DT, NT) Entry{&wgmma_prepare<DT, NT>, &wgmma_launch<DT, NT>}
+const Entry kWgTable[2][3] = {
+    {MARLINC_WG_ENTRY(0, 32), MARLINC_WG_ENTRY(0, 64), MARLINC_WG_ENTRY(0, 128)},
+    {MARLINC_WG_ENTRY(1, 32), MARLINC_WG_ENTRY(1, 64), MARLINC_WG_ENTRY(1, 128)},
+};
+#endif
+
 // Occupancy and shared-memory size per (device, kernel), computed once: the launcher is called per
 // layer per token, and cudaFuncSetAttribute + the occupancy query cost host microseconds.
 constexpr int kMaxDevices = 16;
 struct Prepared { int blocks_per_sm = 0, smem = 0; cudaError_t err = cudaSuccess; bool done = false; };
 Prepared g_prepared[kMaxDevices][2][kMaxMBlocks][kNumShapes];
+Prepared g_wg_prepared[kMaxDevices][2][3];
 std::mutex g_prepared_mu;
 
-Prepared prepared(int dev, int dt, int mb, int shape) {
+Prepared prepare_once(Prepared& p, const Entry& e) {
   std::lock_guard<std::mutex> lock(g_prepared_mu);
-  Prepared& p = g_prepared[dev][dt][mb - 1][shape];
   if (!p.done) {
-    p.err = kTable[dt][mb - 1][shape].prepare(&p.blocks_per_sm, &p.smem);
+    p.err = e.prepare(&p.blocks_per_sm, &p.smem);
     p.done = true;
   }
   return p;
 }
+Prepared prepared(int dev, int dt, int mb, int shape) {
+  return prepare_once(g_prepared[dev][dt][mb - 1][shape], kTable[dt][mb - 1][shape]);
+}
 
-// A device attribute read once per device (the launcher runs per layer per token).
+// A device attribute read once per device (the launcher runs per layer per token). The cache holds
+// value + 1, so that 0 means "not read yet" and attributes whose value is 0 are cached too.
 int cached_attr(int dev, cudaDeviceAttr attr, int (&cache)[kMaxDevices]) {
   std::lock_guard<std::mutex> lock(g_prepared_mu);
-  if (cache[dev] == 0 && cudaDeviceGetAttribute(&cache[dev], attr, dev) != cudaSuccess) cache[dev] = 0;
-  return cache[dev];
+  int v = 0;
+  if (cache[dev] == 0 && cudaDeviceGetAttribute(&v, attr, dev) == cudaSuccess) cache[dev] = v + 1;
+  return cache[dev] > 0 ? cache[dev] - 1 : 0;
 }
 int sm_count(int dev) {
   static int cache[kMaxDevices] = {};
@@ -75,9 +98,22 @@ int cc_major(int dev) {
   static int cache[kMaxDevices] = {};
   return cached_attr(dev, cudaDevAttrComputeCapabilityMajor, cache);
 }
+int cc_minor(int dev) {
+  static int cache[kMaxDevices] = {};
+  return cached_attr(dev, cudaDevAttrComputeCapabilityMinor, cache);
+}
+// sm_90a code runs on compute capability 9.0 only (arch-specific features do not carry forward).
+bool wgmma_runs_on(int dev) {
+#if MARLINC_HAVE_SM90A
+  return cc_major(dev) == 9 && cc_minor(dev) == 0;
+#else
+  (void)dev;
+  return false;
+#endif
+}
 
 constexpr size_t kLockBytesPerBlock = sizeof(int);
-constexpr size_t kPartBytesPerBlock = size_t(kMaxMBlocks) * 16 * kMaxThreadN * sizeof(float);
+constexpr size_t kPartBytesPerBlock = kPartFloatsPerBlock * sizeof(float);
 // 16-bit dequantized weight columns per cuBLAS call: small enough to stay in L2 between the
 // dequantize kernel writing it and cuBLAS reading it (H100 L2: 50 MB).
 constexpr size_t kDequantScratchBytes = size_t(24) << 20;
@@ -97,15 +133,15 @@ int m_blocks_for(int m, int n, int k) {
   return std::min(kMaxMBlocks, ceil_div(m, 16));
 }
 
-// The work split of one launch (KernelArgs): par row chunks of 16*mb rows; each chunk's n x k tiles cut
+// The work split of one launch (KernelArgs): par row chunks of `rows` rows; each chunk's n x k tiles cut
 // into stripes of `iters` tiles, one per block of a group of chunk_blocks blocks; chunk_groups groups.
 // When every chunk gets a group (par <= max_blocks), the groups run the same stripes side by side and
 // all but one read each weight tile from L2. Otherwise a block owns whole chunks (whole slices, no
 // cross-block reduction) and walks them in turn.
 struct Partition { int par, iters, chunk_blocks, chunk_groups, grid; };
-Partition partition(int m, int n, int k, int mb, TileShape t, int max_blocks) {
+Partition partition(int m, int n, int k, int rows, TileShape t, int max_blocks) {
   Partition P{};
-  P.par = ceil_div(m, 16 * mb);
+  P.par = ceil_div(m, rows);
   const int64_t nk = int64_t(n / t.tn) * (k / t.tk);
   if (P.par <= max_blocks) {
     P.iters = ceil_div(nk, max_blocks / P.par);
@@ -130,7 +166,7 @@ int model_blocks_per_sm(int mb) { return mb <= 2 ? 2 : 1; }
 // as surcharges.
 double config_cost(int m, int n, int k, int sms, int mb, TileShape t) {
   const int rows = 16 * mb;
-  const Partition P = partition(m, n, k, mb, t, sms * model_blocks_per_sm(mb));
+  const Partition P = partition(m, n, k, rows, t, sms * model_blocks_per_sm(mb));
   const int64_t k_tiles = k / t.tk;
   const int chunks_per_block = ceil_div(P.par, P.chunk_groups);
   const double iters = double(P.iters) * chunks_per_block;
@@ -220,7 +256,9 @@ const char* marlin_status_name(MarlinStatus s) {
     case MarlinStatus::BadGroupSize: return "bad group size (need -1, 32, 64 or 128 dividing k)";
     case MarlinStatus::BadAlignment: return "pointer not 16-byte aligned";
     case MarlinStatus::WorkspaceTooSmall: return "workspace too small";
-    case MarlinStatus::NoConfig: return "forced tile configuration does not fit the shape (or thread_m_blocks not in 0..4)";
+    case MarlinStatus::NoConfig:
+      return "forced configuration does not fit the shape or device (thread_m_blocks not in 0..4, wgmma_rows not "
+             "0/32/64/128, or path Wgmma without a 9.0 device, sm_90a code and n % 256 == 0)";
     case MarlinStatus::CudaError: return "CUDA error";
     case MarlinStatus::CublasError: return "cuBLAS error";
   }
@@ -253,6 +291,83 @@ namespace {
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
+// Auto does not take the Hopper kernel yet: it was written in a session without a GPU and has not
+// been run or timed; the m range where it wins goes here once measured (docs/PERF.md).
+MarlinPath auto_path(int dev, int m, int n, int k, bool cublas_ok) {
+  (void)dev;
+  if (cublas_ok && m >= marlin_cublas_min_m(n, k)) return MarlinPath::DequantCublas;
+  return MarlinPath::Marlin;
+}
+
+int wgmma_rows_for(int m) {
+  for (int r : kWgRows)
+    if (m <= r) return r;
+  return kWgRows[2];
+}
+
+// Overlap pays where launch and tail are a visible part of the call: on the H100 it saved 2-4 us per
+// layer up to 8192 x 57344 (470M weights) at every m measured. On 32768^2 (2^30 weights) it saved
+// 3-5 us at m <= 2 in every run, and above that measured anywhere from 4% faster to 12% slower.
+bool use_pdl(const MarlinGemm& g, int dev) {
+  constexpr int64_t kOverlapMaxWeights = int64_t(1) << 30;
+  constexpr int kOverlapHugeMaxM = 2;
+  return g.overlap_previous && cc_major(dev) >= 9 &&
+         (int64_t(g.n) * g.k < kOverlapMaxWeights || g.m <= kOverlapHugeMaxM);
+}
+
+// The argument block both fused kernels share (all but the partition).
+KernelArgs kernel_args(const MarlinGemm& g, int groups, int shift, int sms, const Partition& P) {
+  KernelArgs a{};
+  a.A = g.A;
+  a.B = g.B;
+  a.s = g.s;
+  a.C = g.C;
+  a.locks = static_cast<int*>(g.workspace);
+  a.red = reinterpret_cast<float*>(static_cast<char*>(g.workspace) + lock_region(sms));
+  a.m = g.m;
+  a.n = g.n;
+  a.k = g.k;
+  a.groups = groups;
+  a.group_shift = shift;
+  a.par = P.par;
+  a.iters = P.iters;
+  a.chunk_blocks = P.chunk_blocks;
+  a.chunk_groups = P.chunk_groups;
+  return a;
+}
+
+MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int dev) {
+#if MARLINC_HAVE_SM90A
+  if (!wgmma_runs_on(dev) || g.n % kWgmmaTileN != 0) return MarlinStatus::NoConfig;
+  const int rows = g.wgmma_rows > 0 ? g.wgmma_rows : wgmma_rows_for(g.m);
+  int ri = -1;
+  for (int i = 0; i < 3; ++i)
+    if (kWgRows[i] == rows) ri = i;
+  if (ri < 0) return MarlinStatus::NoConfig;
+  const int dt = g.act == ActType::F16 ? 0 : 1;
+  const Prepared pr = prepare_once(g_wg_prepared[dev][dt][ri], kWgTable[dt][ri]);
+  if (pr.err != cudaSuccess || pr.blocks_per_sm < 1) return MarlinStatus::CudaError;
+  const TileShape t{kWgmmaTileN, kWgmmaTileK};
+  if (int64_t(ceil_div(g.m, rows)) * (g.n / t.tn) * (g.k / t.tk) > std::numeric_limits<int>::max() / 2)
+    return MarlinStatus::BadShape;
+  // A block deposits a partial tile of kWgmmaTileN x rows floats (the workspace holds kWgmmaPartFloats
+  // per SM) and has one lock (kMaxBlocksPerSm per SM).
+  const int slots_per_sm = int(kWgmmaPartFloats / (size_t(kWgmmaTileN) * rows));
+  const int per_sm = std::min({pr.blocks_per_sm, slots_per_sm, kMaxBlocksPerSm});
+  const Partition P = partition(g.m, g.n, g.k, rows, t, sms * per_sm);
+  LaunchOpts o;
+  o.grid = P.grid;
+  o.smem_bytes = pr.smem;
+  o.pdl = use_pdl(g, dev);
+  if (kWgTable[dt][ri].launch(kernel_args(g, groups, shift, sms, P), o, g.stream) != cudaSuccess)
+    return MarlinStatus::CudaError;
+  return MarlinStatus::Ok;
+#else
+  (void)g, (void)groups, (void)shift, (void)sms, (void)dev;
+  return MarlinStatus::NoConfig;
+#endif
+}
+
 MarlinStatus run_dequant_cublas(const MarlinGemm& g, int groups, int shift, int sms) {
   if (!g.cublas) return MarlinStatus::CublasError;
   if (g.workspace_bytes < marlin_workspace_bytes(sms, true)) return MarlinStatus::WorkspaceTooSmall;
@@ -284,6 +399,17 @@ MarlinStatus run_dequant_cublas(const MarlinGemm& g, int groups, int shift, int 
 
 }  // namespace
 
+MarlinPath marlin_auto_path(int m, int n, int k) {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return MarlinPath::Marlin;
+  return auto_path(dev, m, n, k, true);
+}
+
+bool marlin_wgmma_available() {
+  int dev = 0;
+  return cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < kMaxDevices && wgmma_runs_on(dev);
+}
+
 MarlinStatus marlin_gemm(const MarlinGemm& g) {
   if (g.m < 1 || g.n < 64 || g.k < 128 || g.n % 64 != 0 || g.k % 128 != 0) return MarlinStatus::BadShape;
   if (int64_t(g.m) * g.n > int64_t(1) << 40 || int64_t(g.k) * g.n / 8 > std::numeric_limits<int32_t>::max() * int64_t(4))
@@ -302,13 +428,12 @@ MarlinStatus marlin_gemm(const MarlinGemm& g) {
   const int sms = g.num_sms > 0 ? g.num_sms : sm_count(dev);
   if (sms <= 0) return MarlinStatus::CudaError;
 
-  bool use_cublas = g.path == MarlinPath::DequantCublas;
-  if (g.path == MarlinPath::Auto && g.cublas && g.m >= marlin_cublas_min_m(g.n, g.k) &&
-      g.workspace_bytes >= marlin_workspace_bytes(sms, true))
-    use_cublas = true;
-  if (use_cublas) return run_dequant_cublas(g, groups, shift, sms);
-
+  if (g.wgmma_rows != 0 && g.wgmma_rows != 32 && g.wgmma_rows != 64 && g.wgmma_rows != 128) return MarlinStatus::NoConfig;
+  const bool cublas_ok = g.cublas && g.workspace_bytes >= marlin_workspace_bytes(sms, true);
+  const MarlinPath path = g.path == MarlinPath::Auto ? auto_path(dev, g.m, g.n, g.k, cublas_ok) : g.path;
+  if (path == MarlinPath::DequantCublas) return run_dequant_cublas(g, groups, shift, sms);
   if (g.workspace_bytes < marlin_workspace_bytes(sms, false)) return MarlinStatus::WorkspaceTooSmall;
+  if (path == MarlinPath::Wgmma) return run_wgmma(g, groups, shift, sms, dev);
   if (g.thread_m_blocks < 0 || g.thread_m_blocks > kMaxMBlocks) return MarlinStatus::NoConfig;
   const int mb = g.thread_m_blocks > 0 ? g.thread_m_blocks : m_blocks_for(g.m, g.n, g.k);
   int shape = -1;
@@ -327,35 +452,13 @@ MarlinStatus marlin_gemm(const MarlinGemm& g) {
   const TileShape t = kShapes[shape];
   if (int64_t(ceil_div(g.m, 16 * mb)) * (g.n / t.tn) * (g.k / t.tk) > std::numeric_limits<int>::max() / 2)
     return MarlinStatus::BadShape;
-  const Partition P = partition(g.m, g.n, g.k, mb, t, sms * std::min(pr.blocks_per_sm, kMaxBlocksPerSm));
+  const Partition P = partition(g.m, g.n, g.k, 16 * mb, t, sms * std::min(pr.blocks_per_sm, kMaxBlocksPerSm));
 
-  KernelArgs a{};
-  a.A = g.A;
-  a.B = g.B;
-  a.s = g.s;
-  a.C = g.C;
-  a.locks = static_cast<int*>(g.workspace);
-  a.red = reinterpret_cast<float*>(static_cast<char*>(g.workspace) + lock_region(sms));
-  a.m = g.m;
-  a.n = g.n;
-  a.k = g.k;
-  a.groups = groups;
-  a.group_shift = shift;
-  a.par = P.par;
-  a.iters = P.iters;
-  a.chunk_blocks = P.chunk_blocks;
-  a.chunk_groups = P.chunk_groups;
   LaunchOpts o;
   o.grid = P.grid;
   o.smem_bytes = pr.smem;
-  // Overlap pays where launch and tail are a visible part of the call: on the H100 it saved 2-4 us per
-  // layer up to 8192 x 57344 (470M weights) at every m measured. On 32768^2 (2^30 weights) it saved
-  // 3-5 us at m <= 2 in every run, and above that measured anywhere from 4% faster to 12% slower.
-  constexpr int64_t kOverlapMaxWeights = int64_t(1) << 30;
-  constexpr int kOverlapHugeMaxM = 2;
-  o.pdl = g.overlap_previous && cc_major(dev) >= 9 &&
-          (int64_t(g.n) * g.k < kOverlapMaxWeights || g.m <= kOverlapHugeMaxM);
-  if (kTable[dt][mb - 1][shape].launch(a, o, g.stream) != cudaSuccess) return MarlinStatus::CudaError;
+  o.pdl = use_pdl(g, dev);
+  if (kTable[dt][mb - 1][shape].launch(kernel_args(g, groups, shift, sms, P), o, g.stream) != cudaSuccess) return MarlinStatus::CudaError;
   return MarlinStatus::Ok;
 }
 

@@ -20,16 +20,19 @@ enum class MarlinStatus {
   BadGroupSize,       // group_size not in {-1, 32, 64, 128} or not dividing k
   BadAlignment,       // A, B, s, C or workspace not 16-byte aligned
   WorkspaceTooSmall,  // workspace_bytes < marlin_workspace_bytes(...) for the chosen path
-  NoConfig,           // a forced tile config that does not fit the shape, or thread_m_blocks outside 0..4
+  NoConfig,           // a forced tile config that does not fit the shape or device (thread_m_blocks outside
+                      // 0..4, wgmma_rows not 0/32/64/128, path Wgmma where that kernel cannot run)
   CudaError,          // a CUDA runtime call failed (the sticky error is left for the caller to read)
   CublasError,        // the dequantize + cuBLAS path failed
 };
 const char* marlin_status_name(MarlinStatus s);
 
 enum class MarlinPath {
-  Auto,           // Marlin kernel below the measured large-m threshold, dequantize + cuBLAS above it
-  Marlin,         // always the fused kernel
+  Auto,           // per m and shape, from measurements (marlin_auto_path)
+  Marlin,         // always the fused mma.sync kernel (any CUDA GPU of sm_80 or later)
   DequantCublas,  // always dequantize to a 16-bit scratch and call cuBLAS (needs `cublas`)
+  Wgmma,          // always the fused Hopper kernel (warpgroup MMA): NoConfig unless the device is
+                  // compute capability 9.0, the build has sm_90a code and n % 256 == 0
 };
 
 struct MarlinGemm {
@@ -48,8 +51,10 @@ struct MarlinGemm {
   cublasContext* cublas = nullptr;  // optional; its stream is set to `stream`
   int num_sms = 0;                  // 0: read from the current device
   MarlinPath path = MarlinPath::Auto;
+  // Tile overrides of the mma.sync kernel (path Marlin, or Auto where it picks that kernel).
   int thread_k = 0, thread_n = 0;   // 0: chosen per shape and m; else force (128,128), (64,256) or (128,64)
   int thread_m_blocks = 0;          // 0: chosen per m; else force 1..4 16-row blocks per tile (row chunks of 16x)
+  int wgmma_rows = 0;               // Hopper kernel: 0 chosen per m; else force 32, 64 or 128 rows per tile
   // Programmatic dependent launch (sm_90+): the kernel may start while the previous kernel on `stream`
   // is still running and stream its first weight tiles (B, s) before waiting for that kernel to finish;
   // A, C and the workspace are touched only after the wait. Set it only when no kernel still in flight
@@ -67,6 +72,13 @@ MarlinStatus marlin_gemm(const MarlinGemm& g);
 
 // Smallest m at which Auto takes the dequantize + cuBLAS path (measured, docs/PERF.md).
 int marlin_cublas_min_m(int n, int k);
+
+// The path Auto takes for (m, n, k) on the current device, given a cuBLAS handle and a workspace sized
+// with the dequantize scratch (without them, DequantCublas falls back to the fused kernels).
+MarlinPath marlin_auto_path(int m, int n, int k);
+
+// Whether the Hopper kernel can run here: a 9.0 device and a build with sm_90a code.
+bool marlin_wgmma_available();
 
 // The tile configuration Auto picks for (m, n, k) on `num_sms` SMs (for benchmarks and tests).
 struct MarlinTileChoice { int thread_m_blocks, thread_n, thread_k; };

@@ -1,6 +1,7 @@
 // Internal: the argument block of the fused Marlin kernel and the per-configuration entry points that
 // the generated translation units (kernels/generated/*.cu) instantiate. Included by .cu files only.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 #include <cuda_runtime_api.h>
@@ -15,6 +16,15 @@ constexpr int kMaxThreadN = 256;
 // one launch resident at once, and the workspace has one lock + partial-tile slot per block.
 constexpr int kMaxBlocksPerSm = 2;
 constexpr int kThreads = 256;  // 8 warps: warps split n (64 columns each) and then k inside a tile
+// fp32 floats of one block's partial-tile slot in the workspace (the mma.sync kernel's largest tile).
+constexpr size_t kPartFloatsPerBlock = size_t(kMaxMBlocks) * 16 * kMaxThreadN;
+
+// The Hopper (sm_90a, wgmma) kernel, kernels/sm90/: 256-column x 64-deep tiles and NT = 32, 64 or 128
+// token rows per tile. Its blocks deposit partial tiles of up to two mma.sync slots, so a launch has at
+// most kMaxBlocksPerSm * kPartFloatsPerBlock / (256 * NT) blocks per SM.
+constexpr int kWgmmaTileN = 256;
+constexpr int kWgmmaTileK = 64;
+constexpr size_t kWgmmaPartFloats = kMaxBlocksPerSm * kPartFloatsPerBlock;
 
 struct KernelArgs {
   const void* A;        // [m, k] 16-bit activations
@@ -44,5 +54,10 @@ template <int DT, int MB, int TN, int TK>
 cudaError_t marlin_prepare(int* blocks_per_sm, int* smem_bytes);
 template <int DT, int MB, int TN, int TK>
 cudaError_t marlin_launch(const KernelArgs& a, const LaunchOpts& o, cudaStream_t stream);
+
+template <int DT, int NT>
+cudaError_t wgmma_prepare(int* blocks_per_sm, int* smem_bytes);
+template <int DT, int NT>
+cudaError_t wgmma_launch(const KernelArgs& a, const LaunchOpts& o, cudaStream_t stream);
 
 }  // namespace marlinc::kernels::detail

@@ -166,6 +166,7 @@ struct RunOpts {
   MarlinPath path = MarlinPath::Marlin;
   int thread_k = 0, thread_n = 0;
   int thread_m_blocks = 0;
+  int wgmma_rows = 0;
   int num_sms = 0;
   bool packed_reference = true;  // reference_gemm on the packed bytes (else the direct sum from codes)
   int max_ref_rows = 1 << 30;
@@ -198,6 +199,8 @@ double run_case(const Layer& L, int64_t m, std::mt19937_64& rng, const RunOpts& 
   g.thread_k = o.thread_k;
   g.thread_n = o.thread_n;
   g.thread_m_blocks = o.thread_m_blocks;
+  g.wgmma_rows = o.wgmma_rows;
+  INFO("wgmma_rows " << o.wgmma_rows);
   INFO("m_blocks " << o.thread_m_blocks << " m " << m << " k " << L.k << " n " << L.n << " g " << L.group << " act " << int(L.act) << " tiles ("
             << o.thread_k << "," << o.thread_n << ") sms " << o.num_sms << " path " << int(o.path));
   const MarlinStatus st = marlin_gemm(g);
@@ -363,6 +366,51 @@ TEST_CASE("marlin: overlap_previous on a chain of dependent calls", "[gpu][marli
     }
 }
 
+// The Hopper kernel (warpgroup MMA, sm_90a): every token tile, group size and m, stripes that cross
+// slices (few SMs: fp32 partial tiles and the in-order finisher) and bf16. Skipped on other GPUs.
+TEST_CASE("marlin: Hopper wgmma kernel", "[gpu][marlin][wgmma]") {
+  if (!marlin_wgmma_available()) {
+    WARN("skipped: no compute capability 9.0 device, or no sm_90a code in this build");
+    return;
+  }
+  std::mt19937_64 rng(kSeed + 9);
+  for (ActType act : {ActType::F16, ActType::BF16})
+    for (int64_t g : kGroups) {
+      const Layer L = make_layer(rng, 1024, 768, g, act);
+      for (int rows : {0, 32, 64, 128})
+        for (int sms : {0, 3})
+          for (int64_t m : kMs) {
+            if (act == ActType::BF16 && rows != 0 && m != 100) continue;
+            RunOpts o;
+            o.path = MarlinPath::Wgmma;
+            o.wgmma_rows = rows;
+            o.num_sms = sms;
+            o.max_ref_rows = 48;
+            run_case(L, m, rng, o);
+          }
+    }
+}
+
+TEST_CASE("marlin: Hopper wgmma kernel under the sanitizers", "[gpu][marlin][wgmma][sanitize]") {
+  if (!marlin_wgmma_available()) {
+    WARN("skipped: no compute capability 9.0 device, or no sm_90a code in this build");
+    return;
+  }
+  std::mt19937_64 rng(kSeed + 10);
+  for (int64_t g : {int64_t(-1), int64_t(32)}) {
+    const Layer L = make_layer(rng, 512, 512, g, ActType::F16);
+    for (int rows : {32, 128})
+      for (int sms : {0, 2})
+        for (int64_t m : {int64_t(7), int64_t(100)}) {
+          RunOpts o;
+          o.path = MarlinPath::Wgmma;
+          o.wgmma_rows = rows;
+          o.num_sms = sms;
+          run_case(L, m, rng, o);
+        }
+  }
+}
+
 TEST_CASE("marlin: bf16 activations and scales", "[gpu][marlin]") {
   std::mt19937_64 rng(kSeed + 3);
   for (int64_t g : kGroups) {
@@ -494,6 +542,14 @@ TEST_CASE("marlin: argument checks return a status", "[gpu][marlin]") {
     b.thread_m_blocks = bad_mb;
     REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
   }
+  for (int bad_rows : {-1, 16, 96, 256}) {  // Hopper token tiles are 32, 64 or 128 rows
+    b = g;
+    b.wgmma_rows = bad_rows;
+    REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
+  }
+  b = g;
+  b.path = MarlinPath::Wgmma;  // n = 64 is not a multiple of 256 (and elsewhere than 9.0 nothing runs)
+  REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
   b = g;
   b.path = MarlinPath::DequantCublas;
   b.cublas = nullptr;

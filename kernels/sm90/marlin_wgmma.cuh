@@ -1,0 +1,311 @@
+// The Hopper (sm_90a) Marlin kernel for larger m: the same packed bytes and the same stripe partition
+// as marlin_kernel.cuh, but the products run on warpgroup MMA (wgmma), which the H100's tensor cores
+// need to approach their peak; mma.sync tops out near half of it (docs/PERF.md).
+//
+// The GEMM is computed transposed, C^T[n, m] = W^T[n, k] · A^T[k, m], so that the dequantized weights
+// are wgmma's A operand (registers: the only place the lop3 expansion can write) and the activations,
+// stored row-major [m, k], are its K-major B operand in shared memory. A Marlin word expands to exactly
+// one wgmma A fragment: the mma.sync B fragment pairs (f0, f1) / (f2, f3) of columns c and c + 8 become
+// the A registers {f0, f2, f1, f3} of rows c and c + 8 (formats.md §1.3-§1.5).
+//
+// Block: two warpgroups over a 256-column x NT-row tile (NT = 32, 64 or 128 tokens); warpgroup g
+// owns packed 64-wide tiles 2g and 2g + 1 (two 64-row wgmmas per k16 step), warp w of it expands tile
+// 2g + (w & 1), 16-column subblocks 2 (w >> 1) and 2 (w >> 1) + 1. Activations land through cp.async in
+// 128-byte rows with the 128B swizzle wgmma's descriptor names; weights and scales beside them. Stripes,
+// row-chunk groups, fp32 partial tiles in the workspace and the in-order finisher are those of the
+// mma.sync kernel (KernelArgs), so the host partition code serves both.
+#pragma once
+#include <cstdint>
+
+#include "kernels/marlin_device.cuh"
+#include "kernels/marlin_launch.h"
+#include "kernels/sm90/wgmma_layout.h"
+#include "kernels/sm90/wgmma_ops.cuh"
+
+namespace marlinc::kernels::detail {
+
+namespace wl = wgmma_layout;
+
+template <int NT>
+struct WgShape {
+  static constexpr int kThreads = wl::kThreads;
+  static constexpr int kFeat = wl::kFeat;
+  static constexpr int kTK = wl::kTK;
+  static constexpr int kKB = wl::kKB;
+  // Stages in the ring; kStages - 2 tiles are in flight while one is computed and the one before it
+  // may still be read by the last wgmma (see the main loop).
+  static constexpr int kStages = NT == 128 ? 5 : 6;
+  static constexpr int kABytes = NT * wl::kRowBytes;     // [NT, 64] 16-bit activations, swizzled rows
+  static constexpr int kBBytes = kKB * wl::kWeightRowBytes;  // [4 k16 rows][4 packed tiles x 512 B]
+  static constexpr int kSBytes = 2 * wl::kScaleRowBytes;  // up to two group rows (group 32)
+  static constexpr int kStage = kABytes + kBBytes + kSBytes;
+  static constexpr int kAlign = wl::kSwizzleAtom;        // swizzle atoms must be address-aligned
+  static constexpr int kSmemBytes = kStages * kStage + kAlign;  // + slack to align the dynamic base
+  static constexpr int kAcc = NT / 2;              // fp32 accumulators per thread per 64-row wgmma
+  static constexpr int kPart = kFeat * NT;         // floats in one deposited partial tile
+
+  static_assert(NT == 32 || NT == 64 || NT == 128, "wgmma N sizes instantiated in wgmma_ops.cuh");
+  static_assert(kStage % kAlign == 0, "every stage's activation tile starts on a swizzle atom");
+  static_assert(kFeat == kWgmmaTileN && kTK == kWgmmaTileK, "the host partitions with these tiles");
+  static_assert(kAcc % 4 == 0, "partial tiles are deposited as float4");
+  static_assert(size_t(kPart) <= kWgmmaPartFloats, "a block's partial tile fits its workspace slot");
+};
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+// Keeps the compiler from moving accumulator reads or writes across the asynchronous wgmma window.
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+// cp.async writes are generic-proxy writes; wgmma reads shared memory through the async proxy.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+template <int DT, bool GROUPED, int NT>
+__global__ void __launch_bounds__(256, NT <= 64 ? 2 : 1) marlin_wgmma_kernel(const KernelArgs p) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using S = WgShape<NT>;
+  extern __shared__ __align__(16) unsigned char sh_raw[];
+  const uint32_t raw = smem_addr(sh_raw);
+  unsigned char* sh = sh_raw + (((raw + S::kAlign - 1) & ~uint32_t(S::kAlign - 1)) - raw);
+  const uint32_t sbase = smem_addr(sh);
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tile = wl::warp_tile(warp);  // the packed 64-wide tile this warp expands
+  const int sub0 = wl::warp_sub0(warp);  // its first 16-column subblock (of two)
+  const int k_tiles = p.k / S::kTK, n_tiles = p.n / S::kFeat;
+  const int nk = n_tiles * k_tiles;
+  const int a_row = p.k / 8, b_row = p.n / 2, s_row = p.n / 8;  // int4 per row of A, B, s
+  const int4* A = static_cast<const int4*>(p.A);
+  const int4* B = reinterpret_cast<const int4*>(p.B);
+  const int4* Sc = static_cast<const int4*>(p.s);
+
+  const int group = blockIdx.x / p.chunk_blocks, local = blockIdx.x % p.chunk_blocks;
+  const int base_b = group * p.chunk_blocks;
+  allow_next_grid();  // see marlin_kernel: every block of this grid is resident before the next starts
+
+  for (int pc = group; pc < p.par; pc += p.chunk_groups) {
+    int it = local * p.iters;
+    const int it_end = min(it + p.iters, nk);
+    while (it < it_end) {
+      const int slice = it / k_tiles, kt0 = it % k_tiles;
+      const int cnt = min(it_end, (slice + 1) * k_tiles) - it;
+      const int row0 = pc * NT;
+
+      auto load_a = [&](int st, int kt) {
+        unsigned char* sA = sh + st * S::kStage;
+#pragma unroll
+        for (int i0 = 0; i0 < NT * 8; i0 += S::kThreads) {
+          const int i = i0 + tid;
+          if (NT * 8 % S::kThreads == 0 || i < NT * 8) {
+            const int r = i >> 3, c = i & 7;
+            const bool ok = row0 + r < p.m;
+            cp_async16(sA + wl::act_chunk_byte(r, c), A + size_t(ok ? row0 + r : 0) * a_row + kt * 8 + c, ok);
+          }
+        }
+      };
+      auto load_weights = [&](int st, int kt) {
+        int4* sB = reinterpret_cast<int4*>(sh + st * S::kStage + S::kABytes);
+#pragma unroll
+        for (int i0 = 0; i0 < S::kBBytes / 16; i0 += S::kThreads) {
+          const int i = i0 + tid, kk = wl::weight_int4_row(i), c = wl::weight_int4_col(i);
+          cp_async16(sB + i, B + size_t(kt * S::kKB + kk) * b_row + slice * (S::kFeat / 2) + c, true);
+        }
+        if constexpr (GROUPED) {
+          int4* sS = sB + S::kBBytes / 16;
+          const int g0 = (kt * S::kTK) >> p.group_shift;
+          const int rows = (S::kTK >> p.group_shift) > 1 ? (S::kTK >> p.group_shift) : 1;
+          if (tid < rows * (S::kFeat / 8)) {
+            const int r = tid / (S::kFeat / 8), c = tid % (S::kFeat / 8);
+            cp_async16(sS + tid, Sc + size_t(g0 + r) * s_row + slice * (S::kFeat / 8) + c, true);
+          }
+        }
+      };
+
+      float acc[2][S::kAcc];
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int i = 0; i < S::kAcc; ++i) acc[j][i] = 0.f;
+
+      // One k16 step: expand the warp's two packed words into two A fragments (scaled when grouped),
+      // issue the two 64-row wgmmas on the stage's activations, and let at most one step stay in flight
+      // (the one just issued), so the A registers of two steps back may be overwritten next.
+      const int w_byte = wl::weight_byte(tile, lane, sub0), s_byte = wl::scale_byte(tile, lane, sub0);
+      auto step = [&](int st, int kk) {
+        const unsigned char* stage = sh + st * S::kStage;
+        const int2 q = *reinterpret_cast<const int2*>(stage + S::kABytes + kk * wl::kWeightRowBytes + w_byte);
+        int2 sv = make_int2(0, 0);
+        if constexpr (GROUPED)
+          sv = *reinterpret_cast<const int2*>(stage + S::kABytes + S::kBBytes +
+                                              wl::scale_row(kk, p.group_shift) * wl::kScaleRowBytes + s_byte);
+        uint32_t a[2][4];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          uint32_t f[4];
+          dequant8<DT>(uint32_t(j == 0 ? q.x : q.y), f);
+          if constexpr (GROUPED) {
+            scale2<DT, false>(f[0], f[1], uint32_t(j == 0 ? sv.x : sv.y));
+            scale2<DT, true>(f[2], f[3], uint32_t(j == 0 ? sv.x : sv.y));
+          }
+#pragma unroll
+          for (int r = 0; r < 4; ++r) a[j][r] = f[wl::a_from_pair(r)];
+        }
+        const uint64_t desc = wl::sw128_desc(wl::desc_start(sbase + st * S::kStage, kk));
+        wgmma_fence();
+        Wgmma<DT, NT>::run(acc[0], a[0], desc);
+        Wgmma<DT, NT>::run(acc[1], a[1], desc);
+        wgmma_commit();
+        wgmma_wait<1>();
+      };
+
+      // Prologue: weights of the first kStages - 2 tiles before the wait for the previous kernel (see
+      // marlin_kernel), activations after it; one cp.async group per tile from then on.
+      constexpr int kAhead = S::kStages - 2;
+#pragma unroll
+      for (int st = 0; st < kAhead; ++st)
+        if (st < cnt) load_weights(st, kt0 + st);
+      wait_previous_grid();
+#pragma unroll
+      for (int st = 0; st < kAhead; ++st) {
+        if (st < cnt) load_a(st, kt0 + st);
+        cp_async_commit();
+      }
+      int st = 0;
+      for (int t = 0; t < cnt; ++t) {
+        // Tile t has landed for every thread (and is visible to the async proxy) past this barrier; every
+        // warpgroup has also retired the wgmmas of tile t - 2 (each step waits for the one before it), so
+        // that tile's stage takes tile t + kStages - 2.
+        cp_async_wait<kAhead - 1>();
+        fence_proxy_async();
+        __syncthreads();
+        if (t + kAhead < cnt) {
+          const int dst = (st + kAhead) % S::kStages;
+          load_a(dst, kt0 + t + kAhead);
+          load_weights(dst, kt0 + t + kAhead);
+        }
+        cp_async_commit();
+#pragma unroll
+        for (int kk = 0; kk < S::kKB; ++kk) step(st, kk);
+        st = st + 1 == S::kStages ? 0 : st + 1;
+      }
+      wgmma_wait<0>();
+      fence_regs(acc[0]);
+      fence_regs(acc[1]);
+      cp_async_wait<0>();
+
+      // Cross-block reduction of the slice (as in marlin_kernel): deposits in thread order (coalesced
+      // float4), one in-order sum by the slice's first block.
+      const int first_b = base_b + (slice * k_tiles) / p.iters;
+      const int last_b = base_b + ((slice + 1) * k_tiles - 1) / p.iters;
+      const int count = last_b - first_b + 1;
+      const bool finisher = int(blockIdx.x) == first_b;
+      constexpr int kQ = S::kAcc / 4;  // float4 per thread per wgmma accumulator
+      if (count > 1) {
+        int* counter = p.locks + first_b;
+        if (!finisher) {
+          float4* mine = reinterpret_cast<float4*>(p.red + size_t(blockIdx.x) * S::kPart);
+#pragma unroll
+          for (int j = 0; j < 2; ++j)
+#pragma unroll
+            for (int q = 0; q < kQ; ++q)
+              __stcg(mine + (j * kQ + q) * S::kThreads + tid,
+                     make_float4(acc[j][4 * q], acc[j][4 * q + 1], acc[j][4 * q + 2], acc[j][4 * q + 3]));
+          __threadfence();
+          __syncthreads();
+          if (tid == 0) atomicAdd(counter, 1);
+        } else {
+          if (tid == 0)
+            while (ld_acquire(counter) != count - 1) {
+            }
+          __syncthreads();
+          for (int b = first_b + 1; b <= last_b; ++b) {
+            const float4* other = reinterpret_cast<const float4*>(p.red + size_t(b) * S::kPart);
+#pragma unroll
+            for (int j = 0; j < 2; ++j)
+#pragma unroll
+              for (int q = 0; q < kQ; ++q) {
+                const float4 o = __ldcg(other + (j * kQ + q) * S::kThreads + tid);
+                acc[j][4 * q] += o.x;
+                acc[j][4 * q + 1] += o.y;
+                acc[j][4 * q + 2] += o.z;
+                acc[j][4 * q + 3] += o.w;
+              }
+          }
+          if (tid == 0) *counter = 0;  // re-arm for the next launch
+        }
+      }
+
+      if (count == 1 || finisher) {
+        // wgmma D layout (per warp 16 rows): acc[j][4i + 2h + e] is column wl::acc_col(.., j, lane, h),
+        // token wl::acc_token(i, lane, e). Lanes l and l ^ 4 swap one value so that each writes a 4-byte
+        // pair of one token row (wl::pair_*), with per-channel scales applied first.
+        uint16_t* C = static_cast<uint16_t*>(p.C);
+        const uint16_t* s16 = static_cast<const uint16_t*>(p.s);
+        const bool even = wl::pair_even(lane);
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int c = slice * S::kFeat + wl::acc_col(tile, sub0, j, lane, h);
+            const float sc = GROUPED ? 1.f : to_float<DT>(s16[wl::channel_scale_pos(c)]);
+#pragma unroll
+            for (int i = 0; i < NT / 8; ++i) {
+              const float v0 = acc[j][4 * i + 2 * h] * sc, v1 = acc[j][4 * i + 2 * h + 1] * sc;
+              const float other = __shfl_xor_sync(0xffffffffu, wl::pair_send_e(lane) ? v1 : v0, 4);
+              const int tok = row0 + wl::pair_token(i, lane);
+              if (tok < p.m)
+                *reinterpret_cast<uint32_t*>(C + size_t(tok) * p.n + wl::pair_col(c, lane)) =
+                    even ? pack2<DT>(v0, other) : pack2<DT>(other, v1);
+            }
+          }
+      }
+      it += cnt;
+      __syncthreads();  // the next slice's prologue overwrites the stages
+    }
+  }
+#else
+  __trap();  // built only for sm_90a; the host never launches it elsewhere
+#endif
+}
+
+template <int DT, int NT>
+cudaError_t wgmma_prepare(int* blocks_per_sm, int* smem_bytes) {
+  using S = WgShape<NT>;
+  int occ[2] = {0, 0};
+  const auto kerns = {marlin_wgmma_kernel<DT, false, NT>, marlin_wgmma_kernel<DT, true, NT>};
+  int i = 0;
+  for (auto kern : kerns) {
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes);
+    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ[i++], kern, S::kThreads, S::kSmemBytes);
+    if (e != cudaSuccess) return e;
+  }
+  *smem_bytes = S::kSmemBytes;
+  *blocks_per_sm = occ[0] < occ[1] ? occ[0] : occ[1];
+  return cudaSuccess;
+}
+
+template <int DT, int NT>
+cudaError_t wgmma_launch(const KernelArgs& a, const LaunchOpts& o, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(o.grid);
+  cfg.blockDim = dim3(WgShape<NT>::kThreads);
+  cfg.dynamicSmemBytes = size_t(o.smem_bytes);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = o.pdl ? 1 : 0;
+  if (a.groups > 1) return cudaLaunchKernelEx(&cfg, marlin_wgmma_kernel<DT, true, NT>, a);
+  return cudaLaunchKernelEx(&cfg, marlin_wgmma_kernel<DT, false, NT>, a);
+}
+
+#define MARLINC_INSTANTIATE_WGMMA(DT, NT)                    \
+  template cudaError_t wgmma_prepare<DT, NT>(int*, int*); \
+  template cudaError_t wgmma_launch<DT, NT>(const KernelArgs&, const LaunchOpts&, cudaStream_t);
+
+}  // namespace marlinc::kernels::detail

@@ -1,0 +1,9 @@
+// The Hopper wgmma kernel for bf16 activations (all token tiles); compiled for sm_90a only
+// (kernels/CMakeLists.txt).
+#include "kernels/sm90/marlin_wgmma.cuh"
+
+namespace marlinc::kernels::detail {
+MARLINC_INSTANTIATE_WGMMA(1, 32)
+MARLINC_INSTANTIATE_WGMMA(1, 64)
+MARLINC_INSTANTIATE_WGMMA(1, 128)
+}  // namespace marlinc::kernels::detail

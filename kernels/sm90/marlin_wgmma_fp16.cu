@@ -1,0 +1,9 @@
+// The Hopper wgmma kernel for fp16 activations (all token tiles); compiled for sm_90a only
+// (kernels/CMakeLists.txt).
+#include "kernels/sm90/marlin_wgmma.cuh"
+
+namespace marlinc::kernels::detail {
+MARLINC_INSTANTIATE_WGMMA(0, 32)
+MARLINC_INSTANTIATE_WGMMA(0, 64)
+MARLINC_INSTANTIATE_WGMMA(0, 128)
+}  // namespace marlinc::kernels::detail

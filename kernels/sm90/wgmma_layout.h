@@ -1,0 +1,90 @@
+// Index maps of the Hopper (wgmma) Marlin kernel, shared by the kernel (marlin_wgmma.cuh) and its CPU
+// model (tests/kernels/test_wgmma_model.cpp), which replays one block's data movement and products on
+// a model of wgmma's operand layouts written from the PTX ISA and checks the result against the float64
+// reference. Plain constexpr arithmetic: compiles as C++ and CUDA alike.
+#pragma once
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define MARLINC_HD __host__ __device__
+#else
+#define MARLINC_HD
+#endif
+
+namespace marlinc::kernels::wgmma_layout {
+
+constexpr int kThreads = 256;  // two warpgroups
+constexpr int kFeat = 256;     // output columns per tile: four packed 64-wide tiles
+constexpr int kTK = 64;        // k per pipeline stage (one 128-byte activation row)
+constexpr int kKB = kTK / 16;  // k16 steps per stage
+constexpr int kRowBytes = kTK * 2;
+constexpr int kWeightRowBytes = kFeat * 8;  // one k16 row of the stage's packed tiles (4 x 512 B)
+constexpr int kScaleRowBytes = kFeat * 2;   // one group row of the stage's scales
+constexpr int kSwizzleAtom = 1024;          // 8 rows x 128 B: the 128B swizzle repeats every 1024 B
+static_assert(kRowBytes == 128, "an activation row of a stage is exactly one 128B-swizzle row");
+
+// Byte offset of 16-byte chunk c (8 k values) of activation row r in a stage: the 128B swizzle XORs
+// the chunk index with the row's position inside its 8-row atom (what wgmma's descriptor mode 1 reads).
+MARLINC_HD constexpr int act_chunk_byte(int r, int c) { return r * kRowBytes + ((c ^ (r & 7)) << 4); }
+
+// The stage's weight copy: int4 i of a stage goes to k16 row i / 128, int4 i % 128 of the block's four
+// packed tiles in that row (contiguous in B: tiles 4 * slice .. 4 * slice + 3).
+MARLINC_HD constexpr int weight_int4_row(int i) { return i / (kFeat / 2); }
+MARLINC_HD constexpr int weight_int4_col(int i) { return i % (kFeat / 2); }
+
+// Warp w of the block expands packed tile warp_tile(w) (0..3), 16-column subblocks warp_sub0(w) and
+// warp_sub0(w) + 1: warpgroup g owns tiles 2g and 2g + 1, and its four warps are the four 16-row slices
+// of each 64-row wgmma.
+MARLINC_HD constexpr int warp_tile(int warp) { return 2 * (warp >> 2) + (warp & 1); }
+MARLINC_HD constexpr int warp_sub0(int warp) { return 2 * ((warp & 3) >> 1); }
+// Byte offset, inside one k16 row of the stage's weights, of the lane's two packed words (words sub0 and
+// sub0 + 1 of the lane's 16 bytes in its tile, formats.md §1.4).
+MARLINC_HD constexpr int weight_byte(int tile, int lane, int sub0) { return (tile * 32 + lane) * 16 + sub0 * 4; }
+// Byte offset, inside one group row of the stage's scales, of the lane's two scale words: the lane's
+// 16 bytes in its tile hold the scales of columns 16j + lane/4 (low half of word j) and 16j + lane/4 + 8
+// (high half), the grouped permutation of §1.6.
+MARLINC_HD constexpr int scale_byte(int tile, int lane, int sub0) { return (tile * 8 + (lane >> 2)) * 16 + sub0 * 4; }
+// Group row within a stage of k16 step kk (group sizes 32, 64, 128; a stage starts on a 64 boundary).
+MARLINC_HD constexpr int scale_row(int kk, int group_shift) { return (kk * 16) >> group_shift; }
+
+// wgmma A register r takes dequant8's pair a_from_pair(r): the pairs are (column c, k 2t..2t+1),
+// (c, 2t+8..), (c + 8, 2t..), (c + 8, 2t+8..) and the A fragment wants (row c, 2t..), (c + 8, 2t..),
+// (c, 2t+8..), (c + 8, 2t+8..).
+MARLINC_HD constexpr int a_from_pair(int r) { return r == 1 ? 2 : r == 2 ? 1 : r; }  // {0, 2, 1, 3}
+
+// Shared-memory byte address that wgmma's descriptor starts at for k16 step kk of a stage whose
+// activations begin at `stage` (1024-aligned): 32 bytes per step inside the swizzled row.
+MARLINC_HD constexpr unsigned desc_start(unsigned stage, int kk) { return stage + unsigned(kk) * 32u; }
+
+// wgmma shared-memory matrix descriptor of a K-major operand in the 128B swizzle mode (PTX ISA, "matrix
+// descriptor"): bits 0-13 start address >> 4, 16-29 leading byte offset >> 4 (unused by this mode: 1),
+// 32-45 stride byte offset >> 4 (8-row groups 1024 B apart), 49-51 base offset (0: atoms are aligned),
+// 62-63 swizzle mode (1 = 128B).
+MARLINC_HD constexpr uint64_t sw128_desc(unsigned saddr) {
+  constexpr uint64_t kLbo = 1, kSbo = kSwizzleAtom >> 4, kSwizzle128 = 1;
+  return uint64_t((saddr & 0x3FFFFu) >> 4) | (kLbo << 16) | (kSbo << 32) | (kSwizzle128 << 62);
+}
+
+// Accumulator d[4i + 2h + e] of 64-row wgmma j: output column (within the block's 256) and token row
+// (within the tile).
+MARLINC_HD constexpr int acc_col(int tile, int sub0, int j, int lane, int h) {
+  return 64 * tile + 16 * (sub0 + j) + (lane >> 2) + 8 * h;
+}
+MARLINC_HD constexpr int acc_token(int i, int lane, int e) { return 8 * i + 2 * (lane & 3) + e; }
+
+// Epilogue pairing: lanes l and l ^ 4 hold neighbouring columns (c, c + 1) of tokens (t, t + 1). The
+// lane with even lane/4 writes token t, columns (c, c + 1) = (own e = 0, partner's e = 0); the other
+// writes token t + 1, columns (c - 1, c) = (partner's e = 1, own e = 1). Each thus sends the value the
+// partner needs: its e = 1 value (even lane) or its e = 0 value (odd lane).
+MARLINC_HD constexpr bool pair_even(int lane) { return ((lane >> 2) & 1) == 0; }
+MARLINC_HD constexpr int pair_send_e(int lane) { return pair_even(lane) ? 1 : 0; }
+MARLINC_HD constexpr int pair_token(int i, int lane) { return acc_token(i, lane, pair_even(lane) ? 0 : 1); }
+MARLINC_HD constexpr int pair_col(int col, int lane) { return pair_even(lane) ? col : col - 1; }
+
+// Position of column c's per-channel scale in the permuted scale row (§1.6: the single permutation,
+// inside each 32-column chunk).
+MARLINC_HD constexpr int channel_scale_pos(int c) {
+  return 32 * (c / 32) + 8 * ((c % 32 % 8) / 2) + 2 * (c % 32 / 8) + (c % 32 % 2);
+}
+
+}  // namespace marlinc::kernels::wgmma_layout

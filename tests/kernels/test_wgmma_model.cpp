@@ -1,0 +1,279 @@
+// CPU model of the Hopper (wgmma) Marlin kernel's data movement (kernels/sm90/marlin_wgmma.cuh): one
+// block at a time, the stages are filled exactly as the kernel's cp.async loops place bytes, each k16
+// step expands the packed words the way dequant8 does, and the two 64-row wgmmas per warpgroup run on a
+// model of wgmma's operands written here from the PTX ISA (A fragment layout, descriptor fields, the
+// 128B swizzle, D fragment layout), independently of the kernel's index maps (kernels/sm90/
+// wgmma_layout.h), which the replay uses only where the kernel does. The epilogue's lane pairing then
+// writes C, and C must equal the float64 reference on the same packed bytes, every element written
+// exactly once. What it cannot check is the hardware itself; the [gpu][wgmma] tests do that.
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "checkpoint/half.h"
+#include "kernels/reference_gemm.h"
+#include "kernels/sm90/wgmma_layout.h"
+#include "packer/marlin.h"
+#include "tests/common.h"
+
+using namespace marlinc;
+using namespace marlinc::kernels;
+namespace wl = marlinc::kernels::wgmma_layout;
+
+namespace {
+
+constexpr uint32_t kSeed = 20261123;
+// The reference below rounds grouped weights (q - 8) * s to fp16 as the kernel's mul.f16x2 does; then
+// every product is exact in double and only the summation order differs (relative error near 1e-16).
+constexpr double kOrderTol = 1e-12;
+
+// ---- the operand model (PTX ISA, wgmma .m64nNk16 with .f16 inputs) --------------------------------
+
+// A from registers: warp w of the warpgroup holds rows 16w..16w+15; register r of lane l holds the two
+// halves at row 16w + l/4 + 8 (r % 2), columns 2 (l % 4) + 8 (r / 2) + {0, 1} (low half first).
+struct AElem { int row, col; };
+AElem a_elem(int warp_in_wg, int lane, int r, int half) {
+  return {16 * warp_in_wg + lane / 4 + 8 * (r % 2), 2 * (lane % 4) + 8 * (r / 2) + half};
+}
+// D (fp32): register 4i + 2h + e of lane l in warp w is row 16w + l/4 + 8h, column 8i + 2 (l % 4) + e.
+AElem d_elem(int warp_in_wg, int lane, int reg) {
+  const int i = reg / 4, h = (reg / 2) % 2, e = reg % 2;
+  return {16 * warp_in_wg + lane / 4 + 8 * h, 8 * i + 2 * (lane % 4) + e};
+}
+// B from shared memory, K-major, 128B swizzle: element (k, n) of the 16 x N operand sits at the
+// descriptor's start + (n / 8) * SBO + (n % 8) * 128 + 2 k, with bits 4-6 of the address XOR-ed by
+// bits 7-9 (16-byte chunk index ^ row within the 1024-byte atom).
+uint16_t b_elem(const std::vector<uint8_t>& smem, uint64_t desc, int k, int n) {
+  const uint32_t start = uint32_t(desc & 0x3FFF) << 4;
+  const uint32_t sbo = uint32_t((desc >> 32) & 0x3FFF) << 4;
+  const uint32_t logical = start + uint32_t(n / 8) * sbo + uint32_t(n % 8) * 128 + uint32_t(2 * k);
+  const uint32_t phys = logical ^ (((logical >> 7) & 7) << 4);
+  if (phys + 2 > smem.size()) FAIL("B element (" << k << ", " << n << ") read past the stage");
+  uint16_t v;
+  std::memcpy(&v, smem.data() + phys, 2);
+  return v;
+}
+
+// dequant8 on one packed word: pair p = (nibble p, nibble p + 4) - 8, as halves (fp16 or bf16 bits are
+// irrelevant here: codes are small integers, exact in float).
+void dequant_pairs(uint32_t q, float (&pairs)[4][2]) {
+  for (int p = 0; p < 4; ++p) {
+    pairs[p][0] = float(int((q >> (4 * p)) & 0xF) - 8);
+    pairs[p][1] = float(int((q >> (4 * (p + 4))) & 0xF) - 8);
+  }
+}
+
+uint32_t word_at(const std::vector<uint8_t>& smem, size_t byte) {
+  uint32_t v;
+  std::memcpy(&v, smem.data() + byte, 4);
+  return v;
+}
+
+struct Problem {
+  int64_t m, k, n, group;
+  std::vector<uint16_t> A;  // [m, k] fp16
+  std::vector<int32_t> B;   // [k/16, 2n]
+  std::vector<uint16_t> s;  // [G, n] permuted fp16
+};
+
+Problem make_problem(std::mt19937& rng, int64_t m, int64_t k, int64_t n, int64_t group) {
+  Problem p{m, k, n, group, {}, {}, {}};
+  const int64_t G = group == -1 ? 1 : k / group;
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::uniform_int_distribution<int> code(0, 15);
+  std::uniform_real_distribution<float> sd(0.002f, 0.02f);
+  p.A.resize(size_t(m * k));
+  for (auto& v : p.A) v = float_to_half(nd(rng));
+  std::vector<uint8_t> q(size_t(k * n));
+  for (auto& v : q) v = uint8_t(code(rng));
+  std::vector<uint16_t> s_in(size_t(G * n));
+  for (auto& v : s_in) v = float_to_half(sd(rng));
+  p.B = marlin::pack_weights(q.data(), k, n, 4);
+  p.s = marlin::permute_scales(s_in.data(), G, n);
+  return p;
+}
+
+// Deliberate errors the replay can inject, to show that the check catches them.
+enum class Mutation { None, MmaSyncAOrder, NoSwizzle };
+
+// Replays the kernel for every (row chunk of NT rows, 256-column slice) with the whole k in one block
+// (the cross-block reduction only adds partial tiles). Returns C in double; `writes` counts stores.
+std::vector<double> replay(const Problem& p, int NT, std::vector<int>& writes, Mutation mu = Mutation::None) {
+  const int m = int(p.m), k = int(p.k), n = int(p.n);
+  const bool grouped = p.group != -1 && p.group != p.k;
+  const int shift = p.group == 32 ? 5 : p.group == 64 ? 6 : 7;
+  const int a_bytes = NT * wl::kRowBytes, b_bytes = wl::kKB * wl::kWeightRowBytes;
+  const int stage_bytes = a_bytes + b_bytes + 2 * wl::kScaleRowBytes;
+  std::vector<double> C(size_t(m) * n, 0.0);
+  writes.assign(size_t(m) * n, 0);
+  const int accs = NT / 2;  // fp32 registers per thread per 64-row wgmma
+
+  for (int row0 = 0; row0 < m; row0 += NT)
+    for (int slice = 0; slice < n / wl::kFeat; ++slice) {
+      // acc[thread][j][reg]
+      std::vector<double> acc(size_t(wl::kThreads) * 2 * accs, 0.0);
+      for (int kt = 0; kt < k / wl::kTK; ++kt) {
+        std::vector<uint8_t> st(size_t(stage_bytes), 0xEE);  // unwritten bytes are garbage
+        for (int i = 0; i < NT * 8; ++i) {  // load_a: chunk c of row r, zero past m
+          const int r = i >> 3, c = i & 7;
+          uint8_t* dst = st.data() + (mu == Mutation::NoSwizzle ? r * wl::kRowBytes + 16 * c : wl::act_chunk_byte(r, c));
+          if (row0 + r < m) std::memcpy(dst, p.A.data() + size_t(row0 + r) * k + kt * wl::kTK + 8 * c, 16);
+          else std::memset(dst, 0, 16);
+        }
+        for (int i = 0; i < b_bytes / 16; ++i) {  // load_weights
+          const size_t src = (size_t(kt) * wl::kKB + wl::weight_int4_row(i)) * (n / 2) + size_t(slice) * (wl::kFeat / 2) +
+                             wl::weight_int4_col(i);
+          std::memcpy(st.data() + a_bytes + 16 * i, p.B.data() + 4 * src, 16);
+        }
+        if (grouped) {
+          const int g0 = (kt * wl::kTK) >> shift;
+          const int rows = std::max(1, wl::kTK >> shift);
+          for (int t = 0; t < rows * (wl::kFeat / 8); ++t) {
+            const int r = t / (wl::kFeat / 8), c = t % (wl::kFeat / 8);
+            const size_t src = size_t(g0 + r) * (n / 8) + size_t(slice) * (wl::kFeat / 8) + c;
+            std::memcpy(st.data() + a_bytes + b_bytes + 16 * t, p.s.data() + 8 * src, 16);
+          }
+        }
+        for (int kk = 0; kk < wl::kKB; ++kk)
+          for (int wg = 0; wg < 2; ++wg)
+            for (int j = 0; j < 2; ++j) {
+              // Gather the warpgroup's A operand from the lanes' registers (the model's A layout).
+              std::vector<double> Am(64 * 16, std::nan(""));
+              for (int wi = 0; wi < 4; ++wi) {
+                const int warp = 4 * wg + wi, tile = wl::warp_tile(warp), sub0 = wl::warp_sub0(warp);
+                for (int lane = 0; lane < 32; ++lane) {
+                  const uint32_t q =
+                      word_at(st, size_t(a_bytes + kk * wl::kWeightRowBytes + wl::weight_byte(tile, lane, sub0) + 4 * j));
+                  float pairs[4][2];
+                  dequant_pairs(q, pairs);
+                  if (grouped) {  // low half scales pairs 0, 1; high half pairs 2, 3 (scale2<false/true>)
+                    const uint32_t sw = word_at(st, size_t(a_bytes + b_bytes + wl::scale_row(kk, shift) * wl::kScaleRowBytes +
+                                                           wl::scale_byte(tile, lane, sub0) + 4 * j));
+                    const float lo = half_to_float(uint16_t(sw & 0xFFFF)), hi = half_to_float(uint16_t(sw >> 16));
+                    for (int pp = 0; pp < 4; ++pp)
+                      for (int e = 0; e < 2; ++e)
+                        pairs[pp][e] = half_to_float(float_to_half(pairs[pp][e] * (pp < 2 ? lo : hi)));
+                  }
+                  for (int r = 0; r < 4; ++r)
+                    for (int hf = 0; hf < 2; ++hf) {
+                      const AElem a = a_elem(wi, lane, r, hf);
+                      Am[size_t(a.row) * 16 + a.col] = pairs[mu == Mutation::MmaSyncAOrder ? r : wl::a_from_pair(r)][hf];
+                    }
+                }
+              }
+              const uint64_t desc = wl::sw128_desc(wl::desc_start(0u, kk));  // stage at shared address 0
+              REQUIRE((desc >> 62) == 1);        // 128B swizzle mode
+              REQUIRE(((desc >> 49) & 7) == 0);  // base offset 0: the stage is atom-aligned
+              std::vector<double> Bm(size_t(16) * NT);
+              for (int kr = 0; kr < 16; ++kr)
+                for (int nc = 0; nc < NT; ++nc) Bm[size_t(kr) * NT + nc] = half_to_float(b_elem(st, desc, kr, nc));
+              // D += A B, scattered into the lanes' registers by the model's D layout.
+              for (int wi = 0; wi < 4; ++wi)
+                for (int lane = 0; lane < 32; ++lane)
+                  for (int reg = 0; reg < accs; ++reg) {
+                    const AElem d = d_elem(wi, lane, reg);
+                    double sum = 0;
+                    for (int kr = 0; kr < 16; ++kr) sum += Am[size_t(d.row) * 16 + kr] * Bm[size_t(kr) * NT + d.col];
+                    acc[(size_t(32 * (4 * wg + wi) + lane) * 2 + j) * accs + reg] += sum;
+                  }
+            }
+      }
+      // Epilogue (per-channel scales, then the lane-pair exchange and 4-byte stores).
+      auto value = [&](int warp, int lane, int j, int h, int i, int e) {
+        const int c = slice * wl::kFeat + wl::acc_col(wl::warp_tile(warp), wl::warp_sub0(warp), j, lane, h);
+        const double sc = grouped ? 1.0 : half_to_float(p.s[size_t(wl::channel_scale_pos(c))]);
+        return acc[(size_t(32 * warp + lane) * 2 + j) * accs + 4 * i + 2 * h + e] * sc;
+      };
+      for (int warp = 0; warp < 8; ++warp)
+        for (int lane = 0; lane < 32; ++lane)
+          for (int j = 0; j < 2; ++j)
+            for (int h = 0; h < 2; ++h)
+              for (int i = 0; i < NT / 8; ++i) {
+                const int c = slice * wl::kFeat + wl::acc_col(wl::warp_tile(warp), wl::warp_sub0(warp), j, lane, h);
+                const int partner = lane ^ 4;
+                const double other = value(warp, partner, j, h, i, wl::pair_send_e(partner));
+                const int tok = row0 + wl::pair_token(i, lane);
+                if (tok >= m) continue;
+                const int col = wl::pair_col(c, lane);
+                if (col % 2 != 0) FAIL("epilogue pair at odd column " << col);  // 4-byte stores
+                const bool even = wl::pair_even(lane);
+                const double v0 = even ? value(warp, lane, j, h, i, 0) : other;
+                const double v1 = even ? other : value(warp, lane, j, h, i, 1);
+                C[size_t(tok) * n + col] = v0;
+                C[size_t(tok) * n + col + 1] = v1;
+                ++writes[size_t(tok) * n + col];
+                ++writes[size_t(tok) * n + col + 1];
+              }
+    }
+  return C;
+}
+
+// float64 GEMM on the packed bytes (dequantize_ref), with grouped weights rounded to fp16 the way the
+// kernel scales them in half precision; per-channel scales multiply the exact sum.
+std::vector<double> reference(const Problem& p) {
+  RefGemmProblem rp{p.A.data(), p.B.data(), p.s.data(), p.m, p.n, p.k, p.group, ActType::F16};
+  std::vector<float> W = dequantize_ref(rp);  // [k, n], exact
+  if (p.group != -1 && p.group != p.k)
+    for (auto& w : W) w = half_to_float(float_to_half(w));
+  std::vector<double> C(size_t(p.m * p.n), 0.0);
+  for (int64_t r = 0; r < p.m; ++r)
+    for (int64_t kk = 0; kk < p.k; ++kk) {
+      const double a = half_to_float(p.A[size_t(r * p.k + kk)]);
+      for (int64_t c = 0; c < p.n; ++c) C[size_t(r * p.n + c)] += a * W[size_t(kk * p.n + c)];
+    }
+  return C;
+}
+
+void check(const Problem& p, int NT) {
+  std::vector<int> writes;
+  const std::vector<double> C = replay(p, NT, writes);
+  const std::vector<double> ref = reference(p);
+  size_t bad_writes = 0;
+  for (int w : writes) bad_writes += w == 1 ? 0 : 1;
+  INFO("m " << p.m << " k " << p.k << " n " << p.n << " group " << p.group << " NT " << NT);
+  REQUIRE(bad_writes == 0);
+  double err = 0, mag = 0;
+  for (size_t i = 0; i < C.size(); ++i) {
+    err += std::fabs(C[i] - ref[i]);
+    mag += std::fabs(ref[i]);
+  }
+  REQUIRE(mag > 0);
+  REQUIRE(err / mag <= kOrderTol);
+}
+
+}  // namespace
+
+TEST_CASE("wgmma model: the Hopper kernel's index maps reproduce the reference GEMM", "[kernels][wgmma]") {
+  std::mt19937 rng(kSeed);
+  for (int64_t group : {int64_t(-1), int64_t(32), int64_t(64), int64_t(128)})
+    for (int64_t m : {int64_t(1), int64_t(37), int64_t(130)}) {
+      const Problem p = make_problem(rng, m, 256, 512, group);
+      for (int NT : {32, 64, 128}) check(p, NT);
+    }
+}
+
+TEST_CASE("wgmma model: a wrong A-register order or swizzle is caught", "[kernels][wgmma]") {
+  static_assert(wl::a_from_pair(1) == 2 && wl::a_from_pair(2) == 1, "A takes the column-c+8 pair second");
+  static_assert(wl::act_chunk_byte(1, 0) == 128 + 16 && wl::act_chunk_byte(9, 3) == 9 * 128 + (3 ^ 1) * 16,
+                "chunk c of row r lands at chunk c ^ (r % 8)");
+  static_assert(wl::sw128_desc(1024u) == ((uint64_t(1) << 62) | (uint64_t(64) << 32) | (uint64_t(1) << 16) | 64u),
+                "descriptor fields: start >> 4, LBO 1, SBO 1024 >> 4, 128B swizzle");
+  // The mma.sync B order {f0, f1, f2, f3} in place of {f0, f2, f1, f3} mixes columns c and c + 8 with
+  // k 2t+8..; an unswizzled activation row hands wgmma the wrong k chunks. Both must fail the check.
+  std::mt19937 rng(kSeed + 1);
+  const Problem p = make_problem(rng, 16, 128, 256, 128);
+  const std::vector<double> ref = reference(p);
+  for (Mutation mu : {Mutation::None, Mutation::MmaSyncAOrder, Mutation::NoSwizzle}) {
+    std::vector<int> writes;
+    const std::vector<double> C = replay(p, 32, writes, mu);
+    double err = 0, mag = 0;
+    for (size_t i = 0; i < C.size(); ++i) {
+      err += std::fabs(C[i] - ref[i]);
+      mag += std::fabs(ref[i]);
+    }
+    INFO("mutation " << int(mu) << " rel err " << err / mag);
+    if (mu == Mutation::None) REQUIRE(err / mag <= kOrderTol);
+    else REQUIRE(err / mag > 0.1);
+  }
+}
