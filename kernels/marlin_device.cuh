@@ -6,7 +6,11 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cuda_runtime.h>
+
 #include <cstdint>
+
+#include "kernels/marlin_launch.h"
 
 namespace marlinc::kernels::detail {
 
@@ -123,6 +127,54 @@ __device__ __forceinline__ int ld_acquire(const int* p) {
   int v;
   asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
   return v;
+}
+
+// The cross-block slice reduction's hand-off (both fused kernels): a depositing block, once every thread
+// that stored its partial tile has fenced its own stores, bumps the slice's counter; the finishing block
+// waits until `expected` deposits are counted. The finisher re-arms the counter to 0 after reading.
+__device__ __forceinline__ void deposit_done(int* counter) {
+  __syncthreads();
+  if (threadIdx.x == 0) atomicAdd(counter, 1);
+}
+__device__ __forceinline__ void wait_deposits(const int* counter, int expected) {
+  if (threadIdx.x == 0)
+    while (ld_acquire(counter) != expected) {
+    }
+  __syncthreads();
+}
+
+// ---- host side of both kernels -----------------------------------------------------------------
+
+// Raises the dynamic shared-memory limit of a kernel's per-channel and grouped variants and reports the
+// smaller occupancy (one grid size serves both).
+template <typename Kernel>
+cudaError_t prepare_variants(Kernel per_channel, Kernel grouped, int threads, int smem, int* blocks_per_sm) {
+  int occ[2] = {0, 0};
+  const Kernel kerns[2] = {per_channel, grouped};
+  for (int i = 0; i < 2; ++i) {
+    cudaError_t e = cudaFuncSetAttribute(kerns[i], cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ[i], kerns[i], threads, smem);
+    if (e != cudaSuccess) return e;
+  }
+  *blocks_per_sm = occ[0] < occ[1] ? occ[0] : occ[1];
+  return cudaSuccess;
+}
+
+// Launches the variant that matches a.groups, with programmatic stream serialization when o.pdl.
+template <typename Kernel>
+cudaError_t launch_variant(Kernel per_channel, Kernel grouped, int threads, const KernelArgs& a, const LaunchOpts& o,
+                           cudaStream_t stream) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(o.grid);
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = size_t(o.smem_bytes);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = o.pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, a.groups > 1 ? grouped : per_channel, a);
 }
 
 }  // namespace marlinc::kernels::detail

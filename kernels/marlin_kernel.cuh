@@ -327,13 +327,9 @@ __global__ void __launch_bounds__(kThreads, Shape<MB, TN, TK>::kBlocksPerSm) mar
             });
             __threadfence();  // each writer publishes its own stores before the counter moves
           }
-          __syncthreads();
-          if (tid == 0) atomicAdd(counter, 1);
+          deposit_done(counter);
         } else {
-          if (tid == 0)
-            while (ld_acquire(counter) != count - 1) {
-            }
-          __syncthreads();
+          wait_deposits(counter, count - 1);
           if (wk == 0) {
             for (int b = first_b + 1; b <= last_b; ++b) {
               const float* other = p.red + size_t(b) * (S::kRows * TN);
@@ -393,33 +389,15 @@ __global__ void __launch_bounds__(kThreads, Shape<MB, TN, TK>::kBlocksPerSm) mar
 template <int DT, int MB, int TN, int TK>
 cudaError_t marlin_prepare(int* blocks_per_sm, int* smem_bytes) {
   using S = Shape<MB, TN, TK>;
-  int occ[2] = {0, 0};
-  const auto kerns = {marlin_kernel<DT, false, MB, TN, TK>, marlin_kernel<DT, true, MB, TN, TK>};
-  int i = 0;
-  for (auto kern : kerns) {
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes);
-    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ[i++], kern, kThreads, S::kSmemBytes);
-    if (e != cudaSuccess) return e;
-  }
   *smem_bytes = S::kSmemBytes;
-  *blocks_per_sm = occ[0] < occ[1] ? occ[0] : occ[1];  // one grid size serves both variants
-  return cudaSuccess;
+  return prepare_variants(marlin_kernel<DT, false, MB, TN, TK>, marlin_kernel<DT, true, MB, TN, TK>, kThreads,
+                          S::kSmemBytes, blocks_per_sm);
 }
 
 template <int DT, int MB, int TN, int TK>
 cudaError_t marlin_launch(const KernelArgs& a, const LaunchOpts& o, cudaStream_t stream) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(o.grid);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = size_t(o.smem_bytes);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = o.pdl ? 1 : 0;
-  if (a.groups > 1) return cudaLaunchKernelEx(&cfg, marlin_kernel<DT, true, MB, TN, TK>, a);
-  return cudaLaunchKernelEx(&cfg, marlin_kernel<DT, false, MB, TN, TK>, a);
+  return launch_variant(marlin_kernel<DT, false, MB, TN, TK>, marlin_kernel<DT, true, MB, TN, TK>, kThreads, a, o,
+                        stream);
 }
 
 #define MARLINC_INSTANTIATE(DT, MB, TN, TK)                                                   \

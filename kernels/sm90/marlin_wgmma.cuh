@@ -214,14 +214,10 @@ __global__ void __launch_bounds__(256, NT <= 64 ? 2 : 1) marlin_wgmma_kernel(con
             for (int q = 0; q < kQ; ++q)
               __stcg(mine + (j * kQ + q) * S::kThreads + tid,
                      make_float4(acc[j][4 * q], acc[j][4 * q + 1], acc[j][4 * q + 2], acc[j][4 * q + 3]));
-          __threadfence();
-          __syncthreads();
-          if (tid == 0) atomicAdd(counter, 1);
+          __threadfence();  // each thread publishes its own stores before the counter moves
+          deposit_done(counter);
         } else {
-          if (tid == 0)
-            while (ld_acquire(counter) != count - 1) {
-            }
-          __syncthreads();
+          wait_deposits(counter, count - 1);
           for (int b = first_b + 1; b <= last_b; ++b) {
             const float4* other = reinterpret_cast<const float4*>(p.red + size_t(b) * S::kPart);
 #pragma unroll
@@ -274,34 +270,15 @@ __global__ void __launch_bounds__(256, NT <= 64 ? 2 : 1) marlin_wgmma_kernel(con
 
 template <int DT, int NT>
 cudaError_t wgmma_prepare(int* blocks_per_sm, int* smem_bytes) {
-  using S = WgShape<NT>;
-  int occ[2] = {0, 0};
-  const auto kerns = {marlin_wgmma_kernel<DT, false, NT>, marlin_wgmma_kernel<DT, true, NT>};
-  int i = 0;
-  for (auto kern : kerns) {
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes);
-    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ[i++], kern, S::kThreads, S::kSmemBytes);
-    if (e != cudaSuccess) return e;
-  }
-  *smem_bytes = S::kSmemBytes;
-  *blocks_per_sm = occ[0] < occ[1] ? occ[0] : occ[1];
-  return cudaSuccess;
+  *smem_bytes = WgShape<NT>::kSmemBytes;
+  return prepare_variants(marlin_wgmma_kernel<DT, false, NT>, marlin_wgmma_kernel<DT, true, NT>, WgShape<NT>::kThreads,
+                          WgShape<NT>::kSmemBytes, blocks_per_sm);
 }
 
 template <int DT, int NT>
 cudaError_t wgmma_launch(const KernelArgs& a, const LaunchOpts& o, cudaStream_t stream) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(o.grid);
-  cfg.blockDim = dim3(WgShape<NT>::kThreads);
-  cfg.dynamicSmemBytes = size_t(o.smem_bytes);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = o.pdl ? 1 : 0;
-  if (a.groups > 1) return cudaLaunchKernelEx(&cfg, marlin_wgmma_kernel<DT, true, NT>, a);
-  return cudaLaunchKernelEx(&cfg, marlin_wgmma_kernel<DT, false, NT>, a);
+  return launch_variant(marlin_wgmma_kernel<DT, false, NT>, marlin_wgmma_kernel<DT, true, NT>, WgShape<NT>::kThreads,
+                        a, o, stream);
 }
 
 #define MARLINC_INSTANTIATE_WGMMA(DT, NT)                    \
