@@ -11,6 +11,7 @@
 
 #include "kernels/marlin.h"
 #include "kernels/marlin_launch.h"
+#include "kernels/marlin_partition.h"
 
 namespace marlinc::kernels {
 namespace detail {
@@ -122,7 +123,7 @@ size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 size_t lock_region(int sms) { return round_up(size_t(sms) * kMaxBlocksPerSm * kLockBytesPerBlock, 256); }
 size_t part_region(int sms) { return size_t(sms) * kMaxBlocksPerSm * kPartBytesPerBlock; }
 
-int ceil_div(int64_t a, int64_t b) { return int((a + b - 1) / b); }
+int ceil_div(int64_t a, int64_t b) { return ceil_div_int(a, b); }
 // 16-row m blocks per tile. One tile covers m up to 64 rows, except that on small layers two 32-row
 // chunks side by side (two blocks per SM, 16 rows per warp) beat one 64-row tile for 32 < m <= 64:
 // measured on the H100 at m = 64 (docs/PERF.md), Llama-3-8B qkv 20.5 vs 25.5 us and o_proj 15.5 vs
@@ -133,27 +134,8 @@ int m_blocks_for(int m, int n, int k) {
   return std::min(kMaxMBlocks, ceil_div(m, 16));
 }
 
-// The work split of one launch (KernelArgs): par row chunks of `rows` rows; each chunk's n x k tiles cut
-// into stripes of `iters` tiles, one per block of a group of chunk_blocks blocks; chunk_groups groups.
-// When every chunk gets a group (par <= max_blocks), the groups run the same stripes side by side and
-// all but one read each weight tile from L2. Otherwise a block owns whole chunks (whole slices, no
-// cross-block reduction) and walks them in turn.
-struct Partition { int par, iters, chunk_blocks, chunk_groups, grid; };
 Partition partition(int m, int n, int k, int rows, TileShape t, int max_blocks) {
-  Partition P{};
-  P.par = ceil_div(m, rows);
-  const int64_t nk = int64_t(n / t.tn) * (k / t.tk);
-  if (P.par <= max_blocks) {
-    P.iters = ceil_div(nk, max_blocks / P.par);
-    P.chunk_blocks = ceil_div(nk, P.iters);
-    P.chunk_groups = P.par;
-  } else {
-    P.iters = int(nk);
-    P.chunk_blocks = 1;
-    P.chunk_groups = max_blocks;
-  }
-  P.grid = P.chunk_groups * P.chunk_blocks;
-  return P;
+  return marlin_partition(m, n / t.tn, k / t.tk, rows, max_blocks);
 }
 
 // Blocks per SM that the model assumes (Shape::kBlocksPerSm): two where a warp's share of the m tile
@@ -350,11 +332,7 @@ MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int 
   const TileShape t{kWgmmaTileN, kWgmmaTileK};
   if (int64_t(ceil_div(g.m, rows)) * (g.n / t.tn) * (g.k / t.tk) > std::numeric_limits<int>::max() / 2)
     return MarlinStatus::BadShape;
-  // A block deposits a partial tile of kWgmmaTileN x rows floats (the workspace holds kWgmmaPartFloats
-  // per SM) and has one lock (kMaxBlocksPerSm per SM).
-  const int slots_per_sm = int(kWgmmaPartFloats / (size_t(kWgmmaTileN) * rows));
-  const int per_sm = std::min({pr.blocks_per_sm, slots_per_sm, kMaxBlocksPerSm});
-  const Partition P = partition(g.m, g.n, g.k, rows, t, sms * per_sm);
+  const Partition P = partition(g.m, g.n, g.k, rows, t, sms * wgmma_blocks_per_sm(pr.blocks_per_sm, rows));
   LaunchOpts o;
   o.grid = P.grid;
   o.smem_bytes = pr.smem;

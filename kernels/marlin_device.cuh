@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "kernels/marlin_launch.h"
+#include "kernels/marlin_partition.h"
 
 namespace marlinc::kernels::detail {
 

@@ -311,8 +311,8 @@ __global__ void __launch_bounds__(kThreads, Shape<MB, TN, TK>::kBlocksPerSm) mar
             for (int h = 0; h < 2; ++h)
               f(mb * 8 + t, h, mrow0 + mb * 16 + (lane >> 2) + 8 * h, wn * 64 + 8 * t + 2 * (lane & 3));
       };
-      const int first_b = base_b + (slice * k_tiles) / p.iters;
-      const int last_b = base_b + ((slice + 1) * k_tiles - 1) / p.iters;
+      const int first_b = slice_first_block(base_b, slice, k_tiles, p.iters);
+      const int last_b = slice_last_block(base_b, slice, k_tiles, p.iters);
       const int count = last_b - first_b + 1;
       const bool finisher = int(blockIdx.x) == first_b;
       const int valid_rows = min(S::kRows, p.m - row0);

@@ -6,25 +6,12 @@
 
 #include <cuda_runtime_api.h>
 
+#include "kernels/marlin_partition.h"
+
 namespace marlinc::kernels::detail {
 
-// Rows of A per 16-row "m block"; a thread block computes MB of them (MB = 1..4, i.e. 16..64 rows).
-constexpr int kMaxMBlocks = 4;
-// Widest tile the workspace's fp32 partial-tile slots are sized for (thread_n = 256).
-constexpr int kMaxThreadN = 256;
-// At most this many co-resident blocks per SM are launched; the stripe reduction needs all blocks of
-// one launch resident at once, and the workspace has one lock + partial-tile slot per block.
-constexpr int kMaxBlocksPerSm = 2;
 constexpr int kThreads = 256;  // 8 warps: warps split n (64 columns each) and then k inside a tile
-// fp32 floats of one block's partial-tile slot in the workspace (the mma.sync kernel's largest tile).
-constexpr size_t kPartFloatsPerBlock = size_t(kMaxMBlocks) * 16 * kMaxThreadN;
-
-// The Hopper (sm_90a, wgmma) kernel, kernels/sm90/: 256-column x 64-deep tiles and NT = 32, 64 or 128
-// token rows per tile. Its blocks deposit partial tiles of up to two mma.sync slots, so a launch has at
-// most kMaxBlocksPerSm * kPartFloatsPerBlock / (256 * NT) blocks per SM.
-constexpr int kWgmmaTileN = 256;
-constexpr int kWgmmaTileK = 64;
-constexpr size_t kWgmmaPartFloats = kMaxBlocksPerSm * kPartFloatsPerBlock;
+// Workspace slot sizes and the Hopper kernel's tiles: kernels/marlin_partition.h.
 
 struct KernelArgs {
   const void* A;        // [m, k] 16-bit activations

@@ -199,8 +199,8 @@ __global__ void __launch_bounds__(256, NT <= 64 ? 2 : 1) marlin_wgmma_kernel(con
 
       // Cross-block reduction of the slice (as in marlin_kernel): deposits in thread order (coalesced
       // float4), one in-order sum by the slice's first block.
-      const int first_b = base_b + (slice * k_tiles) / p.iters;
-      const int last_b = base_b + ((slice + 1) * k_tiles - 1) / p.iters;
+      const int first_b = slice_first_block(base_b, slice, k_tiles, p.iters);
+      const int last_b = slice_last_block(base_b, slice, k_tiles, p.iters);
       const int count = last_b - first_b + 1;
       const bool finisher = int(blockIdx.x) == first_b;
       constexpr int kQ = S::kAcc / 4;  // float4 per thread per wgmma accumulator

@@ -1,0 +1,77 @@
+// The work split of one fused-kernel launch (both the mma.sync and the Hopper kernel), and the stripe
+// bookkeeping every block derives from it. Plain C++ shared by the host launcher (kernels/marlin.cu),
+// the kernels and a CPU replay of whole launches (tests/kernels/test_marlin_partition.cpp).
+//
+// par row chunks of `rows` rows; each chunk's n_tiles x k_tiles tiles (column slice major) are cut into
+// stripes of `iters` consecutive tiles, one per block of a group of chunk_blocks blocks; chunk_groups
+// groups. When every chunk gets a group (par <= max_blocks), the groups run the same stripes side by
+// side and all but one read each weight tile from L2. Otherwise a block owns whole chunks (whole slices,
+// no cross-block reduction) and walks them in turn. All blocks of a launch must be co-resident (a
+// slice's finisher waits for the other blocks' deposits): grid <= max_blocks.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define MARLINC_PART_HD __host__ __device__
+#else
+#define MARLINC_PART_HD
+#endif
+
+namespace marlinc::kernels {
+
+// Rows of A per 16-row "m block"; an mma.sync thread block computes MB of them (MB = 1..4, 16..64 rows).
+constexpr int kMaxMBlocks = 4;
+// Widest mma.sync tile the workspace's fp32 partial-tile slots are sized for (thread_n = 256).
+constexpr int kMaxThreadN = 256;
+// At most this many co-resident blocks per SM are launched; the stripe reduction needs all blocks of
+// one launch resident at once, and the workspace has one lock + partial-tile slot per block.
+constexpr int kMaxBlocksPerSm = 2;
+// fp32 floats of one block's partial-tile slot in the workspace (the mma.sync kernel's largest tile).
+constexpr size_t kPartFloatsPerBlock = size_t(kMaxMBlocks) * 16 * kMaxThreadN;
+
+// The Hopper (sm_90a, wgmma) kernel, kernels/sm90/: 256-column x 64-deep tiles and 32, 64 or 128 token
+// rows per tile. Its partial tiles take up to two mma.sync slots, so the workspace's kWgmmaPartFloats
+// per SM bound its blocks per SM, as do the kMaxBlocksPerSm locks.
+constexpr int kWgmmaTileN = 256;
+constexpr int kWgmmaTileK = 64;
+constexpr size_t kWgmmaPartFloats = kMaxBlocksPerSm * kPartFloatsPerBlock;
+inline int wgmma_blocks_per_sm(int occupancy, int rows) {
+  const int slots = int(kWgmmaPartFloats / (size_t(kWgmmaTileN) * size_t(rows)));
+  int b = occupancy < slots ? occupancy : slots;
+  return b < kMaxBlocksPerSm ? b : kMaxBlocksPerSm;
+}
+
+struct Partition { int par, iters, chunk_blocks, chunk_groups, grid; };
+
+inline int ceil_div_int(int64_t a, int64_t b) { return int((a + b - 1) / b); }
+
+// Caller guarantees par * n_tiles * k_tiles fits an int (marlin.cu checks against INT_MAX / 2).
+inline Partition marlin_partition(int m, int n_tiles, int k_tiles, int rows, int max_blocks) {
+  Partition P{};
+  P.par = ceil_div_int(m, rows);
+  const int64_t nk = int64_t(n_tiles) * k_tiles;
+  if (P.par <= max_blocks) {
+    P.iters = ceil_div_int(nk, max_blocks / P.par);
+    P.chunk_blocks = ceil_div_int(nk, P.iters);
+    P.chunk_groups = P.par;
+  } else {
+    P.iters = int(nk);
+    P.chunk_blocks = 1;
+    P.chunk_groups = max_blocks;
+  }
+  P.grid = P.chunk_groups * P.chunk_blocks;
+  return P;
+}
+
+// The first and last block (of the group starting at base_b) whose stripes touch column slice `slice`
+// of a row chunk. The first one reaches the slice at the end of its stripe, so it is the finisher: it
+// waits for the others' fp32 deposits, adds them in block order and writes C.
+MARLINC_PART_HD inline int slice_first_block(int base_b, int slice, int k_tiles, int iters) {
+  return base_b + (slice * k_tiles) / iters;
+}
+MARLINC_PART_HD inline int slice_last_block(int base_b, int slice, int k_tiles, int iters) {
+  return base_b + ((slice + 1) * k_tiles - 1) / iters;
+}
+
+}  // namespace marlinc::kernels
