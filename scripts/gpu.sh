@@ -9,7 +9,9 @@
 # SKIP_GPTQ_BENCH=1, SKIP_VERIFY=1, SKIP_VERIFY_8B=1, VERIFY_BLOCKS (default 32), E2E=1 (the 8B-shaped
 # end-to-end GPTQ run; E2E_SHAPE=llama3-8b-2 for a 2-block check, E2E_VERIFY=0 to skip its verify),
 # TEST_TIMEOUT/SAN_TIMEOUT/BENCH_TIMEOUT/GPTQ_BENCH_TIMEOUT (seconds; a hang must not eat the call),
-# BENCH_ARGS (extra bench_marlin arguments, e.g. "--explore" or "--sets large --ms 1,16").
+# BENCH_ARGS (extra bench_marlin arguments, e.g. "--explore" or "--sets large --ms 1,16"), WGMMA_BENCH
+# (1: time the opt-in Hopper kernel too; 0: never; default: only when the [gpu] tests, which include
+# its [wgmma] cases, passed in this call, so that a kernel that hangs cannot eat the bench).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-build/gpu-out}
@@ -47,6 +49,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   t0=$(date +%s)
   timeout "${TEST_TIMEOUT:-240}" "$BUILD/tests/test_gpu" "$GPU_TESTS" --durations yes > "$OUT/test_gpu.log" 2>&1
   rc=$?
+  case "$GPU_TESTS" in "[gpu]"|*marlin*|*wgmma*) tests_rc=$rc ;; esac  # filters that run the [wgmma] cases
   [ $rc -ne 0 ] && status=1 && grep -B5 -A25 -E "FAILED|REQUIRE\(" "$OUT/test_gpu.log" | head -80
   summary+=("tests $GPU_TESTS: rc=$rc, $(grep -E "^(All tests passed|test cases:)" "$OUT/test_gpu.log" | tail -1) ($(( $(date +%s) - t0 )) s)")
 fi
@@ -61,7 +64,13 @@ if [ "${SKIP_SAN:-0}" != 1 ]; then
 fi
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   # shellcheck disable=SC2086
-  timeout "${BENCH_TIMEOUT:-200}" "$BUILD/bench/bench_marlin" --json "$OUT/bench.json" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1 || { status=1; tail -20 "$OUT/bench.log"; }
+  wg_arg=""
+  case "${WGMMA_BENCH:-auto}" in
+    1) wg_arg="--wgmma" ;;
+    auto) [ "${SKIP_TESTS:-0}" != 1 ] && [ "${tests_rc:-1}" = 0 ] && wg_arg="--wgmma" ;;
+  esac
+  # shellcheck disable=SC2086
+  timeout "${BENCH_TIMEOUT:-200}" "$BUILD/bench/bench_marlin" --json "$OUT/bench.json" $wg_arg ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1 || { status=1; tail -20 "$OUT/bench.log"; }
 fi
 
 if [ "${SKIP_GPTQ_BENCH:-0}" != 1 ] && [ -x "$BUILD/bench/bench_gptq_cuda" ]; then
