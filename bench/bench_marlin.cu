@@ -7,8 +7,8 @@
 // The fused kernel is timed twice: plainly ("serial") and with MarlinGemm::overlap_previous
 // (programmatic dependent launch: each call streams its first weight tiles while the previous call
 // finishes, as in a model's sequence of layers, whose weights are constant); Auto uses the latter.
-// With --wgmma, on a 9.0 device, the Hopper (wgmma) kernel is timed too ("wgmma", with overlap, m >= 16;
-// layers whose width it cannot take count with the mma.sync time). "auto" is marlin_auto_path's pick.
+// With --wgmma, on a 9.0 device, the Hopper (wgmma) kernel is timed too ("wgmma", with overlap; layers
+// whose width it cannot take count with the mma.sync time). "auto" is marlin_auto_path's pick.
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -279,7 +279,7 @@ int main(int argc, char** argv) {
         double dq = 0, wg = 0;
         if (m >= 64) dq = time_graph(st, marlin_call(MarlinPath::DequantCublas, 0, 0)).us;
         const bool wg_runs = marlin_wgmma_available() && L.n % 256 == 0;
-        if (time_wgmma && m >= 16) wg = wg_runs ? time_graph(st, marlin_call(MarlinPath::Wgmma, 0, 0)).us : sf.us;
+        if (time_wgmma) wg = wg_runs ? time_graph(st, marlin_call(MarlinPath::Wgmma, 0, 0)).us : sf.us;
         const MarlinPath ap = marlin_auto_path(m, L.n, L.k);
         const bool auto_cublas = ap == MarlinPath::DequantCublas, auto_wg = ap == MarlinPath::Wgmma;
         R.cublas += sc.us;

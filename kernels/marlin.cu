@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <iterator>
 #include <cstdint>
 #include <limits>
 #include <mutex>
@@ -29,8 +30,9 @@ MARLINC_DECLARE_MB(1, 1) MARLINC_DECLARE_MB(1, 2) MARLINC_DECLARE_MB(1, 3) MARLI
 #define MARLINC_DECLARE_WGMMA(DT, NT)                               \
   extern template cudaError_t wgmma_prepare<DT, NT>(int*, int*); \
   extern template cudaError_t wgmma_launch<DT, NT>(const KernelArgs&, const LaunchOpts&, cudaStream_t);
-MARLINC_DECLARE_WGMMA(0, 32) MARLINC_DECLARE_WGMMA(0, 64) MARLINC_DECLARE_WGMMA(0, 128)
-MARLINC_DECLARE_WGMMA(1, 32) MARLINC_DECLARE_WGMMA(1, 64) MARLINC_DECLARE_WGMMA(1, 128)
+MARLINC_DECLARE_WGMMA(0, 8) MARLINC_DECLARE_WGMMA(0, 16) MARLINC_DECLARE_WGMMA(0, 32) MARLINC_DECLARE_WGMMA(0, 64)
+MARLINC_DECLARE_WGMMA(0, 128) MARLINC_DECLARE_WGMMA(1, 8) MARLINC_DECLARE_WGMMA(1, 16) MARLINC_DECLARE_WGMMA(1, 32)
+MARLINC_DECLARE_WGMMA(1, 64) MARLINC_DECLARE_WGMMA(1, 128)
 #endif
 
 namespace {
@@ -54,12 +56,15 @@ const Entry kTable[2][kMaxMBlocks][kNumShapes] = {
 };
 
 // The Hopper kernel's token tiles (rows of C per tile), smallest first.
-constexpr int kWgRows[3] = {32, 64, 128};
+constexpr int kWgRows[] = {8, 16, 32, 64, 128};
+constexpr int kNumWgRows = int(sizeof(kWgRows) / sizeof(kWgRows[0]));
 #if MARLINC_HAVE_SM90A
 #define MARLINC_WG_ENTRY(DT, NT) Entry{&wgmma_prepare<DT, NT>, &wgmma_launch<DT, NT>}
-const Entry kWgTable[2][3] = {
-    {MARLINC_WG_ENTRY(0, 32), MARLINC_WG_ENTRY(0, 64), MARLINC_WG_ENTRY(0, 128)},
-    {MARLINC_WG_ENTRY(1, 32), MARLINC_WG_ENTRY(1, 64), MARLINC_WG_ENTRY(1, 128)},
+const Entry kWgTable[2][kNumWgRows] = {
+    {MARLINC_WG_ENTRY(0, 8), MARLINC_WG_ENTRY(0, 16), MARLINC_WG_ENTRY(0, 32), MARLINC_WG_ENTRY(0, 64),
+     MARLINC_WG_ENTRY(0, 128)},
+    {MARLINC_WG_ENTRY(1, 8), MARLINC_WG_ENTRY(1, 16), MARLINC_WG_ENTRY(1, 32), MARLINC_WG_ENTRY(1, 64),
+     MARLINC_WG_ENTRY(1, 128)},
 };
 #endif
 
@@ -68,7 +73,7 @@ const Entry kWgTable[2][3] = {
 constexpr int kMaxDevices = 16;
 struct Prepared { int blocks_per_sm = 0, smem = 0; cudaError_t err = cudaSuccess; bool done = false; };
 Prepared g_prepared[kMaxDevices][2][kMaxMBlocks][kNumShapes];
-Prepared g_wg_prepared[kMaxDevices][2][3];
+Prepared g_wg_prepared[kMaxDevices][2][kNumWgRows];
 std::mutex g_prepared_mu;
 
 Prepared prepare_once(Prepared& p, const Entry& e) {
@@ -240,7 +245,7 @@ const char* marlin_status_name(MarlinStatus s) {
     case MarlinStatus::WorkspaceTooSmall: return "workspace too small";
     case MarlinStatus::NoConfig:
       return "forced configuration does not fit the shape or device (thread_m_blocks not in 0..4, wgmma_rows not "
-             "0/32/64/128, or path Wgmma without a 9.0 device, sm_90a code and n % 256 == 0)";
+             "0/8/16/32/64/128, or path Wgmma without a 9.0 device, sm_90a code and n % 256 == 0)";
     case MarlinStatus::CudaError: return "CUDA error";
     case MarlinStatus::CublasError: return "cuBLAS error";
   }
@@ -284,7 +289,7 @@ MarlinPath auto_path(int dev, int m, int n, int k, bool cublas_ok) {
 int wgmma_rows_for(int m) {
   for (int r : kWgRows)
     if (m <= r) return r;
-  return kWgRows[2];
+  return kWgRows[kNumWgRows - 1];
 }
 
 // Overlap pays where launch and tail are a visible part of the call: on the H100 it saved 2-4 us per
@@ -323,7 +328,7 @@ MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int 
   if (!wgmma_runs_on(dev) || g.n % kWgmmaTileN != 0) return MarlinStatus::NoConfig;
   const int rows = g.wgmma_rows > 0 ? g.wgmma_rows : wgmma_rows_for(g.m);
   int ri = -1;
-  for (int i = 0; i < 3; ++i)
+  for (int i = 0; i < kNumWgRows; ++i)
     if (kWgRows[i] == rows) ri = i;
   if (ri < 0) return MarlinStatus::NoConfig;
   const int dt = g.act == ActType::F16 ? 0 : 1;
@@ -406,7 +411,8 @@ MarlinStatus marlin_gemm(const MarlinGemm& g) {
   const int sms = g.num_sms > 0 ? g.num_sms : sm_count(dev);
   if (sms <= 0) return MarlinStatus::CudaError;
 
-  if (g.wgmma_rows != 0 && g.wgmma_rows != 32 && g.wgmma_rows != 64 && g.wgmma_rows != 128) return MarlinStatus::NoConfig;
+  if (g.wgmma_rows != 0 && std::find(std::begin(kWgRows), std::end(kWgRows), g.wgmma_rows) == std::end(kWgRows))
+    return MarlinStatus::NoConfig;
   const bool cublas_ok = g.cublas && g.workspace_bytes >= marlin_workspace_bytes(sms, true);
   const MarlinPath path = g.path == MarlinPath::Auto ? auto_path(dev, g.m, g.n, g.k, cublas_ok) : g.path;
   if (path == MarlinPath::DequantCublas) return run_dequant_cublas(g, groups, shift, sms);

@@ -30,7 +30,7 @@ constexpr int kMaxBlocksPerSm = 2;
 // fp32 floats of one block's partial-tile slot in the workspace (the mma.sync kernel's largest tile).
 constexpr size_t kPartFloatsPerBlock = size_t(kMaxMBlocks) * 16 * kMaxThreadN;
 
-// The Hopper (sm_90a, wgmma) kernel, kernels/sm90/: 256-column x 64-deep tiles and 32, 64 or 128 token
+// The Hopper (sm_90a, wgmma) kernel, kernels/sm90/: 256-column x 64-deep tiles and 8 to 128 token
 // rows per tile. Its partial tiles take up to two mma.sync slots, so the workspace's kWgmmaPartFloats
 // per SM bound its blocks per SM, as do the kMaxBlocksPerSm locks.
 constexpr int kWgmmaTileN = 256;

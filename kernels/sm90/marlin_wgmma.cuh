@@ -8,7 +8,7 @@
 // one wgmma A fragment: the mma.sync B fragment pairs (f0, f1) / (f2, f3) of columns c and c + 8 become
 // the A registers {f0, f2, f1, f3} of rows c and c + 8 (formats.md §1.3-§1.5).
 //
-// Block: two warpgroups over a 256-column x NT-row tile (NT = 32, 64 or 128 tokens); warpgroup g
+// Block: two warpgroups over a 256-column x NT-row tile (NT = 8, 16, 32, 64 or 128 tokens); warpgroup g
 // owns packed 64-wide tiles 2g and 2g + 1 (two 64-row wgmmas per k16 step), warp w of it expands tile
 // 2g + (w & 1), 16-column subblocks 2 (w >> 1) and 2 (w >> 1) + 1. Activations land through cp.async in
 // 128-byte rows with the 128B swizzle wgmma's descriptor names; weights and scales beside them. Stripes,
@@ -44,10 +44,11 @@ struct WgShape {
   static constexpr int kAcc = NT / 2;              // fp32 accumulators per thread per 64-row wgmma
   static constexpr int kPart = kFeat * NT;         // floats in one deposited partial tile
 
-  static_assert(NT == 32 || NT == 64 || NT == 128, "wgmma N sizes instantiated in wgmma_ops.cuh");
+  static_assert(NT == 8 || NT == 16 || NT == 32 || NT == 64 || NT == 128, "wgmma N sizes in wgmma_ops.cuh");
   static_assert(kStage % kAlign == 0, "every stage's activation tile starts on a swizzle atom");
   static_assert(kFeat == kWgmmaTileN && kTK == kWgmmaTileK, "the host partitions with these tiles");
   static_assert(kAcc % 4 == 0, "partial tiles are deposited as float4");
+  static_assert(NT % 8 == 0, "tokens come in 8-row swizzle atoms");
   static_assert(size_t(kPart) <= kWgmmaPartFloats, "a block's partial tile fits its workspace slot");
 };
 

@@ -377,7 +377,7 @@ TEST_CASE("marlin: Hopper wgmma kernel", "[gpu][marlin][wgmma]") {
   for (ActType act : {ActType::F16, ActType::BF16})
     for (int64_t g : kGroups) {
       const Layer L = make_layer(rng, 1024, 768, g, act);
-      for (int rows : {0, 32, 64, 128})
+      for (int rows : {0, 8, 16, 32, 64, 128})
         for (int sms : {0, 3})
           for (int64_t m : kMs) {
             if (act == ActType::BF16 && rows != 0 && m != 100) continue;
@@ -399,7 +399,7 @@ TEST_CASE("marlin: Hopper wgmma kernel under the sanitizers", "[gpu][marlin][wgm
   std::mt19937_64 rng(kSeed + 10);
   for (int64_t g : {int64_t(-1), int64_t(32)}) {
     const Layer L = make_layer(rng, 512, 512, g, ActType::F16);
-    for (int rows : {32, 128})
+    for (int rows : {8, 32, 128})
       for (int sms : {0, 2})
         for (int64_t m : {int64_t(7), int64_t(100)}) {
           RunOpts o;
@@ -542,7 +542,7 @@ TEST_CASE("marlin: argument checks return a status", "[gpu][marlin]") {
     b.thread_m_blocks = bad_mb;
     REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
   }
-  for (int bad_rows : {-1, 16, 96, 256}) {  // Hopper token tiles are 32, 64 or 128 rows
+  for (int bad_rows : {-1, 24, 96, 256}) {  // Hopper token tiles are 8, 16, 32, 64 or 128 rows
     b = g;
     b.wgmma_rows = bad_rows;
     REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);

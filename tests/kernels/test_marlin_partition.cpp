@@ -127,7 +127,7 @@ TEST_CASE("partition: mma.sync launches cover every tile once and finish", "[ker
 TEST_CASE("partition: Hopper kernel launches stay inside the workspace and finish", "[kernels][partition]") {
   for (const Shape2& s : kLayers) {
     if (s.n % kWgmmaTileN != 0 || s.k % kWgmmaTileK != 0) continue;
-    for (int rows : {32, 64, 128})
+    for (int rows : {8, 16, 32, 64, 128})
       for (int occ : {1, 2, 3})
         for (int sms : kSms)
           for (int m : kMs) {

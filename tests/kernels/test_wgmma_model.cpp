@@ -249,7 +249,7 @@ TEST_CASE("wgmma model: the Hopper kernel's index maps reproduce the reference G
   for (int64_t group : {int64_t(-1), int64_t(32), int64_t(64), int64_t(128)})
     for (int64_t m : {int64_t(1), int64_t(37), int64_t(130)}) {
       const Problem p = make_problem(rng, m, 256, 512, group);
-      for (int NT : {32, 64, 128}) check(p, NT);
+      for (int NT : {8, 16, 32, 64, 128}) check(p, NT);
     }
 }
 
