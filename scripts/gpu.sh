@@ -39,6 +39,11 @@ echo "build: $(( $(date +%s) - t0 )) s"
 
 status=0
 summary=()
+# ptxas C7513: it serialized the Hopper kernel's wgmmas (each one waits for the previous): correct but
+# slow, and easy to cause by moving code between a wgmma and its wait.
+serial_wgmma=$(grep -c "C7513" "$OUT/build.log")
+[ "$serial_wgmma" != 0 ] && status=1 && grep "C7513" "$OUT/build.log" | head -3
+summary+=("ptxas wgmma serialization warnings (C7513): $serial_wgmma")
 # Everything else too (the CPU tests against this machine's Catch2 v3): reported, not fatal.
 if ! cmake --build "$BUILD" -j "$(nproc)" -- -k 0 > "$OUT/build_all.log" 2>&1; then
   status=1

@@ -56,11 +56,18 @@ __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.a
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
-// Keeps the compiler from moving accumulator reads or writes across the asynchronous wgmma window.
+// Keep the compiler from moving register reads or writes into or across the asynchronous wgmma window:
+// accumulators after the last wait, and the A fragments before wgmma.fence (an expansion scheduled
+// between two wgmmas of one stage would make ptxas serialize them, C7513).
 template <int N>
 __device__ __forceinline__ void fence_regs(float (&r)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void fence_regs(uint32_t (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
 }
 // cp.async writes are generic-proxy writes; wgmma reads shared memory through the async proxy.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
@@ -132,35 +139,40 @@ __global__ void __launch_bounds__(256, NT <= 64 ? 2 : 1) marlin_wgmma_kernel(con
 #pragma unroll
         for (int i = 0; i < S::kAcc; ++i) acc[j][i] = 0.f;
 
-      // One k16 step: expand the warp's two packed words into two A fragments (scaled when grouped),
-      // issue the two 64-row wgmmas on the stage's activations, and let at most one step stay in flight
-      // (the one just issued), so the A registers of two steps back may be overwritten next.
+      // One k16 step's packed words and scale words (shared memory), and its issue: expand the two words
+      // into two A fragments (scaled when grouped) and start the two 64-row wgmmas on the stage's
+      // activations. The caller loads the next step's words while these run, then waits until at most
+      // this step is in flight, so the A registers of two steps back may be overwritten next.
       const int w_byte = wl::weight_byte(tile, lane, sub0), s_byte = wl::scale_byte(tile, lane, sub0);
-      auto step = [&](int st, int kk) {
+      struct Words { int2 q, sv; };
+      auto load_words = [&](int st, int kk) {
         const unsigned char* stage = sh + st * S::kStage;
-        const int2 q = *reinterpret_cast<const int2*>(stage + S::kABytes + kk * wl::kWeightRowBytes + w_byte);
-        int2 sv = make_int2(0, 0);
+        Words w{*reinterpret_cast<const int2*>(stage + S::kABytes + kk * wl::kWeightRowBytes + w_byte), make_int2(0, 0)};
         if constexpr (GROUPED)
-          sv = *reinterpret_cast<const int2*>(stage + S::kABytes + S::kBBytes +
-                                              wl::scale_row(kk, p.group_shift) * wl::kScaleRowBytes + s_byte);
+          w.sv = *reinterpret_cast<const int2*>(stage + S::kABytes + S::kBBytes +
+                                                wl::scale_row(kk, p.group_shift) * wl::kScaleRowBytes + s_byte);
+        return w;
+      };
+      auto issue = [&](int st, int kk, const Words& w) {
         uint32_t a[2][4];
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
           uint32_t f[4];
-          dequant8<DT>(uint32_t(j == 0 ? q.x : q.y), f);
+          dequant8<DT>(uint32_t(j == 0 ? w.q.x : w.q.y), f);
           if constexpr (GROUPED) {
-            scale2<DT, false>(f[0], f[1], uint32_t(j == 0 ? sv.x : sv.y));
-            scale2<DT, true>(f[2], f[3], uint32_t(j == 0 ? sv.x : sv.y));
+            scale2<DT, false>(f[0], f[1], uint32_t(j == 0 ? w.sv.x : w.sv.y));
+            scale2<DT, true>(f[2], f[3], uint32_t(j == 0 ? w.sv.x : w.sv.y));
           }
 #pragma unroll
           for (int r = 0; r < 4; ++r) a[j][r] = f[wl::a_from_pair(r)];
         }
         const uint64_t desc = wl::sw128_desc(wl::desc_start(sbase + st * S::kStage, kk));
+        fence_regs(a[0]);
+        fence_regs(a[1]);
         wgmma_fence();
         Wgmma<DT, NT>::run(acc[0], a[0], desc);
         Wgmma<DT, NT>::run(acc[1], a[1], desc);
         wgmma_commit();
-        wgmma_wait<1>();
       };
 
       // Prologue: weights of the first kStages - 2 tiles before the wait for the previous kernel (see
@@ -183,14 +195,23 @@ __global__ void __launch_bounds__(256, NT <= 64 ? 2 : 1) marlin_wgmma_kernel(con
         cp_async_wait<kAhead - 1>();
         fence_proxy_async();
         __syncthreads();
+        // Step 0's wgmmas go out before this thread's cp.async for tile t + kAhead, so the tensor pipe
+        // is fed while the copies issue.
+        // The copies go out before step 0 (tile t - 1's last wgmmas are still running): issued between
+        // a wgmma and its wait, their branches make ptxas serialize every wgmma (C7513).
         if (t + kAhead < cnt) {
           const int dst = (st + kAhead) % S::kStages;
           load_a(dst, kt0 + t + kAhead);
           load_weights(dst, kt0 + t + kAhead);
         }
         cp_async_commit();
+        Words w = load_words(st, 0);
 #pragma unroll
-        for (int kk = 0; kk < S::kKB; ++kk) step(st, kk);
+        for (int kk = 0; kk < S::kKB; ++kk) {
+          issue(st, kk, w);
+          if (kk + 1 < S::kKB) w = load_words(st, kk + 1);
+          wgmma_wait<1>();
+        }
         st = st + 1 == S::kStages ? 0 : st + 1;
       }
       wgmma_wait<0>();
