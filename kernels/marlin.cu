@@ -5,8 +5,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <iterator>
 #include <cstdint>
+#include <iterator>
 #include <limits>
 #include <mutex>
 
@@ -442,7 +442,8 @@ MarlinStatus marlin_gemm(const MarlinGemm& g) {
   o.grid = P.grid;
   o.smem_bytes = pr.smem;
   o.pdl = use_pdl(g, dev);
-  if (kTable[dt][mb - 1][shape].launch(kernel_args(g, groups, shift, sms, P), o, g.stream) != cudaSuccess) return MarlinStatus::CudaError;
+  if (kTable[dt][mb - 1][shape].launch(kernel_args(g, groups, shift, sms, P), o, g.stream) != cudaSuccess)
+    return MarlinStatus::CudaError;
   return MarlinStatus::Ok;
 }
 

@@ -1,6 +1,8 @@
 // The Hopper (sm_90a) Marlin kernel for larger m: the same packed bytes and the same stripe partition
 // as marlin_kernel.cuh, but the products run on warpgroup MMA (wgmma), which the H100's tensor cores
-// need to approach their peak; mma.sync tops out near half of it (docs/PERF.md).
+// need to approach their peak (mma.sync reaches about 65-75% of it). Not yet run on a GPU: written in a
+// session without one, checked by the CPU model (tests/kernels/test_wgmma_model.cpp) and by reading the
+// SASS; MarlinPath::Wgmma only, Auto does not pick it until it has been tested and timed.
 //
 // The GEMM is computed transposed, C^T[n, m] = W^T[n, k] · A^T[k, m], so that the dequantized weights
 // are wgmma's A operand (registers: the only place the lop3 expansion can write) and the activations,
@@ -147,7 +149,8 @@ __global__ void __launch_bounds__(256, NT <= 64 ? 2 : 1) marlin_wgmma_kernel(con
       struct Words { int2 q, sv; };
       auto load_words = [&](int st, int kk) {
         const unsigned char* stage = sh + st * S::kStage;
-        Words w{*reinterpret_cast<const int2*>(stage + S::kABytes + kk * wl::kWeightRowBytes + w_byte), make_int2(0, 0)};
+        Words w{*reinterpret_cast<const int2*>(stage + S::kABytes + kk * wl::kWeightRowBytes + w_byte),
+                make_int2(0, 0)};
         if constexpr (GROUPED)
           w.sv = *reinterpret_cast<const int2*>(stage + S::kABytes + S::kBBytes +
                                                 wl::scale_row(kk, p.group_shift) * wl::kScaleRowBytes + s_byte);
@@ -195,8 +198,6 @@ __global__ void __launch_bounds__(256, NT <= 64 ? 2 : 1) marlin_wgmma_kernel(con
         cp_async_wait<kAhead - 1>();
         fence_proxy_async();
         __syncthreads();
-        // Step 0's wgmmas go out before this thread's cp.async for tile t + kAhead, so the tensor pipe
-        // is fed while the copies issue.
         // The copies go out before step 0 (tile t - 1's last wgmmas are still running): issued between
         // a wgmma and its wait, their branches make ptxas serialize every wgmma (C7513).
         if (t + kAhead < cnt) {
