@@ -393,6 +393,16 @@ bool marlin_wgmma_available() {
   return cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < kMaxDevices && wgmma_runs_on(dev);
 }
 
+cudaError_t marlin_wgmma_probe(const uint16_t* A, const uint16_t* B, float* D, int n, cudaStream_t stream) {
+  if (!marlin_wgmma_available()) return cudaErrorNotSupported;
+#if MARLINC_HAVE_SM90A
+  return wgmma_probe(A, B, D, n, stream);
+#else
+  (void)A, (void)B, (void)D, (void)n, (void)stream;
+  return cudaErrorNotSupported;
+#endif
+}
+
 MarlinStatus marlin_gemm(const MarlinGemm& g) {
   if (g.m < 1 || g.n < 64 || g.k < 128 || g.n % 64 != 0 || g.k % 128 != 0) return MarlinStatus::BadShape;
   if (int64_t(g.m) * g.n > int64_t(1) << 40 || int64_t(g.k) * g.n / 8 > std::numeric_limits<int32_t>::max() * int64_t(4))

@@ -80,6 +80,12 @@ MarlinPath marlin_auto_path(int m, int n, int k);
 // Whether the Hopper kernel can run here: a 9.0 device and a build with sm_90a code.
 bool marlin_wgmma_available();
 
+// For tests: checks the Hopper kernel's wgmma operand maps on the device. D [64, n] (fp32, row-major) =
+// A [64, 64] · B [n, 64]^T with fp16 A and B (row-major, device pointers), n in {8, 16, 32, 64, 128},
+// through the kernel's A-fragment, swizzle, descriptor and D-fragment maps. cudaErrorNotSupported where
+// marlin_wgmma_available() is false.
+cudaError_t marlin_wgmma_probe(const uint16_t* A, const uint16_t* B, float* D, int n, cudaStream_t stream);
+
 // The tile configuration Auto picks for (m, n, k) on `num_sms` SMs (for benchmarks and tests).
 struct MarlinTileChoice { int thread_m_blocks, thread_n, thread_k; };
 MarlinTileChoice marlin_choose_tiles(int m, int n, int k, int num_sms);

@@ -42,6 +42,10 @@ cudaError_t marlin_prepare(int* blocks_per_sm, int* smem_bytes);
 template <int DT, int MB, int TN, int TK>
 cudaError_t marlin_launch(const KernelArgs& a, const LaunchOpts& o, cudaStream_t stream);
 
+// kernels/sm90/wgmma_probe.cu: one warpgroup, D [64, n] (fp32) = A [64, 64] · B [n, 64]^T (fp16) through
+// the Hopper kernel's operand maps, n in {8, 16, 32, 64, 128}.
+cudaError_t wgmma_probe(const uint16_t* A, const uint16_t* B, float* D, int n, cudaStream_t stream);
+
 template <int DT, int NT>
 cudaError_t wgmma_prepare(int* blocks_per_sm, int* smem_bytes);
 template <int DT, int NT>

@@ -23,6 +23,7 @@
 #include "kernels/marlin_launch.h"
 #include "kernels/sm90/wgmma_layout.h"
 #include "kernels/sm90/wgmma_ops.cuh"
+#include "kernels/sm90/wgmma_sync.cuh"
 
 namespace marlinc::kernels::detail {
 
@@ -53,26 +54,6 @@ struct WgShape {
   static_assert(NT % 8 == 0, "tokens come in 8-row swizzle atoms");
   static_assert(size_t(kPart) <= kWgmmaPartFloats, "a block's partial tile fits its workspace slot");
 };
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
-// Keep the compiler from moving register reads or writes into or across the asynchronous wgmma window:
-// accumulators after the last wait, and the A fragments before wgmma.fence (an expansion scheduled
-// between two wgmmas of one stage would make ptxas serialize them, C7513).
-template <int N>
-__device__ __forceinline__ void fence_regs(float (&r)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
-template <int N>
-__device__ __forceinline__ void fence_regs(uint32_t (&r)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
-}
-// cp.async writes are generic-proxy writes; wgmma reads shared memory through the async proxy.
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 template <int DT, bool GROUPED, int NT>
 __global__ void __launch_bounds__(256, NT <= 64 ? 2 : 1) marlin_wgmma_kernel(const KernelArgs p) {

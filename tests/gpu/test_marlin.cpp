@@ -391,6 +391,47 @@ TEST_CASE("marlin: Hopper wgmma kernel", "[gpu][marlin][wgmma]") {
     }
 }
 
+// The operand maps under the Hopper kernel, alone on the device: small integers make every product and
+// sum exact, so D must equal A B^T bit for bit. A failure here (and not in the CPU model) means the
+// PTX-derived model of wgmma's fragments, descriptor or swizzle is wrong; a kernel failure with this
+// passing points at the kernel's pipeline.
+TEST_CASE("marlin: wgmma operand maps on the device (probe)", "[gpu][marlin][wgmma][sanitize]") {
+  if (!marlin_wgmma_available()) {
+    WARN("skipped: no compute capability 9.0 device, or no sm_90a code in this build");
+    return;
+  }
+  std::mt19937_64 rng(kSeed + 12);
+  std::uniform_int_distribution<int> small(-4, 4);
+  Ctx& c = ctx();
+  for (int n : {8, 16, 32, 64, 128}) {
+    std::vector<uint16_t> A(64 * 64), B(size_t(n) * 64);
+    std::vector<float> Af(A.size()), Bf(B.size());
+    for (size_t i = 0; i < A.size(); ++i) Af[i] = float(small(rng)), A[i] = float_to_half(Af[i]);
+    for (size_t i = 0; i < B.size(); ++i) Bf[i] = float(small(rng)), B[i] = float_to_half(Bf[i]);
+    DevBuf<uint16_t> dA, dB;
+    DevBuf<float> dD;
+    dA.resize(A.size());
+    dB.resize(B.size());
+    dD.resize(size_t(64) * n);
+    CUDA_OK(cudaMemcpy(dA.p, A.data(), A.size() * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dB.p, B.data(), B.size() * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(dD.p, 0xff, size_t(64) * n * 4));
+    CUDA_OK(marlin_wgmma_probe(dA.p, dB.p, dD.p, n, c.stream));
+    CUDA_OK(cudaStreamSynchronize(c.stream));
+    std::vector<float> D(size_t(64) * n);
+    CUDA_OK(cudaMemcpy(D.data(), dD.p, D.size() * 4, cudaMemcpyDeviceToHost));
+    size_t wrong = 0;
+    for (int r = 0; r < 64; ++r)
+      for (int t = 0; t < n; ++t) {
+        float want = 0.f;
+        for (int k = 0; k < 64; ++k) want += Af[size_t(r) * 64 + k] * Bf[size_t(t) * 64 + k];
+        wrong += D[size_t(r) * n + t] == want ? 0 : 1;
+      }
+    INFO("n " << n << ": " << wrong << " of " << 64 * n << " outputs differ from A B^T");
+    REQUIRE(wrong == 0);
+  }
+}
+
 TEST_CASE("marlin: Hopper wgmma kernel under the sanitizers", "[gpu][marlin][wgmma][sanitize]") {
   if (!marlin_wgmma_available()) {
     WARN("skipped: no compute capability 9.0 device, or no sm_90a code in this build");
