@@ -7,8 +7,10 @@
 // The fused kernel is timed twice: plainly ("serial") and with MarlinGemm::overlap_previous
 // (programmatic dependent launch: each call streams its first weight tiles while the previous call
 // finishes, as in a model's sequence of layers, whose weights are constant); Auto uses the latter.
-// With --wgmma, on a 9.0 device, the Hopper (wgmma) kernel is timed too ("wgmma", with overlap; layers
-// whose width it cannot take count with the mma.sync time). "auto" is marlin_auto_path's pick.
+// With --wgmma, on a 9.0 device, the Hopper (wgmma) kernel is timed at every m ("wgmma", with overlap;
+// layers whose width it cannot take count with the mma.sync time), and wherever Auto picks it without
+// the flag; --wgmma-rows forces its token tile. "auto" is marlin_auto_path's pick. --sets also takes
+// one-layer sets "KxN" or "KxNgG" (for ncu on one shape), and --ms any m >= 1 (buffers sized to the max).
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -32,7 +34,6 @@ constexpr size_t kRotateBytes = size_t(512) << 20;  // per sweep, weights (+ sca
 constexpr int kCalls = 64;                           // calls per captured graph
 constexpr int kReplays = 7;                          // timed replays; the median is reported
 constexpr int kWarmReplays = 3;                      // untimed replays before them
-constexpr int kMaxM = 1024;
 
 #define CK(x)                                                                                  \
   do {                                                                                         \
@@ -134,11 +135,13 @@ int main(int argc, char** argv) {
   std::vector<int> ms = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024};
   bool explore = false;
   bool time_wgmma = false;
+  int wgmma_rows = 0;  // 0: the kernel's own pick for m
   std::string json_path;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--explore") explore = true;
     else if (a == "--wgmma") time_wgmma = true;
+    else if (a == "--wgmma-rows" && i + 1 < argc) time_wgmma = true, wgmma_rows = std::atoi(argv[++i]);
     else if (a == "--json" && i + 1 < argc) json_path = argv[++i];
     else if (a == "--sets" && i + 1 < argc) {
       sets_wanted.clear();
@@ -159,10 +162,19 @@ int main(int argc, char** argv) {
         p = q + 1;
       }
     } else {
-      std::fprintf(stderr, "usage: bench_marlin [--sets llama3-8b,llama3-70b,large] [--ms 1,16,...] [--explore] [--wgmma] [--json PATH]\n");
+      std::fprintf(stderr, "usage: bench_marlin [--sets llama3-8b,llama3-70b,large,KxN[gG]] [--ms 1,16,...] [--explore] [--wgmma] "
+                 "[--wgmma-rows 8|16|32|64|128] [--json PATH]\n");
       return 2;
     }
   }
+
+  for (int m : ms)
+    if (m < 1) {
+      std::fprintf(stderr, "bench_marlin: --ms values must be >= 1 (got %d)\n", m);
+      return 2;
+    }
+  if (ms.empty()) return 2;
+  const int max_m = *std::max_element(ms.begin(), ms.end());  // activations and outputs are sized for it
 
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
@@ -208,12 +220,18 @@ int main(int argc, char** argv) {
   }
   std::printf("copy bandwidth (read+write): %.0f GB/s; cuBLAS fp16 8192^3: %.0f TFLOP/s\n", copy_bw / 1e9, gemm_flops / 1e12);
 
-  const std::vector<LayerSet> all_sets = {
+  std::vector<LayerSet> all_sets = {
       {"llama3-8b", 128, {{4096, 6144}, {4096, 4096}, {4096, 28672}, {14336, 4096}}},
       {"llama3-70b", 128, {{8192, 10240}, {8192, 8192}, {8192, 57344}, {28672, 8192}}},
       {"large", 128, {{32768, 32768}}},
       {"large", -1, {{32768, 32768}}},
   };
+  // One-layer sets named "KxN" (group 128) or "KxNgG" (G = -1, 32, 64 or 128), for profiling one shape.
+  for (const std::string& w : sets_wanted) {
+    int k = 0, n = 0, g = 128;
+    if (std::sscanf(w.c_str(), "%dx%dg%d", &k, &n, &g) >= 2 && k > 0 && n > 0)
+      all_sets.push_back({w.c_str(), g, {{k, n}}});
+  }
 
   const size_t ws_bytes = marlin_workspace_bytes(sms, true);
   void* ws;
@@ -246,9 +264,9 @@ int main(int argc, char** argv) {
         fill_half<<<2048, 256, 0, st>>>(Wf[i], fbytes / 2, 300 + i, -0.05f, 0.05f);
       }
       __half *A, *C;
-      CK(cudaMalloc(&A, size_t(kMaxM) * L.k * 2));
-      CK(cudaMalloc(&C, size_t(kMaxM) * L.n * 2));
-      fill_half<<<1024, 256, 0, st>>>(A, size_t(kMaxM) * L.k, 7, -1.f, 1.f);
+      CK(cudaMalloc(&A, size_t(max_m) * L.k * 2));
+      CK(cudaMalloc(&C, size_t(max_m) * L.n * 2));
+      fill_half<<<1024, 256, 0, st>>>(A, size_t(max_m) * L.k, 7, -1.f, 1.f);
       CK(cudaStreamSynchronize(st));
 
       for (size_t mi = 0; mi < ms.size(); ++mi) {
@@ -259,14 +277,15 @@ int main(int argc, char** argv) {
           CB(cublasGemmEx(cub, CUBLAS_OP_N, CUBLAS_OP_N, L.n, m, L.k, &one, Wf[i % nf], CUDA_R_16F, L.n, A, CUDA_R_16F,
                           L.k, &zero, C, CUDA_R_16F, L.n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         });
-        auto marlin_call = [&](MarlinPath path, int tk, int tn, bool overlap = true, int mb = 0) {
-          return [&, path, tk, tn, overlap, mb](int i) {
+        auto marlin_call = [&](MarlinPath path, int tk, int tn, bool overlap = true, int mb = 0, int wr = 0) {
+          return [&, path, tk, tn, overlap, mb, wr](int i) {
             MarlinGemm g;
             g.A = A; g.B = Bq[i % nq]; g.s = Sq[i % nq]; g.C = C;
             g.m = m; g.n = L.n; g.k = L.k; g.group_size = set.group;
             g.workspace = ws; g.workspace_bytes = ws_bytes; g.stream = st; g.cublas = cub; g.num_sms = sms;
             g.path = path; g.thread_k = tk; g.thread_n = tn; g.overlap_previous = overlap;
             g.thread_m_blocks = mb;
+            g.wgmma_rows = wr;
             const MarlinStatus s = marlin_gemm(g);
             if (s != MarlinStatus::Ok) {
               std::fprintf(stderr, "marlin_gemm(m=%d k=%d n=%d): %s\n", m, L.k, L.n, marlin_status_name(s));
@@ -279,8 +298,10 @@ int main(int argc, char** argv) {
         double dq = 0, wg = 0;
         if (m >= 64) dq = time_graph(st, marlin_call(MarlinPath::DequantCublas, 0, 0)).us;
         const bool wg_runs = marlin_wgmma_available() && L.n % 256 == 0;
-        if (time_wgmma) wg = wg_runs ? time_graph(st, marlin_call(MarlinPath::Wgmma, 0, 0)).us : sf.us;
         const MarlinPath ap = marlin_auto_path(m, L.n, L.k);
+        // Timed whenever Auto takes it, so that the auto column is always a measured time.
+        if (time_wgmma || ap == MarlinPath::Wgmma)
+          wg = wg_runs ? time_graph(st, marlin_call(MarlinPath::Wgmma, 0, 0, true, 0, wgmma_rows)).us : sf.us;
         const bool auto_cublas = ap == MarlinPath::DequantCublas, auto_wg = ap == MarlinPath::Wgmma;
         R.cublas += sc.us;
         R.fused += sf.us;
