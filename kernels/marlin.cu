@@ -278,10 +278,27 @@ namespace {
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
-// Auto does not take the Hopper kernel yet: it was written in a session without a GPU and has not
-// been run or timed; the m range where it wins goes here once measured (docs/PERF.md).
+// Where Auto takes the Hopper kernel (built with sm_90a, a 9.0 device, n % 256 == 0). H100, docs/PERF.md
+// 2026-11-23, per layer against the mma.sync kernel and dequantize + cuBLAS:
+// - m <= 16: within 5% of the mma.sync kernel either way, which keeps it (its tile choice is tuned there).
+// - m = 32 to 64: faster on layers of 2^26 weights or more (70B m = 64: 315 vs 429 us summed over the
+//   four layers; 8B gate/up 43 vs 64 us), slower on smaller ones (8B o_proj 4096^2 at m = 64: 27 vs 16 us).
+// - m = 128 to 1024: faster on every layer timed, by 1.3-2x over mma.sync, and faster than dequantize +
+//   cuBLAS at m = 1024 on all but 8B qkv (110 vs 98 us); 70B at m = 1024: 3342 vs 4412 us.
+// - Above kWgmmaMaxM dequantize + cuBLAS takes over: cuBLAS's own GEMM runs ~20% closer to the tensor
+//   peak, which pays for the dequantize pass once m is large enough.
+constexpr int kWgmmaMinM = 17;
+constexpr int kWgmmaSmallMaxM = 64;
+constexpr int64_t kWgmmaSmallLayer = int64_t(1) << 26;  // weights (n * k)
+constexpr int kWgmmaMaxM = 1024;
+
 MarlinPath auto_path(int dev, int m, int n, int k, bool cublas_ok) {
-  (void)dev;
+  if (wgmma_runs_on(dev) && n % kWgmmaTileN == 0 && m >= kWgmmaMinM) {
+    if (m > kWgmmaMaxM && cublas_ok) return MarlinPath::DequantCublas;
+    const bool small = int64_t(n) * k < kWgmmaSmallLayer;
+    if (!small || m > kWgmmaSmallMaxM) return MarlinPath::Wgmma;
+    return MarlinPath::Marlin;
+  }
   if (cublas_ok && m >= marlin_cublas_min_m(n, k)) return MarlinPath::DequantCublas;
   return MarlinPath::Marlin;
 }

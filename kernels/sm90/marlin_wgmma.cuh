@@ -1,8 +1,8 @@
 // The Hopper (sm_90a) Marlin kernel for larger m: the same packed bytes and the same stripe partition
 // as marlin_kernel.cuh, but the products run on warpgroup MMA (wgmma), which the H100's tensor cores
-// need to approach their peak (mma.sync reaches about 65-75% of it). Not yet run on a GPU: written in a
-// session without one, checked by the CPU model (tests/kernels/test_wgmma_model.cpp) and by reading the
-// SASS; MarlinPath::Wgmma only, Auto does not pick it until it has been tested and timed.
+// need to approach their peak (mma.sync reaches about 65-75% of it). Checked by the CPU model
+// (tests/kernels/test_wgmma_model.cpp), the [gpu][wgmma] tests and the sanitizers; Auto takes it on a
+// 9.0 device for m >= 17 where the H100 timed it faster (marlin.cu, auto_path; docs/PERF.md).
 //
 // The GEMM is computed transposed, C^T[n, m] = W^T[n, k] · A^T[k, m], so that the dequantized weights
 // are wgmma's A operand (registers: the only place the lop3 expansion can write) and the activations,
@@ -46,6 +46,7 @@ struct WgShape {
   static constexpr int kSmemBytes = kStages * kStage + kAlign;  // + slack to align the dynamic base
   static constexpr int kAcc = NT / 2;              // fp32 accumulators per thread per 64-row wgmma
   static constexpr int kPart = kFeat * NT;         // floats in one deposited partial tile
+  static constexpr bool kHoistCopies = NT <= 64;   // copy addresses once per slice (see the loaders)
 
   static_assert(NT == 8 || NT == 16 || NT == 32 || NT == 64 || NT == 128, "wgmma N sizes in wgmma_ops.cuh");
   static_assert(kStage % kAlign == 0, "every stage's activation tile starts on a swizzle atom");
@@ -86,32 +87,81 @@ __global__ void __launch_bounds__(256, NT <= 64 ? 2 : 1) marlin_wgmma_kernel(con
       const int cnt = min(it_end, (slice + 1) * k_tiles) - it;
       const int row0 = pc * NT;
 
-      auto load_a = [&](int st, int kt) {
-        unsigned char* sA = sh + st * S::kStage;
+      // Copy addresses. With kHoistCopies (NT <= 64) each thread's chunks are worked out once per slice,
+      // as 32-bit int4 offsets from the row chunk's activations and the slice's weights and scales, and
+      // the destinations stay shared-window addresses: a tile's copies then cost an add and a wide
+      // multiply each (worked out per tile they were ~100 of a tile's ~300 instructions, and the kernel
+      // is issue-bound there). Offsets stay below 2^31: a row chunk spans NT rows of A, and B and s hold
+      // at most 2^29 int4 (marlin_gemm's shape check). The 128-token tile, at ptxas's register limit,
+      // keeps the per-tile arithmetic: hoisted, its loop spilled into rematerialization and ran 3-5% slower.
+      constexpr int kAChunks = (NT * 8 + S::kThreads - 1) / S::kThreads;  // per thread per tile
+      constexpr int kBChunks = S::kBBytes / 16 / S::kThreads;
+      const int4* a_base = A + size_t(row0) * a_row;
+      int a_off[kAChunks];
+      bool a_in[kAChunks], a_ok[kAChunks];
 #pragma unroll
-        for (int i0 = 0; i0 < NT * 8; i0 += S::kThreads) {
-          const int i = i0 + tid;
-          if (NT * 8 % S::kThreads == 0 || i < NT * 8) {
-            const int r = i >> 3, c = i & 7;
-            const bool ok = row0 + r < p.m;
-            cp_async16(sA + wl::act_chunk_byte(r, c), A + size_t(ok ? row0 + r : 0) * a_row + kt * 8 + c, ok);
+      for (int j = 0; j < kAChunks; ++j) {
+        const int i = j * S::kThreads + tid, r = i >> 3, c = i & 7;
+        a_in[j] = NT * 8 % S::kThreads == 0 || i < NT * 8;
+        a_ok[j] = row0 + r < p.m;  // rows past m: zero-filled, from row row0's address (row0 < m)
+        a_off[j] = (a_ok[j] ? r : 0) * a_row + c;
+      }
+      int b_off[kBChunks];
+#pragma unroll
+      for (int j = 0; j < kBChunks; ++j) {
+        const int i = j * S::kThreads + tid;
+        b_off[j] = wl::weight_int4_row(i) * b_row + slice * (S::kFeat / 2) + wl::weight_int4_col(i);
+      }
+      const int s_rows = (S::kTK >> p.group_shift) > 1 ? (S::kTK >> p.group_shift) : 1;
+      const bool s_in = tid < s_rows * (S::kFeat / 8);
+      const int s_off = (tid / (S::kFeat / 8)) * s_row + slice * (S::kFeat / 8) + tid % (S::kFeat / 8);
+
+      auto load_a = [&](int st, int kt) {
+        if constexpr (S::kHoistCopies) {
+          const uint32_t sA = sbase + st * S::kStage;
+#pragma unroll
+          for (int j = 0; j < kAChunks; ++j) {
+            const int i = j * S::kThreads + tid;
+            if (a_in[j]) cp_async16_s(sA + wl::act_chunk_byte(i >> 3, i & 7), a_base + (a_off[j] + kt * 8), a_ok[j]);
+          }
+        } else {
+          unsigned char* sA = sh + st * S::kStage;
+#pragma unroll
+          for (int i0 = 0; i0 < NT * 8; i0 += S::kThreads) {
+            const int i = i0 + tid;
+            if (NT * 8 % S::kThreads == 0 || i < NT * 8) {
+              const int r = i >> 3, c = i & 7;
+              const bool ok = row0 + r < p.m;
+              cp_async16(sA + wl::act_chunk_byte(r, c), A + size_t(ok ? row0 + r : 0) * a_row + kt * 8 + c, ok);
+            }
           }
         }
       };
       auto load_weights = [&](int st, int kt) {
-        int4* sB = reinterpret_cast<int4*>(sh + st * S::kStage + S::kABytes);
+        if constexpr (S::kHoistCopies) {
+          const uint32_t sB = sbase + st * S::kStage + S::kABytes;
+          const int4* b_tile = B + kt * S::kKB * b_row;
 #pragma unroll
-        for (int i0 = 0; i0 < S::kBBytes / 16; i0 += S::kThreads) {
-          const int i = i0 + tid, kk = wl::weight_int4_row(i), c = wl::weight_int4_col(i);
-          cp_async16(sB + i, B + size_t(kt * S::kKB + kk) * b_row + slice * (S::kFeat / 2) + c, true);
-        }
-        if constexpr (GROUPED) {
-          int4* sS = sB + S::kBBytes / 16;
-          const int g0 = (kt * S::kTK) >> p.group_shift;
-          const int rows = (S::kTK >> p.group_shift) > 1 ? (S::kTK >> p.group_shift) : 1;
-          if (tid < rows * (S::kFeat / 8)) {
-            const int r = tid / (S::kFeat / 8), c = tid % (S::kFeat / 8);
-            cp_async16(sS + tid, Sc + size_t(g0 + r) * s_row + slice * (S::kFeat / 8) + c, true);
+          for (int j = 0; j < kBChunks; ++j) cp_async16_s(sB + (j * S::kThreads + tid) * 16, b_tile + b_off[j], true);
+          if constexpr (GROUPED) {
+            const int g0 = (kt * S::kTK) >> p.group_shift;
+            if (s_in) cp_async16_s(sB + S::kBBytes + tid * 16, Sc + (g0 * s_row + s_off), true);
+          }
+        } else {
+          int4* sB = reinterpret_cast<int4*>(sh + st * S::kStage + S::kABytes);
+#pragma unroll
+          for (int i0 = 0; i0 < S::kBBytes / 16; i0 += S::kThreads) {
+            const int i = i0 + tid, kk = wl::weight_int4_row(i), c = wl::weight_int4_col(i);
+            cp_async16(sB + i, B + size_t(kt * S::kKB + kk) * b_row + slice * (S::kFeat / 2) + c, true);
+          }
+          if constexpr (GROUPED) {
+            int4* sS = sB + S::kBBytes / 16;
+            const int g0 = (kt * S::kTK) >> p.group_shift;
+            const int rows = (S::kTK >> p.group_shift) > 1 ? (S::kTK >> p.group_shift) : 1;
+            if (tid < rows * (S::kFeat / 8)) {
+              const int r = tid / (S::kFeat / 8), c = tid % (S::kFeat / 8);
+              cp_async16(sS + tid, Sc + size_t(g0 + r) * s_row + slice * (S::kFeat / 8) + c, true);
+            }
           }
         }
       };
