@@ -281,16 +281,17 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 
 // Where Auto takes the Hopper kernel (built with sm_90a, a 9.0 device, n % 256 == 0). H100, docs/PERF.md
 // 2026-11-23, per layer against the mma.sync kernel and dequantize + cuBLAS:
 // - m <= 16: within 5% of the mma.sync kernel either way, which keeps it (its tile choice is tuned there).
-// - m = 32 to 64: faster on layers of 2^26 weights or more (70B m = 64: 315 vs 429 us summed over the
-//   four layers; 8B gate/up 43 vs 64 us), slower on smaller ones (8B o_proj 4096^2 at m = 64: 27 vs 16 us).
+// - m = 32 to 64: faster on layers of 2^26 weights or more (70B m = 64: 306 vs 431 us summed over the
+//   four layers; 8B gate/up 42 vs 64 us), slower on smaller ones (8B o_proj 4096^2 at m = 64: 27 vs 16 us).
 // - m = 128 to 1024: faster on every layer timed, by 1.3-2x over mma.sync, and faster than dequantize +
-//   cuBLAS at m = 1024 on all but 8B qkv (110 vs 98 us); 70B at m = 1024: 3342 vs 4412 us.
-// - Above kWgmmaMaxM dequantize + cuBLAS takes over: cuBLAS's own GEMM runs ~20% closer to the tensor
-//   peak, which pays for the dequantize pass once m is large enough.
+//   cuBLAS at m = 1024 on all but 8B qkv (110 vs 98 us); 70B at m = 1024: 3331 vs 4412 us.
+// - m = 2048: still faster than dequantize + cuBLAS (8B qkv 210 vs 214 us, 70B down 1778 vs 2277); at
+//   m = 4096 dequantize + cuBLAS ties or wins (415 vs 362, 3647 vs 3667): cuBLAS's own GEMM runs ~20%
+//   closer to the tensor peak, which pays for the dequantize pass once m is that large.
 constexpr int kWgmmaMinM = 17;
 constexpr int kWgmmaSmallMaxM = 64;
 constexpr int64_t kWgmmaSmallLayer = int64_t(1) << 26;  // weights (n * k)
-constexpr int kWgmmaMaxM = 1024;
+constexpr int kWgmmaMaxM = 2048;
 
 MarlinPath auto_path(int dev, int m, int n, int k, bool cublas_ok) {
   if (wgmma_runs_on(dev) && n % kWgmmaTileN == 0 && m >= kWgmmaMinM) {
