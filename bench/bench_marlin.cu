@@ -162,8 +162,9 @@ int main(int argc, char** argv) {
         p = q + 1;
       }
     } else {
-      std::fprintf(stderr, "usage: bench_marlin [--sets llama3-8b,llama3-70b,large,KxN[gG]] [--ms 1,16,...] [--explore] [--wgmma] "
-                 "[--wgmma-rows 8|16|32|64|128] [--json PATH]\n");
+      std::fprintf(stderr,
+                   "usage: bench_marlin [--sets llama3-8b,llama3-70b,large,KxN[gG]] [--ms 1,16,...] [--explore]"
+                   " [--wgmma] [--wgmma-rows 8|16|32|64|128] [--json PATH]\n");
       return 2;
     }
   }

@@ -278,6 +278,12 @@ namespace {
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
+// The Hopper kernel addresses a row chunk's activations with 32-bit int4 offsets (up to 128 rows of
+// k / 8, plus one tile): k below ~1.3e8, far beyond any model, but checked rather than assumed.
+bool wgmma_offsets_fit(int k) {
+  return int64_t(kWgRows[kNumWgRows - 1] + 1) * (k / 8) < std::numeric_limits<int32_t>::max();
+}
+
 // Where Auto takes the Hopper kernel (built with sm_90a, a 9.0 device, n % 256 == 0). H100, docs/PERF.md
 // 2026-11-23, per layer against the mma.sync kernel and dequantize + cuBLAS:
 // - m <= 16: within 5% of the mma.sync kernel either way, which keeps it (its tile choice is tuned there).
@@ -294,7 +300,7 @@ constexpr int64_t kWgmmaSmallLayer = int64_t(1) << 26;  // weights (n * k)
 constexpr int kWgmmaMaxM = 2048;
 
 MarlinPath auto_path(int dev, int m, int n, int k, bool cublas_ok) {
-  if (wgmma_runs_on(dev) && n % kWgmmaTileN == 0 && m >= kWgmmaMinM) {
+  if (wgmma_runs_on(dev) && n % kWgmmaTileN == 0 && wgmma_offsets_fit(k) && m >= kWgmmaMinM) {
     if (m > kWgmmaMaxM && cublas_ok) return MarlinPath::DequantCublas;
     const bool small = int64_t(n) * k < kWgmmaSmallLayer;
     if (!small || m > kWgmmaSmallMaxM) return MarlinPath::Wgmma;
@@ -344,6 +350,7 @@ KernelArgs kernel_args(const MarlinGemm& g, int groups, int shift, int sms, cons
 MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int dev) {
 #if MARLINC_HAVE_SM90A
   if (!wgmma_runs_on(dev) || g.n % kWgmmaTileN != 0) return MarlinStatus::NoConfig;
+  if (!wgmma_offsets_fit(g.k)) return MarlinStatus::BadShape;
   const int rows = g.wgmma_rows > 0 ? g.wgmma_rows : wgmma_rows_for(g.m);
   int ri = -1;
   for (int i = 0; i < kNumWgRows; ++i)

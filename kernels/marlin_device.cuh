@@ -28,7 +28,9 @@ __device__ __forceinline__ void cp_async16_s(uint32_t dst, const void* src, bool
   const int n = pred ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
 }
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool pred) { cp_async16_s(smem_addr(dst), src, pred); }
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool pred) {
+  cp_async16_s(smem_addr(dst), src, pred);
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
