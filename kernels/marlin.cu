@@ -278,10 +278,12 @@ namespace {
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
-// The Hopper kernel addresses a row chunk's activations with 32-bit int4 offsets (up to 128 rows of
-// k / 8, plus one tile): k below ~1.3e8, far beyond any model, but checked rather than assumed.
-bool wgmma_offsets_fit(int k) {
-  return int64_t(kWgRows[kNumWgRows - 1] + 1) * (k / 8) < std::numeric_limits<int32_t>::max();
+// The Hopper kernel addresses a row chunk's activations (up to 128 rows of k / 8 int4, plus one tile)
+// and the packed weights (k n / 32 int4) with 32-bit int4 offsets: k below ~1.3e8 and packed weights
+// below 32 GiB, beyond any model, but checked rather than assumed.
+bool wgmma_offsets_fit(int n, int k) {
+  constexpr int64_t kMaxOffset = std::numeric_limits<int32_t>::max();
+  return int64_t(kWgRows[kNumWgRows - 1] + 1) * (k / 8) < kMaxOffset && int64_t(k) * n / 32 < kMaxOffset;
 }
 
 // Where Auto takes the Hopper kernel (built with sm_90a, a 9.0 device, n % 256 == 0). H100, docs/PERF.md
@@ -300,7 +302,7 @@ constexpr int64_t kWgmmaSmallLayer = int64_t(1) << 26;  // weights (n * k)
 constexpr int kWgmmaMaxM = 2048;
 
 MarlinPath auto_path(int dev, int m, int n, int k, bool cublas_ok) {
-  if (wgmma_runs_on(dev) && n % kWgmmaTileN == 0 && wgmma_offsets_fit(k) && m >= kWgmmaMinM) {
+  if (wgmma_runs_on(dev) && n % kWgmmaTileN == 0 && wgmma_offsets_fit(n, k) && m >= kWgmmaMinM) {
     if (m > kWgmmaMaxM && cublas_ok) return MarlinPath::DequantCublas;
     const bool small = int64_t(n) * k < kWgmmaSmallLayer;
     if (!small || m > kWgmmaSmallMaxM) return MarlinPath::Wgmma;
@@ -350,7 +352,7 @@ KernelArgs kernel_args(const MarlinGemm& g, int groups, int shift, int sms, cons
 MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int dev) {
 #if MARLINC_HAVE_SM90A
   if (!wgmma_runs_on(dev) || g.n % kWgmmaTileN != 0) return MarlinStatus::NoConfig;
-  if (!wgmma_offsets_fit(g.k)) return MarlinStatus::BadShape;
+  if (!wgmma_offsets_fit(g.n, g.k)) return MarlinStatus::BadShape;
   const int rows = g.wgmma_rows > 0 ? g.wgmma_rows : wgmma_rows_for(g.m);
   int ri = -1;
   for (int i = 0; i < kNumWgRows; ++i)

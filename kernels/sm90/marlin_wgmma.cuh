@@ -91,10 +91,9 @@ __global__ void __launch_bounds__(256, NT <= 64 ? 2 : 1) marlin_wgmma_kernel(con
       // as 32-bit int4 offsets from the row chunk's activations and the slice's weights and scales, and
       // the destinations stay shared-window addresses: a tile's copies then cost an add and a wide
       // multiply each (worked out per tile they were ~100 of a tile's ~300 instructions, and the kernel
-      // is issue-bound there). Offsets stay below 2^31: a row chunk spans NT rows of A (the host keeps
-      // (128 + 1) k / 8 below 2^31, wgmma_offsets_fit), a weight offset stays inside one tile's four k16
-      // rows (the tile's base is 64-bit: B may hold 2^31 int4), and s holds k n / 256 <= 2^28 int4
-      // (marlin_gemm's shape check). The 128-token tile, at ptxas's register limit,
+      // is issue-bound there). Offsets stay below 2^31: the host takes this kernel only where a row
+      // chunk of A (up to 129 rows of k / 8 int4) and all of B (k n / 32 int4) fit (wgmma_offsets_fit);
+      // s holds k n / 256 int4, less still. The 128-token tile, at ptxas's register limit,
       // keeps the per-tile arithmetic: hoisted, its loop spilled into rematerialization and ran 3-5% slower.
       constexpr int kAChunks = (NT * 8 + S::kThreads - 1) / S::kThreads;  // per thread per tile
       constexpr int kBChunks = S::kBBytes / 16 / S::kThreads;
@@ -142,7 +141,7 @@ __global__ void __launch_bounds__(256, NT <= 64 ? 2 : 1) marlin_wgmma_kernel(con
       auto load_weights = [&](int st, int kt) {
         if constexpr (S::kHoistCopies) {
           const uint32_t sB = sbase + st * S::kStage + S::kABytes;
-          const int4* b_tile = B + size_t(kt) * S::kKB * b_row;
+          const int4* b_tile = B + kt * S::kKB * b_row;
 #pragma unroll
           for (int j = 0; j < kBChunks; ++j) cp_async16_s(sB + (j * S::kThreads + tid) * 16, b_tile + b_off[j], true);
           if constexpr (GROUPED) {
