@@ -9,7 +9,8 @@
 // finishes, as in a model's sequence of layers, whose weights are constant); Auto uses the latter.
 // With --wgmma, on a 9.0 device, the Hopper (wgmma) kernel is timed at every m ("wgmma", with overlap;
 // layers whose width it cannot take count with the mma.sync time), and wherever Auto picks it without
-// the flag; --wgmma-rows forces its token tile. "auto" is marlin_auto_path's pick. --sets also takes
+// the flag; --wgmma-rows forces its token tile, --wgmma-pipeline its pipeline (1 block barrier, 2 producer
+// warpgroup; also for the auto column). "auto" is marlin_auto_path's pick. --sets also takes
 // one-layer sets "KxN" or "KxNgG" (for ncu on one shape), and --ms any m >= 1 (buffers sized to the max).
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
@@ -136,12 +137,14 @@ int main(int argc, char** argv) {
   bool explore = false;
   bool time_wgmma = false;
   int wgmma_rows = 0;  // 0: the kernel's own pick for m
+  int wgmma_pipeline = 0;  // 0: the kernel's own pick per tile (MarlinGemm::wgmma_pipeline)
   std::string json_path;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--explore") explore = true;
     else if (a == "--wgmma") time_wgmma = true;
     else if (a == "--wgmma-rows" && i + 1 < argc) time_wgmma = true, wgmma_rows = std::atoi(argv[++i]);
+    else if (a == "--wgmma-pipeline" && i + 1 < argc) wgmma_pipeline = std::atoi(argv[++i]);
     else if (a == "--json" && i + 1 < argc) json_path = argv[++i];
     else if (a == "--sets" && i + 1 < argc) {
       sets_wanted.clear();
@@ -164,7 +167,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: bench_marlin [--sets llama3-8b,llama3-70b,large,KxN[gG]] [--ms 1,16,...] [--explore]"
-                   " [--wgmma] [--wgmma-rows 8|16|32|64|128] [--json PATH]\n");
+                   " [--wgmma] [--wgmma-rows 8|16|32|64|128] [--wgmma-pipeline 1|2] [--json PATH]\n");
       return 2;
     }
   }
@@ -287,6 +290,7 @@ int main(int argc, char** argv) {
             g.path = path; g.thread_k = tk; g.thread_n = tn; g.overlap_previous = overlap;
             g.thread_m_blocks = mb;
             g.wgmma_rows = wr;
+            g.wgmma_pipeline = wr >= 64 || (wr == 0 && m > 32) ? wgmma_pipeline : 0;  // 2 needs 64-row tiles
             const MarlinStatus s = marlin_gemm(g);
             if (s != MarlinStatus::Ok) {
               std::fprintf(stderr, "marlin_gemm(m=%d k=%d n=%d): %s\n", m, L.k, L.n, marlin_status_name(s));

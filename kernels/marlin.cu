@@ -33,6 +33,11 @@ MARLINC_DECLARE_MB(1, 1) MARLINC_DECLARE_MB(1, 2) MARLINC_DECLARE_MB(1, 3) MARLI
 MARLINC_DECLARE_WGMMA(0, 8) MARLINC_DECLARE_WGMMA(0, 16) MARLINC_DECLARE_WGMMA(0, 32) MARLINC_DECLARE_WGMMA(0, 64)
 MARLINC_DECLARE_WGMMA(0, 128) MARLINC_DECLARE_WGMMA(1, 8) MARLINC_DECLARE_WGMMA(1, 16) MARLINC_DECLARE_WGMMA(1, 32)
 MARLINC_DECLARE_WGMMA(1, 64) MARLINC_DECLARE_WGMMA(1, 128)
+#define MARLINC_DECLARE_WGMMA_WS(DT, NT, BPS)                               \
+  extern template cudaError_t wgmma_ws_prepare<DT, NT, BPS>(int*, int*); \
+  extern template cudaError_t wgmma_ws_launch<DT, NT, BPS>(const KernelArgs&, const LaunchOpts&, cudaStream_t);
+MARLINC_DECLARE_WGMMA_WS(0, 64, 1) MARLINC_DECLARE_WGMMA_WS(0, 128, 1)
+MARLINC_DECLARE_WGMMA_WS(1, 64, 1) MARLINC_DECLARE_WGMMA_WS(1, 128, 1)
 #endif
 
 namespace {
@@ -55,6 +60,9 @@ const Entry kTable[2][kMaxMBlocks][kNumShapes] = {
     {MARLINC_ENTRY_MB(1, 1), MARLINC_ENTRY_MB(1, 2), MARLINC_ENTRY_MB(1, 3), MARLINC_ENTRY_MB(1, 4)},
 };
 
+// The warp-specialized pipeline (wgmma_pipeline 2) is built for the token tiles from kWsMinRows up.
+constexpr int kWsMinRows = 64;
+constexpr int kNumWsRows = 2;
 // The Hopper kernel's token tiles (rows of C per tile), smallest first.
 constexpr int kWgRows[] = {8, 16, 32, 64, 128};
 constexpr int kNumWgRows = int(sizeof(kWgRows) / sizeof(kWgRows[0]));
@@ -66,6 +74,11 @@ const Entry kWgTable[2][kNumWgRows] = {
     {MARLINC_WG_ENTRY(1, 8), MARLINC_WG_ENTRY(1, 16), MARLINC_WG_ENTRY(1, 32), MARLINC_WG_ENTRY(1, 64),
      MARLINC_WG_ENTRY(1, 128)},
 };
+#define MARLINC_WS_ENTRY(DT, NT) Entry{&wgmma_ws_prepare<DT, NT, 1>, &wgmma_ws_launch<DT, NT, 1>}
+const Entry kWsTable[2][kNumWsRows] = {
+    {MARLINC_WS_ENTRY(0, 64), MARLINC_WS_ENTRY(0, 128)},
+    {MARLINC_WS_ENTRY(1, 64), MARLINC_WS_ENTRY(1, 128)},
+};
 #endif
 
 // Occupancy and shared-memory size per (device, kernel), computed once: the launcher is called per
@@ -74,6 +87,7 @@ constexpr int kMaxDevices = 16;
 struct Prepared { int blocks_per_sm = 0, smem = 0; cudaError_t err = cudaSuccess; bool done = false; };
 Prepared g_prepared[kMaxDevices][2][kMaxMBlocks][kNumShapes];
 Prepared g_wg_prepared[kMaxDevices][2][kNumWgRows];
+Prepared g_ws_prepared[kMaxDevices][2][kNumWsRows];
 std::mutex g_prepared_mu;
 
 Prepared prepare_once(Prepared& p, const Entry& e) {
@@ -245,7 +259,8 @@ const char* marlin_status_name(MarlinStatus s) {
     case MarlinStatus::WorkspaceTooSmall: return "workspace too small";
     case MarlinStatus::NoConfig:
       return "forced configuration does not fit the shape or device (thread_m_blocks not in 0..4, wgmma_rows not "
-             "0/8/16/32/64/128, or path Wgmma without a 9.0 device, sm_90a code and n % 256 == 0)";
+             "0/8/16/32/64/128, wgmma_pipeline not 0..2 or 2 below 64 rows, or path Wgmma without a 9.0 device, "
+             "sm_90a code and n % 256 == 0)";
     case MarlinStatus::CudaError: return "CUDA error";
     case MarlinStatus::CublasError: return "cuBLAS error";
   }
@@ -287,17 +302,18 @@ bool wgmma_offsets_fit(int n, int k) {
 }
 
 // Where Auto takes the Hopper kernel (built with sm_90a, a 9.0 device, n % 256 == 0). H100, docs/PERF.md
-// 2026-11-23, per layer against the mma.sync kernel and dequantize + cuBLAS:
+// 2026-11-23, summed per layer set against the mma.sync kernel and dequantize + cuBLAS:
 // - m <= 16: within 5% of the mma.sync kernel either way, which keeps it (its tile choice is tuned there).
-// - m = 32 to 64: faster on layers of 2^26 weights or more (70B m = 64: 306 vs 431 us summed over the
-//   four layers; 8B gate/up 42 vs 64 us), slower on smaller ones (8B o_proj 4096^2 at m = 64: 27 vs 16 us).
-// - m = 128 to 1024: faster on every layer timed, by 1.3-2x over mma.sync, and faster than dequantize +
-//   cuBLAS at m = 1024 on all but 8B qkv (110 vs 98 us); 70B at m = 1024: 3331 vs 4412 us.
-// - m = 2048: still faster than dequantize + cuBLAS (8B qkv 210 vs 214 us, 70B down 1778 vs 2277); at
-//   m = 4096 dequantize + cuBLAS ties or wins (415 vs 362, 3647 vs 3667): cuBLAS's own GEMM runs ~20%
-//   closer to the tensor peak, which pays for the dequantize pass once m is that large.
+// - m = 17 to 32 (block-synchronous pipeline, 32-row tiles): faster on layers of 2^26 weights or more
+//   (70B m = 32: 215 vs 271 us), slower on smaller ones.
+// - m = 33 to 64 (producer warpgroup, 64-row tiles): faster on every set, small layers included (8B m = 64:
+//   89 us against 118 for the best mma.sync tiles, 70B 274 vs 428).
+// - m = 65 to 2048 (producer warpgroup, 128-row tiles): faster on every set, by 1.7-2.1x over mma.sync,
+//   and faster than dequantize + cuBLAS at m = 1024 (70B 2973 vs 4509 us, 8B 782 vs 1024).
+// - Above m = 2048, dequantize + cuBLAS: at m = 4096 it tied or won against the block-synchronous
+//   pipeline (415 vs 362, 3647 vs 3667 us); cuBLAS's own GEMM runs closer to the tensor peak.
 constexpr int kWgmmaMinM = 17;
-constexpr int kWgmmaSmallMaxM = 64;
+constexpr int kWgmmaSmallMaxM = 32;
 constexpr int64_t kWgmmaSmallLayer = int64_t(1) << 26;  // weights (n * k)
 constexpr int kWgmmaMaxM = 2048;
 
@@ -317,6 +333,14 @@ int wgmma_rows_for(int m) {
     if (m <= r) return r;
   return kWgRows[kNumWgRows - 1];
 }
+
+#if MARLINC_HAVE_SM90A
+// The Hopper kernel's pipeline per token tile (MarlinGemm::wgmma_pipeline): the producer warpgroup
+// wherever it is built. H100 (docs/PERF.md): ncu on 70B gate/up at m = 1024, 1.43 vs 1.64 ms with the
+// tensor pipe busy 80% vs 65%; summed per set at m = 64 to 1024 faster in 15 of 16 cases, by up to 33%
+// (8B m = 64: 90 vs 134 us), the exception 32768^2 per-channel at m = 64 (300 vs 288 us).
+int wgmma_pipeline_for(int rows) { return rows >= kWsMinRows ? 2 : 1; }
+#endif
 
 // Overlap pays where launch and tail are a visible part of the call: on the H100 it saved 2-4 us per
 // layer up to 8192 x 57344 (470M weights) at every m measured. On 32768^2 (2^30 weights) it saved
@@ -359,7 +383,12 @@ MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int 
     if (kWgRows[i] == rows) ri = i;
   if (ri < 0) return MarlinStatus::NoConfig;
   const int dt = g.act == ActType::F16 ? 0 : 1;
-  const Prepared pr = prepare_once(g_wg_prepared[dev][dt][ri], kWgTable[dt][ri]);
+  const int pipeline = g.wgmma_pipeline != 0 ? g.wgmma_pipeline : wgmma_pipeline_for(rows);
+  if (pipeline == 2 && rows < kWsMinRows) return MarlinStatus::NoConfig;
+  const int wi = pipeline == 2 ? (rows == kWsMinRows ? 0 : 1) : 0;
+  const Entry& e = pipeline == 2 ? kWsTable[dt][wi] : kWgTable[dt][ri];
+  const Prepared pr = pipeline == 2 ? prepare_once(g_ws_prepared[dev][dt][wi], e)
+                                    : prepare_once(g_wg_prepared[dev][dt][ri], e);
   if (pr.err != cudaSuccess || pr.blocks_per_sm < 1) return MarlinStatus::CudaError;
   const TileShape t{kWgmmaTileN, kWgmmaTileK};
   if (int64_t(ceil_div(g.m, rows)) * (g.n / t.tn) * (g.k / t.tk) > std::numeric_limits<int>::max() / 2)
@@ -369,7 +398,7 @@ MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int 
   o.grid = P.grid;
   o.smem_bytes = pr.smem;
   o.pdl = use_pdl(g, dev);
-  if (kWgTable[dt][ri].launch(kernel_args(g, groups, shift, sms, P), o, g.stream) != cudaSuccess)
+  if (e.launch(kernel_args(g, groups, shift, sms, P), o, g.stream) != cudaSuccess)
     return MarlinStatus::CudaError;
   return MarlinStatus::Ok;
 #else
@@ -450,6 +479,7 @@ MarlinStatus marlin_gemm(const MarlinGemm& g) {
 
   if (g.wgmma_rows != 0 && std::find(std::begin(kWgRows), std::end(kWgRows), g.wgmma_rows) == std::end(kWgRows))
     return MarlinStatus::NoConfig;
+  if (g.wgmma_pipeline < 0 || g.wgmma_pipeline > 2) return MarlinStatus::NoConfig;
   const bool cublas_ok = g.cublas && g.workspace_bytes >= marlin_workspace_bytes(sms, true);
   const MarlinPath path = g.path == MarlinPath::Auto ? auto_path(dev, g.m, g.n, g.k, cublas_ok) : g.path;
   if (path == MarlinPath::DequantCublas) return run_dequant_cublas(g, groups, shift, sms);

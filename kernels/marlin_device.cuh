@@ -135,18 +135,30 @@ __device__ __forceinline__ int ld_acquire(const int* p) {
   return v;
 }
 
+// The barrier of the threads that share a slice reduction: the whole block (kBar = 0, __syncthreads), or
+// named barrier kBar of kCount threads (the consumer warpgroups of the warp-specialized Hopper kernel,
+// whose producer warpgroup never reaches the reduction).
+template <int kBar, int kCount>
+__device__ __forceinline__ void team_sync() {
+  if constexpr (kBar == 0) __syncthreads();
+  else asm volatile("bar.sync %0, %1;\n" ::"n"(kBar), "n"(kCount) : "memory");
+}
+
 // The cross-block slice reduction's hand-off (both fused kernels): a depositing block, once every thread
 // that stored its partial tile has fenced its own stores, bumps the slice's counter; the finishing block
 // waits until `expected` deposits are counted. The finisher re-arms the counter to 0 after reading.
-__device__ __forceinline__ void deposit_done(int* counter) {
-  __syncthreads();
-  if (threadIdx.x == 0) atomicAdd(counter, 1);
+// `leader` is one thread of the team (thread 0 of the block unless a team barrier is named).
+template <int kBar = 0, int kCount = 0>
+__device__ __forceinline__ void deposit_done(int* counter, bool leader) {
+  team_sync<kBar, kCount>();
+  if (leader) atomicAdd(counter, 1);
 }
-__device__ __forceinline__ void wait_deposits(const int* counter, int expected) {
-  if (threadIdx.x == 0)
+template <int kBar = 0, int kCount = 0>
+__device__ __forceinline__ void wait_deposits(const int* counter, int expected, bool leader) {
+  if (leader)
     while (ld_acquire(counter) != expected) {
     }
-  __syncthreads();
+  team_sync<kBar, kCount>();
 }
 
 // ---- host side of both kernels -----------------------------------------------------------------

@@ -327,9 +327,9 @@ __global__ void __launch_bounds__(kThreads, Shape<MB, TN, TK>::kBlocksPerSm) mar
             });
             __threadfence();  // each writer publishes its own stores before the counter moves
           }
-          deposit_done(counter);
+          deposit_done(counter, threadIdx.x == 0);
         } else {
-          wait_deposits(counter, count - 1);
+          wait_deposits(counter, count - 1, threadIdx.x == 0);
           if (wk == 0) {
             for (int b = first_b + 1; b <= last_b; ++b) {
               const float* other = p.red + size_t(b) * (S::kRows * TN);

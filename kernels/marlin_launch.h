@@ -50,5 +50,10 @@ template <int DT, int NT>
 cudaError_t wgmma_prepare(int* blocks_per_sm, int* smem_bytes);
 template <int DT, int NT>
 cudaError_t wgmma_launch(const KernelArgs& a, const LaunchOpts& o, cudaStream_t stream);
+// The warp-specialized form (kernels/sm90/marlin_wgmma_ws.cuh): NT-row tiles at BPS blocks per SM.
+template <int DT, int NT, int BPS>
+cudaError_t wgmma_ws_prepare(int* blocks_per_sm, int* smem_bytes);
+template <int DT, int NT, int BPS>
+cudaError_t wgmma_ws_launch(const KernelArgs& a, const LaunchOpts& o, cudaStream_t stream);
 
 }  // namespace marlinc::kernels::detail

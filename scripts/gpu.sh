@@ -61,7 +61,7 @@ fi
 if [ "${SKIP_SAN:-0}" != 1 ]; then
   for tool in memcheck racecheck; do
     t0=$(date +%s)
-    timeout "${SAN_TIMEOUT:-90}" compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/tests/test_gpu" "[sanitize]" > "$OUT/san_$tool.log" 2>&1
+    timeout "${SAN_TIMEOUT:-360}" compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/tests/test_gpu" "[sanitize]" > "$OUT/san_$tool.log" 2>&1
     rc=$?
     [ $rc -ne 0 ] && status=1 && tail -40 "$OUT/san_$tool.log"
     summary+=("compute-sanitizer $tool [sanitize]: rc=$rc, $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/san_$tool.log" | tail -1) ($(( $(date +%s) - t0 )) s)")

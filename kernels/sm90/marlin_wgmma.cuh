@@ -56,6 +56,119 @@ struct WgShape {
   static_assert(size_t(kPart) <= kWgmmaPartFloats, "a block's partial tile fits its workspace slot");
 };
 
+// One k16 step's packed words (two 16-column subblocks of the warp's tile) and scale words, read from a
+// stage in shared memory; both kernels lay a stage out as [activations | weights | scales].
+struct WgWords { int2 q, sv; };
+
+template <int NT, bool GROUPED>
+__device__ __forceinline__ WgWords wg_load_words(const unsigned char* stage, int kk, int w_byte, int s_byte,
+                                                 int group_shift) {
+  using S = WgShape<NT>;
+  WgWords w{*reinterpret_cast<const int2*>(stage + S::kABytes + kk * wl::kWeightRowBytes + w_byte), make_int2(0, 0)};
+  if constexpr (GROUPED)
+    w.sv = *reinterpret_cast<const int2*>(stage + S::kABytes + S::kBBytes +
+                                          wl::scale_row(kk, group_shift) * wl::kScaleRowBytes + s_byte);
+  return w;
+}
+
+// One k16 step's issue: expand the two words into two A fragments (scaled when grouped) and start the two
+// 64-row wgmmas on the activations of the stage at shared-window address `stage`. The caller loads the
+// next step's words while these run, then waits until at most this step is in flight, so the A registers
+// of two steps back may be overwritten next.
+template <int DT, bool GROUPED, int NT>
+__device__ __forceinline__ void wg_issue(float (&acc)[2][NT / 2], uint32_t stage, int kk, const WgWords& w) {
+  uint32_t a[2][4];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    uint32_t f[4];
+    dequant8<DT>(uint32_t(j == 0 ? w.q.x : w.q.y), f);
+    if constexpr (GROUPED) {
+      scale2<DT, false>(f[0], f[1], uint32_t(j == 0 ? w.sv.x : w.sv.y));
+      scale2<DT, true>(f[2], f[3], uint32_t(j == 0 ? w.sv.x : w.sv.y));
+    }
+#pragma unroll
+    for (int r = 0; r < 4; ++r) a[j][r] = f[wl::a_from_pair(r)];
+  }
+  const uint64_t desc = wl::sw128_desc(wl::desc_start(stage, kk));
+  fence_regs(a[0]);
+  fence_regs(a[1]);
+  wgmma_fence();
+  Wgmma<DT, NT>::run(acc[0], a[0], desc);
+  Wgmma<DT, NT>::run(acc[1], a[1], desc);
+  wgmma_commit();
+}
+
+// The end of a slice, for the 256 threads that hold its accumulators (team_tid 0..255; team barrier
+// kBar/kCount, see team_sync): the cross-block reduction as in marlin_kernel (deposits in thread order,
+// coalesced float4, one in-order sum by the slice's first block), then the finisher (or a block that owns
+// the whole slice) writes C.
+template <int DT, bool GROUPED, int NT, int kBar, int kCount>
+__device__ __forceinline__ void wg_finish_slice(const KernelArgs& p, float (&acc)[2][NT / 2], int slice, int row0,
+                                                int base_b, int k_tiles, int warp, int lane, int team_tid) {
+  using S = WgShape<NT>;
+  const int tile = wl::warp_tile(warp), sub0 = wl::warp_sub0(warp);
+  const int first_b = slice_first_block(base_b, slice, k_tiles, p.iters);
+  const int last_b = slice_last_block(base_b, slice, k_tiles, p.iters);
+  const int count = last_b - first_b + 1;
+  const bool finisher = int(blockIdx.x) == first_b, leader = team_tid == 0;
+  constexpr int kQ = S::kAcc / 4;  // float4 per thread per wgmma accumulator
+  if (count > 1) {
+    int* counter = p.locks + first_b;
+    if (!finisher) {
+      float4* mine = reinterpret_cast<float4*>(p.red + size_t(blockIdx.x) * S::kPart);
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int q = 0; q < kQ; ++q)
+          __stcg(mine + (j * kQ + q) * S::kThreads + team_tid,
+                 make_float4(acc[j][4 * q], acc[j][4 * q + 1], acc[j][4 * q + 2], acc[j][4 * q + 3]));
+      __threadfence();  // each thread publishes its own stores before the counter moves
+      deposit_done<kBar, kCount>(counter, leader);
+    } else {
+      wait_deposits<kBar, kCount>(counter, count - 1, leader);
+      for (int b = first_b + 1; b <= last_b; ++b) {
+        const float4* other = reinterpret_cast<const float4*>(p.red + size_t(b) * S::kPart);
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+          for (int q = 0; q < kQ; ++q) {
+            const float4 o = __ldcg(other + (j * kQ + q) * S::kThreads + team_tid);
+            acc[j][4 * q] += o.x;
+            acc[j][4 * q + 1] += o.y;
+            acc[j][4 * q + 2] += o.z;
+            acc[j][4 * q + 3] += o.w;
+          }
+      }
+      if (leader) *counter = 0;  // re-arm for the next launch
+    }
+  }
+
+  if (count == 1 || finisher) {
+    // wgmma D layout (per warp 16 rows): acc[j][4i + 2h + e] is column wl::acc_col(.., j, lane, h),
+    // token wl::acc_token(i, lane, e). Lanes l and l ^ 4 swap one value so that each writes a 4-byte
+    // pair of one token row (wl::pair_*), with per-channel scales applied first.
+    uint16_t* C = static_cast<uint16_t*>(p.C);
+    const uint16_t* s16 = static_cast<const uint16_t*>(p.s);
+    const bool even = wl::pair_even(lane);
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int c = slice * S::kFeat + wl::acc_col(tile, sub0, j, lane, h);
+        const float sc = GROUPED ? 1.f : to_float<DT>(s16[wl::channel_scale_pos(c)]);
+#pragma unroll
+        for (int i = 0; i < NT / 8; ++i) {
+          const float v0 = acc[j][4 * i + 2 * h] * sc, v1 = acc[j][4 * i + 2 * h + 1] * sc;
+          const float other = __shfl_xor_sync(0xffffffffu, wl::pair_send_e(lane) ? v1 : v0, 4);
+          const int tok = row0 + wl::pair_token(i, lane);
+          if (tok < p.m)
+            *reinterpret_cast<uint32_t*>(C + size_t(tok) * p.n + wl::pair_col(c, lane)) =
+                even ? pack2<DT>(v0, other) : pack2<DT>(other, v1);
+        }
+      }
+  }
+}
+
 template <int DT, bool GROUPED, int NT>
 __global__ void __launch_bounds__(256, NT <= 64 ? 2 : 1) marlin_wgmma_kernel(const KernelArgs p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -173,42 +286,7 @@ __global__ void __launch_bounds__(256, NT <= 64 ? 2 : 1) marlin_wgmma_kernel(con
 #pragma unroll
         for (int i = 0; i < S::kAcc; ++i) acc[j][i] = 0.f;
 
-      // One k16 step's packed words and scale words (shared memory), and its issue: expand the two words
-      // into two A fragments (scaled when grouped) and start the two 64-row wgmmas on the stage's
-      // activations. The caller loads the next step's words while these run, then waits until at most
-      // this step is in flight, so the A registers of two steps back may be overwritten next.
       const int w_byte = wl::weight_byte(tile, lane, sub0), s_byte = wl::scale_byte(tile, lane, sub0);
-      struct Words { int2 q, sv; };
-      auto load_words = [&](int st, int kk) {
-        const unsigned char* stage = sh + st * S::kStage;
-        Words w{*reinterpret_cast<const int2*>(stage + S::kABytes + kk * wl::kWeightRowBytes + w_byte),
-                make_int2(0, 0)};
-        if constexpr (GROUPED)
-          w.sv = *reinterpret_cast<const int2*>(stage + S::kABytes + S::kBBytes +
-                                                wl::scale_row(kk, p.group_shift) * wl::kScaleRowBytes + s_byte);
-        return w;
-      };
-      auto issue = [&](int st, int kk, const Words& w) {
-        uint32_t a[2][4];
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          uint32_t f[4];
-          dequant8<DT>(uint32_t(j == 0 ? w.q.x : w.q.y), f);
-          if constexpr (GROUPED) {
-            scale2<DT, false>(f[0], f[1], uint32_t(j == 0 ? w.sv.x : w.sv.y));
-            scale2<DT, true>(f[2], f[3], uint32_t(j == 0 ? w.sv.x : w.sv.y));
-          }
-#pragma unroll
-          for (int r = 0; r < 4; ++r) a[j][r] = f[wl::a_from_pair(r)];
-        }
-        const uint64_t desc = wl::sw128_desc(wl::desc_start(sbase + st * S::kStage, kk));
-        fence_regs(a[0]);
-        fence_regs(a[1]);
-        wgmma_fence();
-        Wgmma<DT, NT>::run(acc[0], a[0], desc);
-        Wgmma<DT, NT>::run(acc[1], a[1], desc);
-        wgmma_commit();
-      };
 
       // Prologue: weights of the first kStages - 2 tiles before the wait for the previous kernel (see
       // marlin_kernel), activations after it; one cp.async group per tile from then on.
@@ -238,11 +316,12 @@ __global__ void __launch_bounds__(256, NT <= 64 ? 2 : 1) marlin_wgmma_kernel(con
           load_weights(dst, kt0 + t + kAhead);
         }
         cp_async_commit();
-        Words w = load_words(st, 0);
+        const unsigned char* stage = sh + st * S::kStage;
+        WgWords w = wg_load_words<NT, GROUPED>(stage, 0, w_byte, s_byte, p.group_shift);
 #pragma unroll
         for (int kk = 0; kk < S::kKB; ++kk) {
-          issue(st, kk, w);
-          if (kk + 1 < S::kKB) w = load_words(st, kk + 1);
+          wg_issue<DT, GROUPED, NT>(acc, sbase + st * S::kStage, kk, w);
+          if (kk + 1 < S::kKB) w = wg_load_words<NT, GROUPED>(stage, kk + 1, w_byte, s_byte, p.group_shift);
           wgmma_wait<1>();
         }
         st = st + 1 == S::kStages ? 0 : st + 1;
@@ -252,68 +331,7 @@ __global__ void __launch_bounds__(256, NT <= 64 ? 2 : 1) marlin_wgmma_kernel(con
       fence_regs(acc[1]);
       cp_async_wait<0>();
 
-      // Cross-block reduction of the slice (as in marlin_kernel): deposits in thread order (coalesced
-      // float4), one in-order sum by the slice's first block.
-      const int first_b = slice_first_block(base_b, slice, k_tiles, p.iters);
-      const int last_b = slice_last_block(base_b, slice, k_tiles, p.iters);
-      const int count = last_b - first_b + 1;
-      const bool finisher = int(blockIdx.x) == first_b;
-      constexpr int kQ = S::kAcc / 4;  // float4 per thread per wgmma accumulator
-      if (count > 1) {
-        int* counter = p.locks + first_b;
-        if (!finisher) {
-          float4* mine = reinterpret_cast<float4*>(p.red + size_t(blockIdx.x) * S::kPart);
-#pragma unroll
-          for (int j = 0; j < 2; ++j)
-#pragma unroll
-            for (int q = 0; q < kQ; ++q)
-              __stcg(mine + (j * kQ + q) * S::kThreads + tid,
-                     make_float4(acc[j][4 * q], acc[j][4 * q + 1], acc[j][4 * q + 2], acc[j][4 * q + 3]));
-          __threadfence();  // each thread publishes its own stores before the counter moves
-          deposit_done(counter);
-        } else {
-          wait_deposits(counter, count - 1);
-          for (int b = first_b + 1; b <= last_b; ++b) {
-            const float4* other = reinterpret_cast<const float4*>(p.red + size_t(b) * S::kPart);
-#pragma unroll
-            for (int j = 0; j < 2; ++j)
-#pragma unroll
-              for (int q = 0; q < kQ; ++q) {
-                const float4 o = __ldcg(other + (j * kQ + q) * S::kThreads + tid);
-                acc[j][4 * q] += o.x;
-                acc[j][4 * q + 1] += o.y;
-                acc[j][4 * q + 2] += o.z;
-                acc[j][4 * q + 3] += o.w;
-              }
-          }
-          if (tid == 0) *counter = 0;  // re-arm for the next launch
-        }
-      }
-
-      if (count == 1 || finisher) {
-        // wgmma D layout (per warp 16 rows): acc[j][4i + 2h + e] is column wl::acc_col(.., j, lane, h),
-        // token wl::acc_token(i, lane, e). Lanes l and l ^ 4 swap one value so that each writes a 4-byte
-        // pair of one token row (wl::pair_*), with per-channel scales applied first.
-        uint16_t* C = static_cast<uint16_t*>(p.C);
-        const uint16_t* s16 = static_cast<const uint16_t*>(p.s);
-        const bool even = wl::pair_even(lane);
-#pragma unroll
-        for (int j = 0; j < 2; ++j)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int c = slice * S::kFeat + wl::acc_col(tile, sub0, j, lane, h);
-            const float sc = GROUPED ? 1.f : to_float<DT>(s16[wl::channel_scale_pos(c)]);
-#pragma unroll
-            for (int i = 0; i < NT / 8; ++i) {
-              const float v0 = acc[j][4 * i + 2 * h] * sc, v1 = acc[j][4 * i + 2 * h + 1] * sc;
-              const float other = __shfl_xor_sync(0xffffffffu, wl::pair_send_e(lane) ? v1 : v0, 4);
-              const int tok = row0 + wl::pair_token(i, lane);
-              if (tok < p.m)
-                *reinterpret_cast<uint32_t*>(C + size_t(tok) * p.n + wl::pair_col(c, lane)) =
-                    even ? pack2<DT>(v0, other) : pack2<DT>(other, v1);
-            }
-          }
-      }
+      wg_finish_slice<DT, GROUPED, NT, 0, 0>(p, acc, slice, row0, base_b, k_tiles, warp, lane, tid);
       it += cnt;
       __syncthreads();  // the next slice's prologue overwrites the stages
     }

@@ -1,6 +1,6 @@
 // The Hopper wgmma kernel for bf16 activations (all token tiles); compiled for sm_90a only
 // (kernels/CMakeLists.txt).
-#include "kernels/sm90/marlin_wgmma.cuh"
+#include "kernels/sm90/marlin_wgmma_ws.cuh"
 
 namespace marlinc::kernels::detail {
 MARLINC_INSTANTIATE_WGMMA(1, 8)
@@ -8,4 +8,6 @@ MARLINC_INSTANTIATE_WGMMA(1, 16)
 MARLINC_INSTANTIATE_WGMMA(1, 32)
 MARLINC_INSTANTIATE_WGMMA(1, 64)
 MARLINC_INSTANTIATE_WGMMA(1, 128)
+MARLINC_INSTANTIATE_WGMMA_WS(1, 64, 1)
+MARLINC_INSTANTIATE_WGMMA_WS(1, 128, 1)
 }  // namespace marlinc::kernels::detail

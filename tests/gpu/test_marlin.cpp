@@ -167,6 +167,7 @@ struct RunOpts {
   int thread_k = 0, thread_n = 0;
   int thread_m_blocks = 0;
   int wgmma_rows = 0;
+  int wgmma_pipeline = 0;
   int num_sms = 0;
   bool packed_reference = true;  // reference_gemm on the packed bytes (else the direct sum from codes)
   int max_ref_rows = 1 << 30;
@@ -200,7 +201,8 @@ double run_case(const Layer& L, int64_t m, std::mt19937_64& rng, const RunOpts& 
   g.thread_n = o.thread_n;
   g.thread_m_blocks = o.thread_m_blocks;
   g.wgmma_rows = o.wgmma_rows;
-  INFO("wgmma_rows " << o.wgmma_rows);
+  g.wgmma_pipeline = o.wgmma_pipeline;
+  INFO("wgmma_rows " << o.wgmma_rows << " wgmma_pipeline " << o.wgmma_pipeline);
   INFO("m_blocks " << o.thread_m_blocks << " m " << m << " k " << L.k << " n " << L.n << " g " << L.group << " act " << int(L.act) << " tiles ("
             << o.thread_k << "," << o.thread_n << ") sms " << o.num_sms << " path " << int(o.path));
   const MarlinStatus st = marlin_gemm(g);
@@ -395,6 +397,42 @@ TEST_CASE("marlin: Hopper wgmma kernel", "[gpu][marlin][wgmma]") {
 // sum exact, so D must equal A B^T bit for bit. A failure here (and not in the CPU model) means the
 // PTX-derived model of wgmma's fragments, descriptor or swizzle is wrong; a kernel failure with this
 // passing points at the kernel's pipeline.
+// The warp-specialized pipeline (a producer warpgroup and mbarriers) on the same cases as above where
+// it is built (64- and 128-row tiles), and its refusal of smaller tiles.
+TEST_CASE("marlin: Hopper wgmma kernel, producer warpgroup", "[gpu][marlin][wgmma]") {
+  if (!marlin_wgmma_available()) {
+    WARN("skipped: no compute capability 9.0 device, or no sm_90a code in this build");
+    return;
+  }
+  std::mt19937_64 rng(kSeed + 13);
+  for (ActType act : {ActType::F16, ActType::BF16})
+    for (int64_t g : kGroups) {
+      const Layer L = make_layer(rng, 1024, 768, g, act);
+      for (int rows : {64, 128})
+        for (int sms : {0, 3})
+          for (int64_t m : kMs) {
+            if (act == ActType::BF16 && m != 100 && m != 1000) continue;
+            RunOpts o;
+            o.path = MarlinPath::Wgmma;
+            o.wgmma_rows = rows;
+            o.wgmma_pipeline = 2;
+            o.num_sms = sms;
+            o.max_ref_rows = 48;
+            run_case(L, m, rng, o);
+          }
+    }
+  // A long stripe over many slices and row chunks: the ring's phases wrap many times per block.
+  const Layer big = make_layer(rng, 4096, 1024, 128, ActType::F16);
+  for (int sms : {1, 5}) {
+    RunOpts o;
+    o.path = MarlinPath::Wgmma;
+    o.wgmma_pipeline = 2;
+    o.num_sms = sms;
+    o.max_ref_rows = 16;
+    run_case(big, 300, rng, o);
+  }
+}
+
 TEST_CASE("marlin: wgmma operand maps on the device (probe)", "[gpu][marlin][wgmma][sanitize]") {
   if (!marlin_wgmma_available()) {
     WARN("skipped: no compute capability 9.0 device, or no sm_90a code in this build");
@@ -441,14 +479,17 @@ TEST_CASE("marlin: Hopper wgmma kernel under the sanitizers", "[gpu][marlin][wgm
   for (int64_t g : {int64_t(-1), int64_t(32)}) {
     const Layer L = make_layer(rng, 512, 512, g, ActType::F16);
     for (int rows : {8, 32, 128})
-      for (int sms : {0, 2})
-        for (int64_t m : {int64_t(7), int64_t(100)}) {
-          RunOpts o;
-          o.path = MarlinPath::Wgmma;
-          o.wgmma_rows = rows;
-          o.num_sms = sms;
-          run_case(L, m, rng, o);
-        }
+      for (int pipeline : {1, 2})
+        for (int sms : {0, 2})
+          for (int64_t m : {int64_t(7), int64_t(100)}) {
+            if (pipeline == 2 && rows < 64) continue;
+            RunOpts o;
+            o.path = MarlinPath::Wgmma;
+            o.wgmma_rows = rows;
+            o.wgmma_pipeline = pipeline;
+            o.num_sms = sms;
+            run_case(L, m, rng, o);
+          }
   }
 }
 
@@ -588,9 +629,22 @@ TEST_CASE("marlin: argument checks return a status", "[gpu][marlin]") {
     b.wgmma_rows = bad_rows;
     REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
   }
+  for (int bad_pipeline : {-1, 3}) {  // 0 (chosen), 1 (block barrier), 2 (producer warpgroup)
+    b = g;
+    b.wgmma_pipeline = bad_pipeline;
+    REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
+  }
   b = g;
   b.path = MarlinPath::Wgmma;  // n = 64 is not a multiple of 256 (and elsewhere than 9.0 nothing runs)
   REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
+  if (marlin_wgmma_available()) {  // the producer pipeline is built for 64- and 128-row tiles only
+    b = g;
+    b.n = 256;
+    b.path = MarlinPath::Wgmma;
+    b.wgmma_rows = 32;
+    b.wgmma_pipeline = 2;
+    REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
+  }
   b = g;
   b.path = MarlinPath::DequantCublas;
   b.cublas = nullptr;
