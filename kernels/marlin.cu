@@ -310,17 +310,20 @@ bool wgmma_offsets_fit(int n, int k) {
 //   89 us against 118 for the best mma.sync tiles, 70B 274 vs 428).
 // - m = 65 to 2048 (producer warpgroup, 128-row tiles): faster on every set, by 1.7-2.1x over mma.sync,
 //   and faster than dequantize + cuBLAS at m = 1024 (70B 2973 vs 4509 us, 8B 782 vs 1024).
-// - Above m = 2048, dequantize + cuBLAS: at m = 4096 it tied or won against the block-synchronous
-//   pipeline (415 vs 362, 3647 vs 3667 us); cuBLAS's own GEMM runs closer to the tensor peak.
+// - m = 2048: faster than dequantize + cuBLAS on both layers timed (8B qkv 192 vs 200 us, 70B down 1564
+//   vs 2294). m = 4096: on 70B down still faster (3186 vs 3740), on 8B qkv (2^24.6 weights) a tie that
+//   dequantize + cuBLAS wins (366 vs 360): above 2048 small layers take that path, above 4096 all do
+//   (not measured beyond; cuBLAS's own GEMM runs closer to the tensor peak as m grows).
 constexpr int kWgmmaMinM = 17;
 constexpr int kWgmmaSmallMaxM = 32;
 constexpr int64_t kWgmmaSmallLayer = int64_t(1) << 26;  // weights (n * k)
-constexpr int kWgmmaMaxM = 2048;
+constexpr int kWgmmaSmallLayerMaxM = 2048;
+constexpr int kWgmmaMaxM = 4096;
 
 MarlinPath auto_path(int dev, int m, int n, int k, bool cublas_ok) {
   if (wgmma_runs_on(dev) && n % kWgmmaTileN == 0 && wgmma_offsets_fit(n, k) && m >= kWgmmaMinM) {
-    if (m > kWgmmaMaxM && cublas_ok) return MarlinPath::DequantCublas;
     const bool small = int64_t(n) * k < kWgmmaSmallLayer;
+    if ((m > kWgmmaMaxM || (small && m > kWgmmaSmallLayerMaxM)) && cublas_ok) return MarlinPath::DequantCublas;
     if (!small || m > kWgmmaSmallMaxM) return MarlinPath::Wgmma;
     return MarlinPath::Marlin;
   }
