@@ -31,7 +31,7 @@ struct WsShape : WgShape<NT> {
   static constexpr int kSmemBytes = kStages * Base::kStage + 16 * kStages + Base::kAlign;  // + full/empty
   // Registers: the launch gives every thread kLaunchRegs; the producer gives back all but kProducerRegs,
   // and the consumers take them (setmaxnreg counts are multiples of 8 in 24..256). At BPS = 1 that is
-  // 232 for the consumers and 56 for the producer (40 made it spill); BPS = 2 would leave the consumers
+  // 224 for the consumers and 56 for the producer (40 made it spill); BPS = 2 would leave the consumers
   // 104, where ptxas serializes the wgmmas (C7512), so only BPS = 1 is instantiated.
   static constexpr int kLaunchRegs = (65536 / (kThreads * BPS)) / 8 * 8;
   static constexpr int kProducerRegs = BPS == 1 ? 56 : 24;
