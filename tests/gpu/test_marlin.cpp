@@ -393,12 +393,8 @@ TEST_CASE("marlin: Hopper wgmma kernel", "[gpu][marlin][wgmma]") {
     }
 }
 
-// The operand maps under the Hopper kernel, alone on the device: small integers make every product and
-// sum exact, so D must equal A B^T bit for bit. A failure here (and not in the CPU model) means the
-// PTX-derived model of wgmma's fragments, descriptor or swizzle is wrong; a kernel failure with this
-// passing points at the kernel's pipeline.
 // The warp-specialized pipeline (a producer warpgroup and mbarriers) on the same cases as above where
-// it is built (64- and 128-row tiles), and its refusal of smaller tiles.
+// it is built (64- and 128-row tiles); its refusal of smaller tiles is in the argument-check case.
 TEST_CASE("marlin: Hopper wgmma kernel, producer warpgroup", "[gpu][marlin][wgmma]") {
   if (!marlin_wgmma_available()) {
     WARN("skipped: no compute capability 9.0 device, or no sm_90a code in this build");
@@ -433,6 +429,10 @@ TEST_CASE("marlin: Hopper wgmma kernel, producer warpgroup", "[gpu][marlin][wgmm
   }
 }
 
+// The operand maps under the Hopper kernel, alone on the device: small integers make every product and
+// sum exact, so D must equal A B^T bit for bit. A failure here (and not in the CPU model) means the
+// PTX-derived model of wgmma's fragments, descriptor or swizzle is wrong; a kernel failure with this
+// passing points at the kernel's pipeline.
 TEST_CASE("marlin: wgmma operand maps on the device (probe)", "[gpu][marlin][wgmma][sanitize]") {
   if (!marlin_wgmma_available()) {
     WARN("skipped: no compute capability 9.0 device, or no sm_90a code in this build");
