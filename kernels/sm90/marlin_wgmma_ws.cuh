@@ -38,7 +38,12 @@ struct WsShape : WgShape<NT> {
   static constexpr int kConsumerRegs =
       (kLaunchRegs + (kLaunchRegs - kProducerRegs) * kProducerThreads / wl::kThreads) / 8 * 8;
 
+  // wgmma groups a warpgroup leaves pending after issuing a k16 step: the steps whose A fragments are
+  // live, and how far the expansion of the next step runs ahead of the tensor pipe.
+  static constexpr int kPending = 2;
+
   static_assert(NT == 64 || NT == 128, "token tiles the warp-specialized kernel is built for");
+  static_assert(kPending >= 1 && kPending <= Base::kKB, "the previous tile retires within the next one");
   static_assert(kStages >= 3, "the ring needs stages in flight on both sides of the one being read");
   static_assert(kSmemBytes <= kSmemPerBlock, "the ring fits the block's shared memory");
   static_assert(kConsumerRegs <= 256 && kProducerRegs >= 24, "setmaxnreg bounds");
@@ -197,11 +202,11 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS) marlin_wgmma_
         for (int kk = 0; kk < S::kKB; ++kk) {
           wg_issue<DT, GROUPED, NT>(acc, sbase + r.st * S::kStage, kk, w);
           if (kk + 1 < S::kKB) w = wg_load_words<NT, GROUPED>(stage, kk + 1, w_byte, s_byte, p.group_shift);
-          wgmma_wait<1>();
-          // After step 0's wait every wgmma of the previous tile has retired: its stage goes back. A
-          // predicated arrive, not a branch, while step 0 is in flight (a branch there makes ptxas
-          // serialize the wgmmas, C7513).
-          if (kk == 0) mbar_arrive_if(empty0 + 8 * prev, t > 0 && lane == 0);
+          wgmma_wait<S::kPending>();
+          // After step kPending - 1's wait every wgmma of the previous tile has retired: its stage goes
+          // back. A predicated arrive, not a branch, while wgmmas are in flight (a branch there makes
+          // ptxas serialize them, C7513).
+          if (kk == S::kPending - 1) mbar_arrive_if(empty0 + 8 * prev, t > 0 && lane == 0);
         }
         prev = r.st;
         r.next<S::kStages>();
