@@ -6,7 +6,8 @@
 //
 // Hand-off per stage through two mbarriers: `full` completes when the producer's 128 threads' cp.asyncs
 // into the stage have landed (cp.async.mbarrier.arrive.noinc, one arrival per producer thread), `empty`
-// when the 8 consumer warps have retired the wgmmas that read it (one arrival per warp). The ring runs
+// when the 256 consumer threads have retired the wgmmas and word loads that read it (one arrival per
+// thread: each thread's own shared-memory reads are ordered before its own release). The ring runs
 // across slices and row chunks, so the producer streams the next slice's tiles while the consumers
 // reduce the last one. setmaxnreg moves registers from the producer to the consumers (accumulators).
 #pragma once
@@ -21,7 +22,7 @@ struct WsShape : WgShape<NT> {
   using Base = WgShape<NT>;
   static constexpr int kProducerThreads = 128;
   static constexpr int kThreads = kProducerThreads + wl::kThreads;  // producer + two consumer warpgroups
-  static constexpr int kConsumerWarps = wl::kThreads / 32;
+  static constexpr int kConsumerThreads = wl::kThreads;
   // Shared memory per block at BPS blocks per SM (the H100 has 228 KB per SM, 1 KB of it reserved per
   // block, and at most 227 KB per block); every stage of the ring may be in flight.
   static constexpr int kSmemPerBlock = BPS == 1 ? 227 * 1024 : (228 * 1024) / BPS - 1024;
@@ -99,7 +100,7 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS) marlin_wgmma_
   if (tid == 0)
     for (int s = 0; s < S::kStages; ++s) {
       mbar_init(full0 + 8 * s, S::kProducerThreads);
-      mbar_init(empty0 + 8 * s, S::kConsumerWarps);
+      mbar_init(empty0 + 8 * s, S::kConsumerThreads);
     }
   __syncthreads();  // barriers initialized before anyone waits on or arrives at them
   allow_next_grid();  // see marlin_kernel: every block of this grid is resident before the next starts
@@ -206,7 +207,7 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS) marlin_wgmma_
           // After step kPending - 1's wait every wgmma of the previous tile has retired: its stage goes
           // back. A predicated arrive, not a branch, while wgmmas are in flight (a branch there makes
           // ptxas serialize them, C7513).
-          if (kk == S::kPending - 1) mbar_arrive_if(empty0 + 8 * prev, t > 0 && lane == 0);
+          if (kk == S::kPending - 1) mbar_arrive_if(empty0 + 8 * prev, t > 0);
         }
         prev = r.st;
         r.next<S::kStages>();
@@ -214,7 +215,7 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS) marlin_wgmma_
       wgmma_wait<0>();
       fence_regs(acc[0]);
       fence_regs(acc[1]);
-      mbar_arrive_if(empty0 + 8 * prev, lane == 0);
+      mbar_arrive_if(empty0 + 8 * prev, true);
       wg_finish_slice<DT, GROUPED, NT, 1, wl::kThreads>(p, acc, slice, pc * NT, base_b, k_tiles, cw, lane, ctid);
       it += cnt;
     }
