@@ -11,6 +11,7 @@
 #include <mutex>
 
 #include "kernels/marlin.h"
+#include "kernels/marlin_dispatch.h"
 #include "kernels/marlin_launch.h"
 #include "kernels/marlin_partition.h"
 
@@ -301,52 +302,14 @@ bool wgmma_offsets_fit(int n, int k) {
   return int64_t(kWgRows[kNumWgRows - 1] + 1) * (k / 8) < kMaxOffset && int64_t(k) * n / 32 < kMaxOffset;
 }
 
-// Where Auto takes the Hopper kernel (built with sm_90a, a 9.0 device, n % 256 == 0). H100, docs/PERF.md
-// 2026-11-23, summed per layer set against the mma.sync kernel and dequantize + cuBLAS:
-// - m <= 8 (block-synchronous pipeline, 8-row tiles), per layer over three runs: faster on layers of
-//   2^24 to 2^28 weights (8B q/k/v 9.8 vs 11.6-12.1 us, 8B down 15.5-16.6 vs 15.8-18.5, 70B o 15.8-16.6 vs
-//   15.9-19.1, 70B q/k/v and down 1-5%), level on 8B gate/up, slower on 8B o (2^24: 8.4 vs 7.6) and on
-//   2^28.8 and more (70B gate/up 87.5 vs 85.8, 32768^2 per-channel 183.5 vs 181.3).
-// - m = 9 to 16 (16-row tiles), per layer over four runs: faster on 8B gate/up (2^26.8: 27.2 vs 28.4 us) and
-//   70B down (2^27.8: 50.3-51.0 vs 53.4-53.6), level on 70B q/k/v (2^26.3) and gate/up, slower on 8B o,
-//   q/k/v, down and 70B o (8192^2: 17.9 vs 17.3). This rule was derived from those per-layer times and not
-//   timed as a set: a set's time is the sum of its layers'.
-// - m = 17 to 32 (block-synchronous pipeline, 32-row tiles): faster on layers of 2^25 weights or more
-//   (70B m = 32: 215 vs 271 us; 8B down, 2^25.8: 21.5 vs 24.5), slower on smaller ones (8B o 13.7 vs
-//   10.4).
-// - m = 33 to 64 (producer warpgroup, 64-row tiles): faster on every set, small layers included (8B m = 64:
-//   89 us against 118 for the best mma.sync tiles, 70B 274 vs 428).
-// - m = 65 to 2048 (producer warpgroup, 128-row tiles): faster on every set, by 1.7-2.1x over mma.sync,
-//   and faster than dequantize + cuBLAS at m = 1024 (70B 2973 vs 4509 us, 8B 782 vs 1024).
-// - m = 2048: faster than dequantize + cuBLAS on both layers timed (8B qkv 192 vs 200 us, 70B down 1564
-//   vs 2294). m = 4096: on 70B down still faster (3186 vs 3740), on 8B qkv (2^24.6 weights) a tie that
-//   dequantize + cuBLAS wins (366 vs 360): above 2048 small layers take that path, above 4096 all do
-//   (not measured beyond; cuBLAS's own GEMM runs closer to the tensor peak as m grows).
-constexpr int kWgmmaTinyMaxM = 8;
-constexpr int64_t kWgmmaTinyMinLayer = int64_t(1) << 24;  // exclusive, weights (n * k)
-constexpr int64_t kWgmmaTinyMaxLayer = int64_t(1) << 28;
-constexpr int kWgmma16MaxM = 16;
-constexpr int64_t kWgmma16MinLayer = int64_t(3) << 25;  // 2^26.6 weights
-constexpr int kWgmmaMinM = 17;
-constexpr int kWgmmaSmallMaxM = 32;
-constexpr int64_t kWgmmaSmallMMinLayer = int64_t(1) << 25;  // weights (n * k), m = 17 to 32
-constexpr int64_t kWgmmaSmallLayer = int64_t(1) << 26;      // above kWgmmaSmallLayerMaxM
-constexpr int kWgmmaSmallLayerMaxM = 2048;
-constexpr int kWgmmaMaxM = 4096;
-
+// Where Auto takes the Hopper kernel: kernels/marlin_dispatch.h (the rule and its measurements).
 MarlinPath auto_path(int dev, int m, int n, int k, bool cublas_ok) {
-  const bool wgmma_ok = wgmma_runs_on(dev) && n % kWgmmaTileN == 0 && wgmma_offsets_fit(n, k);
-  const int64_t weights = int64_t(n) * k;
-  if (wgmma_ok && m <= kWgmmaTinyMaxM && weights > kWgmmaTinyMinLayer && weights <= kWgmmaTinyMaxLayer)
-    return MarlinPath::Wgmma;
-  if (wgmma_ok && m > kWgmmaTinyMaxM && m <= kWgmma16MaxM && weights >= kWgmma16MinLayer &&
-      weights <= kWgmmaTinyMaxLayer)
-    return MarlinPath::Wgmma;
-  if (wgmma_ok && m >= kWgmmaMinM) {
-    const bool small = weights < kWgmmaSmallLayer;
-    if ((m > kWgmmaMaxM || (small && m > kWgmmaSmallLayerMaxM)) && cublas_ok) return MarlinPath::DequantCublas;
-    if (m > kWgmmaSmallMaxM || weights >= kWgmmaSmallMMinLayer) return MarlinPath::Wgmma;
-    return MarlinPath::Marlin;
+  if (wgmma_runs_on(dev) && n % kWgmmaTileN == 0 && wgmma_offsets_fit(n, k)) {
+    switch (hopper_auto_pick(m, int64_t(n) * k)) {
+      case HopperAutoPick::Hopper: return MarlinPath::Wgmma;
+      case HopperAutoPick::DequantCublas: return cublas_ok ? MarlinPath::DequantCublas : MarlinPath::Wgmma;
+      case HopperAutoPick::MmaSync: return MarlinPath::Marlin;
+    }
   }
   if (cublas_ok && m >= marlin_cublas_min_m(n, k)) return MarlinPath::DequantCublas;
   return MarlinPath::Marlin;

@@ -1,0 +1,89 @@
+// MarlinPath::Auto's choice on a Hopper device (kernels/marlin_dispatch.h), on the layers whose H100
+// timings set it (docs/PERF.md): a change of the rule that moves one of these layers to the kernel that
+// measured slower fails here.
+#include <cstdint>
+#include <vector>
+
+#include "kernels/marlin_dispatch.h"
+#include "tests/common.h"
+
+using namespace marlinc::kernels;
+
+namespace {
+
+struct Layer { const char* name; int k, n; };
+const Layer kQkv8B{"8B q/k/v", 4096, 6144}, kO8B{"8B o", 4096, 4096}, kGateUp8B{"8B gate/up", 4096, 28672},
+    kDown8B{"8B down", 14336, 4096}, kQkv70B{"70B q/k/v", 8192, 10240}, kO70B{"70B o", 8192, 8192},
+    kGateUp70B{"70B gate/up", 8192, 57344}, kDown70B{"70B down", 28672, 8192}, kLarge{"32768^2", 32768, 32768};
+
+HopperAutoPick pick(int m, const Layer& L) { return hopper_auto_pick(m, int64_t(L.k) * L.n); }
+
+}  // namespace
+
+TEST_CASE("dispatch: m <= 8 takes the Hopper kernel on mid-sized layers only", "[kernels][dispatch]") {
+  for (int m : {1, 2, 4, 7, 8}) {
+    INFO("m " << m);
+    for (const Layer& L : {kQkv8B, kGateUp8B, kDown8B, kQkv70B, kO70B, kDown70B}) {
+      INFO(L.name);
+      CHECK(pick(m, L) == HopperAutoPick::Hopper);
+    }
+    for (const Layer& L : {kO8B, kGateUp70B, kLarge}) {
+      INFO(L.name);
+      CHECK(pick(m, L) == HopperAutoPick::MmaSync);
+    }
+  }
+}
+
+TEST_CASE("dispatch: m = 9..16 takes the Hopper kernel on 8B gate/up and 70B down only", "[kernels][dispatch]") {
+  for (int m : {9, 12, 16}) {
+    INFO("m " << m);
+    for (const Layer& L : {kGateUp8B, kDown70B}) {
+      INFO(L.name);
+      CHECK(pick(m, L) == HopperAutoPick::Hopper);
+    }
+    for (const Layer& L : {kQkv8B, kO8B, kDown8B, kQkv70B, kO70B, kGateUp70B, kLarge}) {
+      INFO(L.name);
+      CHECK(pick(m, L) == HopperAutoPick::MmaSync);
+    }
+  }
+}
+
+TEST_CASE("dispatch: m = 17..32 keeps the two smallest 8B layers on mma.sync", "[kernels][dispatch]") {
+  for (int m : {17, 24, 32}) {
+    INFO("m " << m);
+    for (const Layer& L : {kGateUp8B, kDown8B, kQkv70B, kO70B, kGateUp70B, kDown70B, kLarge}) {
+      INFO(L.name);
+      CHECK(pick(m, L) == HopperAutoPick::Hopper);
+    }
+    for (const Layer& L : {kQkv8B, kO8B}) {
+      INFO(L.name);
+      CHECK(pick(m, L) == HopperAutoPick::MmaSync);
+    }
+  }
+}
+
+TEST_CASE("dispatch: above m = 32 never mma.sync; dequantize + cuBLAS only for large m", "[kernels][dispatch]") {
+  const std::vector<Layer> all{kQkv8B, kO8B, kGateUp8B, kDown8B, kQkv70B, kO70B, kGateUp70B, kDown70B, kLarge};
+  for (int m : {33, 64, 100, 128, 256, 1000, 1024, 2048}) {
+    INFO("m " << m);
+    for (const Layer& L : all) {
+      INFO(L.name);
+      CHECK(pick(m, L) == HopperAutoPick::Hopper);
+    }
+  }
+  // Above 2048 layers below 2^26 weights (8B q/k/v tied at 4096) go to dequantize + cuBLAS, above 4096 all.
+  for (const Layer& L : {kQkv8B, kO8B, kDown8B}) {
+    INFO(L.name);
+    CHECK(pick(2049, L) == HopperAutoPick::DequantCublas);
+    CHECK(pick(4096, L) == HopperAutoPick::DequantCublas);
+  }
+  for (const Layer& L : {kO70B, kDown70B, kGateUp8B, kLarge}) {
+    INFO(L.name);
+    CHECK(pick(4096, L) == HopperAutoPick::Hopper);
+  }
+  for (const Layer& L : all) {
+    INFO(L.name);
+    CHECK(pick(4097, L) == HopperAutoPick::DequantCublas);
+    CHECK(pick(1 << 20, L) == HopperAutoPick::DequantCublas);
+  }
+}
