@@ -98,7 +98,7 @@ TEST_CASE("stories260K fp16 weights give the golden outputs within fp16 toleranc
   check_golden(data() / "stories260K-fp16", kFp16RelTol);
 }
 
-TEST_CASE("RMSNorm fast path equals the scalar reference; input hooks see the four linear groups", "[forward]") {
+TEST_CASE("RMSNorm fast path equals the scalar reference, input hooks see the four linear groups", "[forward]") {
   MARLINC_REQUIRE_SHARED();
   auto model = LlamaModel::open(data() / "stories260K");
   BlockWeights w = model.load_block(2);

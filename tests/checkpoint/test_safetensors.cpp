@@ -155,7 +155,7 @@ TEST_CASE("every malformed header yields its named error") {
   }
 }
 
-TEST_CASE("SafetensorsFile maps, finds and views tensors; truncation on disk is reported") {
+TEST_CASE("SafetensorsFile maps, finds and views tensors, truncation on disk is reported") {
   TempDir tmp("st");
   std::vector<float> f = {1.5f, -2.0f, 3.25f};
   write_checkpoint(tmp.path / "m", {typed("x.w", DType::F32, {3}, f), typed<uint16_t>("x.h", DType::F16, {2}, {0x3c00, 0x4000})});

@@ -94,7 +94,7 @@ TEST_CASE("inspect: every golden and data safetensors file and directory, text a
   }
 }
 
-TEST_CASE("inspect: sample model layers are all Marlin-compatible; stories260K's are not, with the rule") {
+TEST_CASE("inspect: sample model layers are all Marlin-compatible, stories260K's are not, with the rule") {
   Run r = run_marlinc("inspect " + q(fs::path(MARLINC_SOURCE_DIR) / "data" / "sample" / "model"));
   REQUIRE(r.rc == 0);
   CHECK(contains(r.out, "marlin: 14 of 14 layers compatible"));

@@ -135,7 +135,7 @@ TEST_CASE("gptq resume: stories260K with text calibration and --true-sequential,
   require_same_files(td.path / "ref", out);
 }
 
-TEST_CASE("gptq resume: a job with other inputs is refused naming what differs; --restart starts fresh",
+TEST_CASE("gptq resume: a job with other inputs is refused naming what differs, --restart starts fresh",
           "[cli][gptq][resume]") {
   TempDir td("resume-mismatch");
   const fs::path out = td.path / "out", job = marlinc::calib::job_dir_for(out);
@@ -213,7 +213,7 @@ TEST_CASE("gptq resume: a corrupt job file is an error naming the file", "[cli][
   CHECK(r.err.find("does not match the \"inputs\"") != std::string::npos);
 }
 
-TEST_CASE("job block codec: round trip; every truncation and every flipped byte is refused", "[resume]") {
+TEST_CASE("job block codec: round trip, every truncation and every flipped byte is refused", "[resume]") {
   using marlinc::QuantizedLinear;
   using marlinc::calib::FinishedLayer;
   std::mt19937_64 rng(kSeed);

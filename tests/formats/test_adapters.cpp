@@ -147,7 +147,7 @@ TEST_CASE("2:4 pattern P1/P2 and S3 through mask_24_from_codes and write_marlin2
   REQUIRE_THROWS_AS(write_marlin24(q), Error);
 }
 
-TEST_CASE("2:4-sparse GPTQ <-> marlin24 through convert; marlin24 -> marlin keeps the weights", "[formats][convert]") {
+TEST_CASE("2:4-sparse GPTQ <-> marlin24 through convert, marlin24 -> marlin keeps the weights", "[formats][convert]") {
   TempDir td("s24");
   synth::Options o;
   o.layers = {{"model.layers.0.mlp.up_proj", 256, 256, true}, {"model.layers.0.mlp.down_proj", 512, 256, false}};

@@ -311,7 +311,7 @@ TEST_CASE("convert refuses plain checkpoints, an existing output and writing ove
   REQUIRE_THROWS_AS(parse_size("5 parsecs"), Error);
 }
 
-TEST_CASE("8-bit GPTQ -> Marlin (uint8b128) -> GPTQ is exact; 8-bit zero points are refused for Marlin", "[formats][convert]") {
+TEST_CASE("8-bit GPTQ -> Marlin (uint8b128) -> GPTQ is exact, 8-bit zero points are refused for Marlin", "[formats][convert]") {
   TempDir td("b8");
   synth::Options o;
   o.bits = 8;

@@ -191,7 +191,7 @@ TEST_CASE("GPU forward: Qwen2 biases, Qwen3 q/k norm, Mistral's window and GQA m
   }
 }
 
-TEST_CASE("GPU forward: Hessian sums equal the CPU accumulator's; capture-only passes leave the hidden states",
+TEST_CASE("GPU forward: Hessian sums equal the CPU accumulator's, capture-only passes leave the hidden states",
           "[gpu][forward][hessian]") {
   const LlamaModel m = LlamaModel::open(std::filesystem::path(MARLINC_SOURCE_DIR) / "data" / "sample" / "model");
   const LlamaConfig& c = m.config();

@@ -62,7 +62,7 @@ TEST_CASE("dispatch: m = 17..32 keeps the two smallest 8B layers on mma.sync", "
   }
 }
 
-TEST_CASE("dispatch: above m = 32 never mma.sync; dequantize + cuBLAS only for large m", "[kernels][dispatch]") {
+TEST_CASE("dispatch: above m = 32 never mma.sync, dequantize + cuBLAS only for large m", "[kernels][dispatch]") {
   const std::vector<Layer> all{kQkv8B, kO8B, kGateUp8B, kDown8B, kQkv70B, kO70B, kGateUp70B, kDown70B, kLarge};
   for (int m : {33, 64, 100, 128, 256, 1000, 1024, 2048}) {
     INFO("m " << m);

@@ -77,7 +77,7 @@ TEST_CASE("upper Cholesky factor of H^-1: fast equals the literal chol/inverse/c
   CHECK_FALSE(gptq::inverse_cholesky_upper_ref(bad, Ur));
 }
 
-TEST_CASE("damping grows by 0.01 until Cholesky succeeds; RTN fallback when it never does", "[quantizer][gptq]") {
+TEST_CASE("damping grows by 0.01 until Cholesky succeeds, RTN fallback when it never does", "[quantizer][gptq]") {
   test::check_damping_retry(GptqOptions::Device::Cpu);
 }
 

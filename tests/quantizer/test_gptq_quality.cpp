@@ -110,7 +110,7 @@ TEST_CASE("GPTQ beats RTN, clip beats GPTQ, 2:4 joint beats magnitude+RTN on hel
   qs.validate();  // exactly 2 kept per 4, codes in range
 }
 
-TEST_CASE("column orders keep quality; act-order variants are not worse than natural", "[quantizer][quality]") {
+TEST_CASE("column orders keep quality, act-order variants are not worse than natural", "[quantizer][quality]") {
   const Fixture& f = fixture();
   GptqOptions o = base_opts();
   const double natural = test::rel_output_error(f.L, gptq_quantize(f.L.W.data(), kN, kK, f.H, o));

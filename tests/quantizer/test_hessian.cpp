@@ -93,7 +93,7 @@ TEST_CASE("Hessian accumulator rejects misuse", "[quantizer][hessian]") {
   CHECK_THROWS_AS(HessianAccumulator(0), marlinc::Error);
 }
 
-TEST_CASE("Hessian save/load round trip resumes accumulation; corrupted files are refused", "[quantizer][hessian]") {
+TEST_CASE("Hessian save/load round trip resumes accumulation, corrupted files are refused", "[quantizer][hessian]") {
   test::TempDir dir("hessian");
   const int64_t k = 40;
   const test::RowMatF X = random_tokens(50, k, 8);

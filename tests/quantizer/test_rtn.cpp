@@ -100,7 +100,7 @@ TEST_CASE("Lp clip search never increases the per-row-group Lp error", "[quantiz
   CHECK(strictly_better > 0);  // heavy tails: shrinking must win somewhere
 }
 
-TEST_CASE("weighted clip: identity weighting equals the unweighted L2 search; batched matches scalar", "[quantizer][clip]") {
+TEST_CASE("weighted clip: identity weighting equals the unweighted L2 search, batched matches scalar", "[quantizer][clip]") {
   const int64_t g = 128, cols = 96;
   const std::vector<float> Xf = random_weights(g, cols, 3);  // [g, cols]
   const std::vector<double> X(Xf.begin(), Xf.end());
