@@ -25,10 +25,42 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
+// Dimensions above this are refused: no model comes near, and products of two of them (heads x head_dim,
+// rows x columns) then stay far from int64 overflow.
+constexpr int64_t kMaxDim = int64_t(1) << 24;
+
+bool present(const json& o, const char* key) { return o.contains(key) && !o[key].is_null(); }
+
 int64_t req_int(const json& cfg, const char* key, const std::string& label) {
-  if (!cfg.contains(key) || !cfg[key].is_number_integer() || cfg[key].get<int64_t>() <= 0)
-    bad_data(label + ": '" + key + "' must be a positive integer");
+  if (!cfg.contains(key) || !cfg[key].is_number_integer() || cfg[key].get<int64_t>() <= 0 ||
+      cfg[key].get<int64_t>() > kMaxDim)
+    bad_data(label + ": '" + key + "' must be a positive integer up to 2^24");
   return cfg[key].get<int64_t>();
+}
+
+// Optional keys: absent or null gives the default; any other type, or a value out of range, is an
+// error naming the key (nlohmann's own type errors would not say which file or key).
+int64_t opt_int(const json& o, const char* key, int64_t dflt, int64_t lo, const std::string& label) {
+  if (!present(o, key)) return dflt;
+  if (!o[key].is_number_integer() || o[key].get<int64_t>() < lo)
+    bad_data(label + ": '" + key + "' must be an integer >= " + std::to_string(lo));
+  return o[key].get<int64_t>();
+}
+double opt_positive(const json& o, const char* key, double dflt, const std::string& label) {
+  if (!present(o, key)) return dflt;
+  if (!o[key].is_number() || !std::isfinite(o[key].get<double>()) || o[key].get<double>() <= 0)
+    bad_data(label + ": '" + key + "' must be a positive finite number");
+  return o[key].get<double>();
+}
+bool opt_bool(const json& o, const char* key, bool dflt, const std::string& label) {
+  if (!present(o, key)) return dflt;
+  if (!o[key].is_boolean()) bad_data(label + ": '" + key + "' must be true or false");
+  return o[key].get<bool>();
+}
+std::string opt_string(const json& o, const char* key, const std::string& dflt, const std::string& label) {
+  if (!present(o, key)) return dflt;
+  if (!o[key].is_string()) bad_data(label + ": '" + key + "' must be a string");
+  return o[key].get<std::string>();
 }
 
 }  // namespace
@@ -40,7 +72,7 @@ LlamaConfig LlamaConfig::from_json(const json& cfg, const std::string& label) {
       cfg["architectures"][0].is_string()) {
     c.architecture = cfg["architectures"][0].get<std::string>();
   } else {
-    const std::string mt = cfg.value("model_type", std::string());
+    const std::string mt = opt_string(cfg, "model_type", "", label);
     if (mt == "llama") c.architecture = "LlamaForCausalLM";
     else if (mt == "mistral") c.architecture = "MistralForCausalLM";
     else if (mt == "qwen2") c.architecture = "Qwen2ForCausalLM";
@@ -66,35 +98,34 @@ LlamaConfig LlamaConfig::from_json(const json& cfg, const std::string& label) {
     bad_data(label + ": num_attention_heads " + std::to_string(c.heads) + " is not a multiple of num_key_value_heads " +
              std::to_string(c.kv_heads));
   if (c.head_dim % 2 != 0) bad_data(label + ": head_dim " + std::to_string(c.head_dim) + " must be even for RoPE");
-  c.max_position_embeddings = cfg.value("max_position_embeddings", int64_t{0});
-  if (c.family == Family::Mistral && cfg.contains("sliding_window") && cfg["sliding_window"].is_number_integer())
-    c.sliding_window = cfg["sliding_window"].get<int64_t>();
-  if (c.family == Family::Qwen2 && cfg.value("use_sliding_window", false))
+  c.max_position_embeddings = opt_int(cfg, "max_position_embeddings", 0, 0, label);
+  if (c.family == Family::Mistral) c.sliding_window = opt_int(cfg, "sliding_window", 0, 0, label);
+  if (c.family == Family::Qwen2 && opt_bool(cfg, "use_sliding_window", false, label))
     bad_data(label + ": use_sliding_window is not supported for Qwen2 (set it false; calibration sequences are short)");
-  c.rms_eps = cfg.value("rms_norm_eps", 1e-6);
-  const std::string act = cfg.value("hidden_act", std::string("silu"));
+  c.rms_eps = opt_positive(cfg, "rms_norm_eps", 1e-6, label);
+  const std::string act = opt_string(cfg, "hidden_act", "silu", label);
   if (act != "silu") bad_data(label + ": hidden_act '" + act + "' is not supported (supported: silu)");
-  c.tie_embeddings = cfg.value("tie_word_embeddings", false);
+  c.tie_embeddings = opt_bool(cfg, "tie_word_embeddings", false, label);
   c.qk_norm = c.family == Family::Qwen3;
 
   // RoPE: transformers 4 writes rope_theta and rope_scaling; transformers 5 writes rope_parameters.
   const json* rp = nullptr;
   if (cfg.contains("rope_scaling") && cfg["rope_scaling"].is_object()) rp = &cfg["rope_scaling"];
   else if (cfg.contains("rope_parameters") && cfg["rope_parameters"].is_object()) rp = &cfg["rope_parameters"];
-  if (cfg.contains("rope_theta") && cfg["rope_theta"].is_number()) c.rope_theta = cfg["rope_theta"].get<double>();
-  else if (rp && rp->contains("rope_theta") && (*rp)["rope_theta"].is_number()) c.rope_theta = (*rp)["rope_theta"].get<double>();
+  if (present(cfg, "rope_theta")) c.rope_theta = opt_positive(cfg, "rope_theta", c.rope_theta, label);
+  else if (rp) c.rope_theta = opt_positive(*rp, "rope_theta", c.rope_theta, label);
   if (rp) {
-    std::string type = rp->value("rope_type", rp->value("type", std::string("default")));
+    const std::string type = opt_string(*rp, "rope_type", opt_string(*rp, "type", "default", label), label);
     c.rope_scaling.type = type;
     if (type == "linear" || type == "llama3") {
-      if (!rp->contains("factor") || !(*rp)["factor"].is_number() || (*rp)["factor"].get<double>() <= 0)
-        bad_data(label + ": rope scaling '" + type + "' needs a positive 'factor'");
-      c.rope_scaling.factor = (*rp)["factor"].get<double>();
+      if (!present(*rp, "factor")) bad_data(label + ": rope scaling '" + type + "' needs a positive 'factor'");
+      c.rope_scaling.factor = opt_positive(*rp, "factor", 1.0, label);
     }
     if (type == "llama3") {
-      c.rope_scaling.low_freq_factor = rp->value("low_freq_factor", 1.0);
-      c.rope_scaling.high_freq_factor = rp->value("high_freq_factor", 4.0);
-      c.rope_scaling.original_max_position_embeddings = rp->value("original_max_position_embeddings", int64_t{8192});
+      c.rope_scaling.low_freq_factor = opt_positive(*rp, "low_freq_factor", 1.0, label);
+      c.rope_scaling.high_freq_factor = opt_positive(*rp, "high_freq_factor", 4.0, label);
+      c.rope_scaling.original_max_position_embeddings =
+          opt_int(*rp, "original_max_position_embeddings", 8192, 1, label);
       if (c.rope_scaling.high_freq_factor <= c.rope_scaling.low_freq_factor)
         bad_data(label + ": llama3 rope scaling needs high_freq_factor > low_freq_factor");
     } else if (type != "default" && type != "linear") {

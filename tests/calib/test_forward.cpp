@@ -4,6 +4,9 @@
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "checkpoint/convert_dtype.h"
 #include "checkpoint/error.h"
@@ -186,6 +189,65 @@ TEST_CASE("config.json parsing: architectures, RoPE theta and llama3 scaling", "
   cfg["architectures"] = {"Qwen3ForCausalLM"};
   cfg["rope_parameters"] = {{"rope_theta", 1e6}, {"rope_type", "yarn"}, {"factor", 4.0}};
   REQUIRE_THROWS_AS(LlamaConfig::from_json(cfg, "cfg"), Error);
+}
+
+// Found by mutating the sample's config.json under `marlinc quantize`: wrong-typed optional keys ended in
+// "internal error" with nlohmann's message (no file, no key), and some out-of-range values passed.
+TEST_CASE("config.json parsing: a key of the wrong type or out of range is refused naming file and key", "[forward]") {
+  const nlohmann::json base = {{"architectures", {"LlamaForCausalLM"}}, {"hidden_size", 64}, {"intermediate_size", 128},
+                               {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"vocab_size", 100},
+                               {"rope_parameters", {{"rope_theta", 10000.0}, {"rope_type", "llama3"}, {"factor", 8.0}}}};
+  REQUIRE_NOTHROW(LlamaConfig::from_json(base, "dir/config.json"));
+  struct Bad { const char* key; nlohmann::json value; };
+  const std::vector<Bad> bads = {
+      {"hidden_act", 7}, {"hidden_act", nlohmann::json::array()}, {"max_position_embeddings", "x"},
+      {"max_position_embeddings", -1}, {"max_position_embeddings", 1.5}, {"rms_norm_eps", 0},
+      {"rms_norm_eps", -1e-6}, {"rms_norm_eps", "x"}, {"tie_word_embeddings", "x"}, {"tie_word_embeddings", 1},
+      {"rope_theta", -1}, {"rope_theta", 0}, {"rope_theta", "x"}, {"hidden_size", int64_t(1) << 40},
+      {"num_attention_heads", int64_t(1) << 25}, {"vocab_size", 1.5}};
+  for (const Bad& b : bads) {
+    nlohmann::json cfg = base;
+    cfg[b.key] = b.value;
+    INFO(b.key << " = " << b.value.dump());
+    std::string msg;
+    try {
+      LlamaConfig::from_json(cfg, "dir/config.json");
+    } catch (const Error& e) {
+      CHECK(e.kind() == ErrorKind::BadData);
+      msg = e.what();
+    }
+    CHECK(msg.find("dir/config.json") != std::string::npos);
+    CHECK(msg.find(b.key) != std::string::npos);
+  }
+  // The same inside rope_parameters, and the family-specific keys.
+  const std::vector<std::pair<const char*, nlohmann::json>> rope_bads = {
+      {"rope_theta", "x"}, {"rope_theta", -5.0}, {"rope_type", 3}, {"factor", "x"}, {"low_freq_factor", "x"},
+      {"original_max_position_embeddings", "x"}};
+  for (const auto& [key, value] : rope_bads) {
+    nlohmann::json cfg = base;
+    cfg["rope_parameters"][key] = value;
+    INFO("rope_parameters." << key << " = " << value.dump());
+    std::string msg;
+    try { LlamaConfig::from_json(cfg, "dir/config.json"); } catch (const Error& e) { msg = e.what(); }
+    CHECK(msg.find(key) != std::string::npos);
+  }
+  nlohmann::json mistral = base;
+  mistral["architectures"] = {"MistralForCausalLM"};
+  mistral["sliding_window"] = "x";
+  REQUIRE_THROWS_AS(LlamaConfig::from_json(mistral, "dir/config.json"), Error);
+  mistral["sliding_window"] = nullptr;  // transformers writes null for no window
+  CHECK(LlamaConfig::from_json(mistral, "dir/config.json").sliding_window == 0);
+  nlohmann::json qwen = base;
+  qwen["architectures"] = {"Qwen2ForCausalLM"};
+  qwen["use_sliding_window"] = "no";
+  REQUIRE_THROWS_AS(LlamaConfig::from_json(qwen, "dir/config.json"), Error);
+  // null is absent: the defaults apply.
+  nlohmann::json nulls = base;
+  for (const char* k : {"hidden_act", "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings"}) nulls[k] = nullptr;
+  const LlamaConfig c = LlamaConfig::from_json(nulls, "dir/config.json");
+  CHECK(c.rms_eps == 1e-6);
+  CHECK(!c.tie_embeddings);
+  CHECK(c.max_position_embeddings == 0);
 }
 
 TEST_CASE("marlinc ppl method reproduces the stories260K perplexities", "[forward][ppl]") {
