@@ -81,6 +81,32 @@ const json* ct_weights(const json& qc) {
   return nullptr;
 }
 
+// Quantization-config keys that detect_format reads, and the JSON type each must have. One present with
+// another type (a string "4" for bits, a number for sym) would otherwise read as absent, and the tensors'
+// own values would be taken without a word while loaders that trust the config fail on it.
+enum class KeyType { Int, Bool, String };
+struct KnownKey { const char* key; KeyType type; };
+constexpr KnownKey kQuantKeys[] = {
+    {"bits", KeyType::Int},          {"w_bit", KeyType::Int},          {"group_size", KeyType::Int},
+    {"q_group_size", KeyType::Int},  {"sym", KeyType::Bool},           {"zero_point", KeyType::Bool},
+    {"desc_act", KeyType::Bool},     {"is_marlin_format", KeyType::Bool}, {"quant_method", KeyType::String},
+    {"checkpoint_format", KeyType::String}, {"format", KeyType::String}, {"version", KeyType::String}};
+constexpr KnownKey kCtWeightKeys[] = {{"num_bits", KeyType::Int}, {"group_size", KeyType::Int},
+                                      {"symmetric", KeyType::Bool}, {"strategy", KeyType::String}};
+
+bool has_type(const json& v, KeyType t) {
+  return t == KeyType::Int ? v.is_number_integer() : t == KeyType::Bool ? v.is_boolean() : v.is_string();
+}
+const char* type_word(KeyType t) { return t == KeyType::Int ? "an integer" : t == KeyType::Bool ? "true or false" : "a string"; }
+
+// One note per mistyped key ("config key ..."; verify reports these as problems).
+template <size_t N>
+void note_mistyped(const json& obj, const KnownKey (&keys)[N], const std::string& where, std::vector<std::string>& notes) {
+  for (const KnownKey& k : keys)
+    if (const json* v = get(obj, k.key); v && !has_type(*v, k.type))
+      notes.push_back("config key " + where + k.key + " is " + v->dump() + ", not " + type_word(k.type));
+}
+
 const TensorInfo& info(const Checkpoint& ck, const std::string& name) { return *ck.at(name).info; }
 
 [[noreturn]] void shape_fail(const Checkpoint& ck, const std::string& tensor, const std::string& rule) {
@@ -280,6 +306,8 @@ std::vector<QuantizedModuleShape> quantized_module_shapes(const Checkpoint& ck, 
 FormatInfo detect_format(const Checkpoint& ck) {
   FormatInfo fi;
   const json& qc = ck.quantize_config();
+  note_mistyped(qc, kQuantKeys, "", fi.notes);
+  if (const json* w = ct_weights(qc)) note_mistyped(*w, kCtWeightKeys, "config_groups.*.weights.", fi.notes);
   const std::string method = get_str(qc, "quant_method");
   std::string ckfmt = get_str(qc, "checkpoint_format");
   if (ckfmt.empty()) ckfmt = get_str(qc, "format");  // GPTQModel alias; compressed-tensors' format

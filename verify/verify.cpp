@@ -308,6 +308,8 @@ VerifyReport verify_checkpoint(const std::filesystem::path& dir, const VerifyOpt
   // detect_format's notes that say the config and the data disagree are failures here: a loader
   // trusting the label would compute wrong weights. The others (assumed defaults, act-order) inform.
   for (const auto& note : fi.notes)
+    if (note.rfind("config key ", 0) == 0) rep.global_problems.push_back("malformed quantization config: " + note);
+  for (const auto& note : fi.notes)
     for (const char* marker : {" but ", "disagrees", "lacks the companion", "differs from", "not uniformly"})
       if (note.find(marker) != std::string::npos) {
         rep.global_problems.push_back("config and data disagree: " + note);

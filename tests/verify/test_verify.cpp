@@ -3,6 +3,8 @@
 #include <cmath>
 #include <fstream>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/error.h"
@@ -290,6 +292,27 @@ TEST_CASE("GPTQ v2 zero points labelled v1 fail verification", "[verify]") {
   for (auto& p : r.global_problems) all += p + "\n";
   INFO(all);
   CHECK(all.find("v2") != std::string::npos);
+}
+
+// A known key with the wrong JSON type used to read as absent: the tensors' values were taken and the
+// checkpoint certified, although loaders that trust the config fail on it.
+TEST_CASE("a quantization-config key of the wrong type fails verification, naming the key", "[verify]") {
+  struct Case { TargetFormat fmt; const char* key; nlohmann::json value; };
+  const std::vector<Case> cases = {{TargetFormat::GptqV1, "bits", "4"},         {TargetFormat::GptqV1, "sym", 1},
+                                   {TargetFormat::GptqV1, "desc_act", "false"}, {TargetFormat::GptqV1, "group_size", 1.5},
+                                   {TargetFormat::Marlin, "checkpoint_format", 7}, {TargetFormat::GptqV1, "quant_method", nlohmann::json::object()}};
+  for (const Case& c : cases) {
+    test::TempDir tmp("verify-mistyped");
+    write_quantized(tmp.path / "q", c.fmt);
+    REQUIRE(verify_checkpoint(tmp.path / "q", {}).ok());
+    edit_quant_configs(tmp.path / "q", [&](nlohmann::json& q) { q[c.key] = c.value; });
+    const VerifyReport r = verify_checkpoint(tmp.path / "q", {});
+    std::string all;
+    for (auto& p : r.global_problems) all += p + "\n";
+    INFO(c.key << " = " << c.value.dump() << ": " << all);
+    CHECK(!r.ok());
+    CHECK(all.find(std::string("config key ") + c.key) != std::string::npos);
+  }
 }
 
 TEST_CASE("a missing shard is an error naming the shard", "[verify]") {
