@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds and runs every test that needs no GPU, then fuzzes the safetensors header parser and the
-# resume job's readers for a bounded time each. Prints "N passed, M failed" last.
+# Builds and runs every test that needs no GPU, then fuzzes the safetensors header parser, the resume
+# job's readers and the model's config.json reader for a bounded time each. Prints "N passed, M failed"
+# last.
 #
 # Two builds, so that both sides of MARLINC_CUDA are compiled and tested without building everything
 # three times on a 2-core machine:
@@ -46,12 +47,13 @@ cmake --build --preset asan
 ASAN_OPTIONS=detect_leaks=1 ctest --preset asan 2>&1 | tee "$logs/asan.log" || true
 count "$logs/asan.log"
 
-stamp "fuzzing the safetensors header parser and the resume job's readers, ${FUZZ_SECONDS}s each"
+stamp "fuzzing the safetensors header parser, the resume job's readers and config.json, ${FUZZ_SECONDS}s each"
 cmake --preset fuzz >/dev/null
-cmake --build build/fuzz --target fuzz_safetensors_header fuzz_job_file
-for target in safetensors_header job_file; do
+cmake --build build/fuzz --target fuzz_safetensors_header fuzz_job_file fuzz_model_config
+for target in safetensors_header job_file model_config; do
   corpus=tests/fuzz/corpus
   [ "$target" = job_file ] && corpus=tests/fuzz/corpus_job
+  [ "$target" = model_config ] && corpus=tests/fuzz/corpus_config
   mkdir -p "build/fuzz/corpus_$target"
   if ./build/fuzz/tests/fuzz/fuzz_$target -max_total_time="$FUZZ_SECONDS" -max_len=4096 -print_final_stats=1 \
       "build/fuzz/corpus_$target" "$corpus" > "$logs/fuzz_$target.log" 2>&1; then

@@ -92,8 +92,14 @@ LlamaConfig LlamaConfig::from_json(const json& cfg, const std::string& label) {
   c.kv_heads = cfg.contains("num_key_value_heads") && !cfg["num_key_value_heads"].is_null()
                    ? req_int(cfg, "num_key_value_heads", label) : c.heads;
   c.vocab = req_int(cfg, "vocab_size", label);
-  c.head_dim = cfg.contains("head_dim") && !cfg["head_dim"].is_null() ? req_int(cfg, "head_dim", label)
-                                                                     : c.hidden / c.heads;
+  if (present(cfg, "head_dim")) {
+    c.head_dim = req_int(cfg, "head_dim", label);
+  } else {
+    if (c.hidden % c.heads != 0)
+      bad_data(label + ": hidden_size " + std::to_string(c.hidden) + " is not a multiple of num_attention_heads " +
+               std::to_string(c.heads) + " (and no head_dim is given)");
+    c.head_dim = c.hidden / c.heads;
+  }
   if (c.heads % c.kv_heads != 0)
     bad_data(label + ": num_attention_heads " + std::to_string(c.heads) + " is not a multiple of num_key_value_heads " +
              std::to_string(c.kv_heads));

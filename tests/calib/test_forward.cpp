@@ -204,7 +204,7 @@ TEST_CASE("config.json parsing: a key of the wrong type or out of range is refus
       {"max_position_embeddings", -1}, {"max_position_embeddings", 1.5}, {"rms_norm_eps", 0},
       {"rms_norm_eps", -1e-6}, {"rms_norm_eps", "x"}, {"tie_word_embeddings", "x"}, {"tie_word_embeddings", 1},
       {"rope_theta", -1}, {"rope_theta", 0}, {"rope_theta", "x"}, {"hidden_size", int64_t(1) << 40},
-      {"num_attention_heads", int64_t(1) << 25}, {"vocab_size", 1.5}};
+      {"num_attention_heads", int64_t(1) << 25}, {"num_attention_heads", 5}, {"vocab_size", 1.5}};
   for (const Bad& b : bads) {
     nlohmann::json cfg = base;
     cfg[b.key] = b.value;
