@@ -3,7 +3,9 @@
 // FP16 weights for cuBLAS, >= 512 MB per sweep), 64 calls captured in one CUDA graph, median of 7
 // replays (spread printed), cuBLAS (cublasGemmEx, fp16 in/out, fp32 accumulate) and a device-to-device
 // copy bandwidth measured in the same run. Random data only. Prints per-(set, m) rows and a summary
-// table last; --json PATH writes every number; --explore also times every tile configuration.
+// table last; --json PATH writes every number; --explore also times every tile configuration;
+// --timeline (builds with MARLINC_TIMELINE=ON) prints per-block phase timings of each layer's auto kernel, and
+// --timeline-dump DIR also writes their raw per-block records (scripts/experiments/timeline_path.py reads them).
 // The fused kernel is timed twice: plainly ("serial") and with MarlinGemm::overlap_previous
 // (programmatic dependent launch: each call streams its first weight tiles while the previous call
 // finishes, as in a model's sequence of layers, whose weights are constant); Auto uses the latter.
@@ -115,6 +117,86 @@ Stats time_graph(cudaStream_t st, const std::function<void(int)>& call) {
 }
 
 struct Layer { int k, n; };
+// --timeline: the layer's auto kernel timed again with per-block timestamps (marlin_timeline, builds
+// with MARLINC_TIMELINE=ON); one line of medians over the graph's calls 8..63 (steady state):
+// the period between consecutive calls' first block entries, the gap from the previous call's last
+// block exit to this call's first entry (negative: the calls overlap), the spread of block entries,
+// and per block (medians) entry -> past the wait for the previous kernel -> first tile in shared memory
+// -> products done -> exit, and the spread of exits (last - median).
+std::string timeline_line(cudaStream_t st, unsigned long long* buf, const std::function<void(int)>& call,
+                          const char* set, int group, int m, int k, int n, double timed_us, const char* kernel,
+                          const std::string& dump_dir) {
+  const size_t words = size_t(kCalls) * kTlSlotWords;
+  CK(cudaMemsetAsync(buf, 0, words * 8, st));
+  marlin_timeline(buf, kCalls);
+  time_graph(st, call);  // eager calls, then the graph's: the last replay's call i fills slot i
+  marlin_timeline(nullptr, 0);
+  std::vector<unsigned long long> h(words);
+  CK(cudaMemcpy(h.data(), buf, words * 8, cudaMemcpyDeviceToHost));
+  if (!dump_dir.empty()) {  // --timeline-dump: raw records of calls 30..33, ns from call 30's first entry
+    char path[512];
+    std::snprintf(path, sizeof path, "%s/tl_%s_g%d_m%d_k%d_n%d.csv", dump_dir.c_str(), set, group, m, k, n);
+    if (FILE* f = std::fopen(path, "w")) {
+      unsigned long long base = ~0ull;
+      for (int b = 0; b < kTlMaxBlocks; ++b) {
+        const unsigned long long e = h[size_t(30) * kTlSlotWords + size_t(b) * kTlRecord + kTlEntry];
+        if (e) base = std::min(base, e);
+      }
+      std::fprintf(f, "call,block,entry,waited,first,computed,reduced,exit,sm,info\n");
+      for (int c = 30; c < 34; ++c)
+        for (int b = 0; b < kTlMaxBlocks; ++b) {
+          const unsigned long long* q = h.data() + size_t(c) * kTlSlotWords + size_t(b) * kTlRecord;
+          if (q[kTlEntry] == 0) continue;
+          auto rel = [&](int pt) { return q[pt] ? (long long)(q[pt] - base) : -1ll; };
+          std::fprintf(f, "%d,%d,%lld,%lld,%lld,%lld,%lld,%lld,%llu,%llu\n", c, b, rel(kTlEntry), rel(kTlWaited),
+                       rel(kTlFirstData), rel(kTlComputed), rel(kTlReduced), rel(kTlExit), q[kTlSm], q[kTlInfo]);
+        }
+      std::fclose(f);
+    }
+  }
+  auto med = [](std::vector<double> v) {
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  std::vector<double> period, gap, espread, waited, first, loop, finish, xspread;
+  int blocks = 0;
+  double prev_e0 = 0, prev_x1 = 0;
+  for (int c = 0; c < kCalls; ++c) {
+    const unsigned long long* r = h.data() + size_t(c) * kTlSlotWords;
+    double e0 = 1e300, e1 = 0, x1 = 0;
+    std::vector<double> w, f, l, x, xs;
+    int nb = 0;
+    for (int b = 0; b < kTlMaxBlocks; ++b) {
+      const unsigned long long* q = r + size_t(b) * kTlRecord;
+      if (q[kTlEntry] == 0 || q[kTlExit] == 0) continue;
+      ++nb;
+      const double e = double(q[kTlEntry]), ex = double(q[kTlExit]);
+      e0 = std::min(e0, e), e1 = std::max(e1, e), x1 = std::max(x1, ex);
+      xs.push_back(ex);
+      if (q[kTlWaited]) w.push_back(double(q[kTlWaited]) - e);
+      if (q[kTlFirstData]) f.push_back(double(q[kTlFirstData]) - double(q[kTlWaited] ? q[kTlWaited] : q[kTlEntry]));
+      if (q[kTlComputed] && q[kTlFirstData]) l.push_back(double(q[kTlComputed]) - double(q[kTlFirstData]));
+      if (q[kTlComputed]) x.push_back(ex - double(q[kTlComputed]));
+    }
+    if (nb == 0) return std::string("timeline: no records (this build was configured without MARLINC_TIMELINE=ON)\n");
+    blocks = nb;
+    if (c >= 8) {
+      period.push_back(e0 - prev_e0), gap.push_back(e0 - prev_x1), espread.push_back(e1 - e0);
+      waited.push_back(med(w)), first.push_back(med(f)), loop.push_back(med(l)), finish.push_back(med(x));
+      xspread.push_back(x1 - med(xs));
+    }
+    prev_e0 = e0, prev_x1 = x1;
+  }
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "timeline %s g%d m%d k%d n%d %s: timed %.2f us | period %.2f | gap %.2f | entry spread %.2f | "
+                "blocks %d | wait %.2f | first data %.2f | products %.2f | reduce+exit %.2f | exit spread %.2f\n",
+                set, group, m, k, n, kernel, timed_us, med(period) / 1e3, med(gap) / 1e3, med(espread) / 1e3, blocks,
+                med(waited) / 1e3, med(first) / 1e3, med(loop) / 1e3, med(finish) / 1e3, med(xspread) / 1e3);
+  return line;
+}
+
 struct LayerSet { const char* name; int group; std::vector<Layer> layers; };
 
 struct Row {
@@ -139,6 +221,8 @@ int main(int argc, char** argv) {
   int wgmma_rows = 0;  // 0: the kernel's own pick for m
   int wgmma_pipeline = 0;  // 0: the kernel's own pick per tile (MarlinGemm::wgmma_pipeline)
   std::string json_path;
+  bool timeline = false;
+  std::string timeline_dump;  // --timeline-dump DIR: one csv of raw per-block records per layer and m
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--explore") explore = true;
@@ -146,6 +230,8 @@ int main(int argc, char** argv) {
     else if (a == "--wgmma-rows" && i + 1 < argc) time_wgmma = true, wgmma_rows = std::atoi(argv[++i]);
     else if (a == "--wgmma-pipeline" && i + 1 < argc) wgmma_pipeline = std::atoi(argv[++i]);
     else if (a == "--json" && i + 1 < argc) json_path = argv[++i];
+    else if (a == "--timeline") timeline = true;
+    else if (a == "--timeline-dump" && i + 1 < argc) timeline = true, timeline_dump = argv[++i];
     else if (a == "--sets" && i + 1 < argc) {
       sets_wanted.clear();
       std::string v = argv[++i];
@@ -167,7 +253,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: bench_marlin [--sets llama3-8b,llama3-70b,large,KxN[gG]] [--ms 1,16,...] [--explore]"
-                   " [--wgmma] [--wgmma-rows 8|16|32|64|128] [--wgmma-pipeline 1|2] [--json PATH]\n");
+                   " [--wgmma] [--wgmma-rows 8|16|32|64|128] [--wgmma-pipeline 1|2] [--timeline] [--timeline-dump DIR] [--json PATH]\n");
       return 2;
     }
   }
@@ -243,7 +329,13 @@ int main(int argc, char** argv) {
   CK(cudaMemset(ws, 0, ws_bytes));
 
   std::vector<Row> rows;
-  std::string explore_log;
+  std::string explore_log, timeline_log;
+  unsigned long long* tl_buf = nullptr;
+  if (timeline && !marlin_timeline(nullptr, 0)) {
+    std::printf("--timeline: this build does not record timelines (configure with -DMARLINC_TIMELINE=ON)\n");
+    timeline = false;
+  }
+  if (timeline) CK(cudaMalloc(&tl_buf, size_t(kCalls) * kTlSlotWords * 8));
   for (const LayerSet& set : all_sets) {
     if (std::find(sets_wanted.begin(), sets_wanted.end(), set.name) == sets_wanted.end()) continue;
     std::vector<Row> set_rows;
@@ -326,6 +418,11 @@ int main(int argc, char** argv) {
         std::snprintf(lj, sizeof lj, "%s[%d, %d, %.2f, %.2f, %.2f, %.2f, %.2f]", R.layers_json.empty() ? "" : ", ", L.k,
                       L.n, sc.us, sf.us, ss.us, dq, wg);
         R.layers_json += lj;
+        if (timeline && !auto_cublas) {
+          const MarlinPath tp = auto_wg ? MarlinPath::Wgmma : MarlinPath::Marlin;
+          timeline_log += timeline_line(st, tl_buf, marlin_call(tp, 0, 0, true, 0, auto_wg ? wgmma_rows : 0), set.name,
+                                        set.group, m, L.k, L.n, auto_wg ? wg : sf.us, auto_wg ? "wg" : "mma", timeline_dump);
+        }
         if (explore && m <= 128) {
           const int tiles[3][2] = {{128, 128}, {64, 256}, {128, 64}};
           char line[256];
@@ -356,6 +453,8 @@ int main(int argc, char** argv) {
   }
 
   if (!explore_log.empty()) std::printf("%s", explore_log.c_str());
+  if (!timeline_log.empty()) std::printf("%s", timeline_log.c_str());
+  if (tl_buf) CK(cudaFree(tl_buf));
   if (!json_path.empty()) {
     FILE* f = std::fopen(json_path.c_str(), "w");
     if (f) {

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <iterator>
 #include <limits>
@@ -339,9 +340,25 @@ bool use_pdl(const MarlinGemm& g, int dev) {
          (int64_t(g.n) * g.k < kOverlapMaxWeights || g.m <= kOverlapHugeMaxM);
 }
 
+// marlin_timeline's state: the buffer, its slots and the launches made since it was set.
+// Launches check the atomic flag without the lock, so that the usual case (off) costs one load.
+std::mutex g_tl_mu;
+std::atomic<bool> g_tl_on{false};
+unsigned long long* g_tl_buf = nullptr;
+int g_tl_slots = 0;
+uint64_t g_tl_launches = 0;
+
+unsigned long long* next_timeline_slot() {
+  if (!g_tl_on.load(std::memory_order_acquire)) return nullptr;
+  std::lock_guard<std::mutex> lock(g_tl_mu);
+  if (g_tl_buf == nullptr) return nullptr;
+  return g_tl_buf + size_t(g_tl_launches++ % uint64_t(g_tl_slots)) * kTlSlotWords;
+}
+
 // The argument block both fused kernels share (all but the partition).
 KernelArgs kernel_args(const MarlinGemm& g, int groups, int shift, int sms, const Partition& P) {
   KernelArgs a{};
+  a.timeline = P.grid <= kTlMaxBlocks ? next_timeline_slot() : nullptr;
   a.A = g.A;
   a.B = g.B;
   a.s = g.s;
@@ -424,6 +441,19 @@ MarlinStatus run_dequant_cublas(const MarlinGemm& g, int groups, int shift, int 
 }
 
 }  // namespace
+
+bool marlin_timeline(unsigned long long* buf, int slots) {
+  std::lock_guard<std::mutex> lock(g_tl_mu);
+  g_tl_buf = slots > 0 ? buf : nullptr;
+  g_tl_slots = slots > 0 ? slots : 0;
+  g_tl_launches = 0;
+  g_tl_on.store(g_tl_buf != nullptr, std::memory_order_release);
+#if defined(MARLINC_TIMELINE)
+  return true;
+#else
+  return false;
+#endif
+}
 
 MarlinPath marlin_auto_path(int m, int n, int k) {
   int dev = 0;

@@ -94,4 +94,25 @@ cudaError_t marlin_wgmma_probe(const uint16_t* A, const uint16_t* B, float* D, i
 struct MarlinTileChoice { int thread_m_blocks, thread_n, thread_k; };
 MarlinTileChoice marlin_choose_tiles(int m, int n, int k, int num_sms);
 
+// Diagnostics of the fixed per-call cost (bench_marlin --timeline). In builds configured with
+// MARLINC_TIMELINE=ON, every fused-kernel launch made after marlin_timeline(buf, slots) writes one record
+// of kTlRecord 64-bit words per block into slot (launch number % slots) of `buf` (device memory,
+// slots * kTlSlotWords words), launch numbers counting from 0 at this call: %globaltimer (ns) where
+// the block passes each point, and its SM. marlin_timeline(nullptr, 0) stops it. Returns whether this
+// build writes records (without MARLINC_TIMELINE the kernels ignore the buffer).
+enum MarlinTimelinePoint : int {
+  kTlEntry = 0,      // kernel entry
+  kTlWaited = 1,     // past the wait for the previous kernel (griddepcontrol.wait), first slice
+  kTlFirstData = 2,  // the first tile's operands are in shared memory
+  kTlComputed = 3,   // the last slice's products are done, before its reduction
+  kTlExit = 4,       // the block is done
+  kTlSm = 5,         // %smid
+  kTlReduced = 6,    // a finisher past the wait for its slice's deposits (last slice)
+  kTlInfo = 7,       // blocks sharing the last slice * 2 + (this block is its finisher)
+  kTlRecord = 8,     // 64-bit words per block
+};
+constexpr int kTlMaxBlocks = 1024;                    // blocks per slot: more than any grid (SMs x 2)
+constexpr int kTlSlotWords = kTlMaxBlocks * kTlRecord;
+bool marlin_timeline(unsigned long long* buf, int slots);
+
 }  // namespace marlinc::kernels

@@ -129,6 +129,28 @@ __device__ __forceinline__ void wait_previous_grid() {
 #endif
 }
 
+// Timeline mark (KernelArgs::timeline): the block's record of point `pt` is written where `on` holds.
+// A predicated store, not a branch: the Hopper kernel marks between wgmmas (a branch there makes ptxas
+// serialize them, C7513).
+__device__ __forceinline__ void tl_mark(const KernelArgs& p, int pt, bool on = true, unsigned long long info = 0) {
+#if defined(MARLINC_TIMELINE)
+  unsigned long long v = info;
+  if (pt == kTlInfo) {
+  } else if (pt == kTlSm) {
+    unsigned int sm;
+    asm volatile("mov.u32 %0, %%smid;\n" : "=r"(sm));
+    v = sm;
+  } else {
+    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(v));
+  }
+  unsigned long long* dst = p.timeline + size_t(blockIdx.x) * kTlRecord + pt;
+  asm volatile("{\n .reg .pred q;\n setp.ne.b32 q, %2, 0;\n @q st.global.u64 [%0], %1;\n}\n"
+               ::"l"(dst), "l"(v), "r"(int(on && p.timeline != nullptr)) : "memory");
+#else
+  (void)p, (void)pt, (void)on, (void)info;
+#endif
+}
+
 __device__ __forceinline__ int ld_acquire(const int* p) {
   int v;
   asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");

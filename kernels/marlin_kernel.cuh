@@ -116,6 +116,10 @@ __global__ void __launch_bounds__(kThreads, Shape<MB, TN, TK>::kBlocksPerSm) mar
   // Every block of this grid is resident by the time the next grid can start (a block that has not
   // launched has not made this call), so the stripe reduction's co-residency is kept.
   allow_next_grid();
+  const bool tl0 = tid == 0;
+  tl_mark(p, kTlEntry, tl0);
+  tl_mark(p, kTlSm, tl0);
+  bool tl_first = tl0;
 
   for (int pc = group; pc < p.par; pc += p.chunk_groups) {
     int it = local * p.iters;
@@ -231,6 +235,7 @@ __global__ void __launch_bounds__(kThreads, Shape<MB, TN, TK>::kBlocksPerSm) mar
       for (int st = 0; st < S::kStages - 1; ++st)
         if (st < cnt) load_weights(st, kt0 + st);
       wait_previous_grid();
+      tl_mark(p, kTlWaited, tl_first);
 #pragma unroll
       for (int st = 0; st < S::kStages - 1; ++st) {
         if (st < cnt) load_a(st, kt0 + st);
@@ -238,6 +243,8 @@ __global__ void __launch_bounds__(kThreads, Shape<MB, TN, TK>::kBlocksPerSm) mar
       }
       cp_async_wait<S::kStages - 2>();
       __syncthreads();
+      tl_mark(p, kTlFirstData, tl_first);
+      tl_first = false;
       Frags fr[2];
       load_frags(fr[0], 0, 0);
       int4 sv_cur = load_scales(0), sv_next = sv_cur;
@@ -270,6 +277,7 @@ __global__ void __launch_bounds__(kThreads, Shape<MB, TN, TK>::kBlocksPerSm) mar
       }
       cp_async_wait<0>();
       __syncthreads();
+      tl_mark(p, kTlComputed, tl0);
 
       // Reduce the k-warps' partial sums through shared memory (tree: halves the active warps per step).
       if constexpr (S::kKWarps > 1) {
@@ -316,6 +324,7 @@ __global__ void __launch_bounds__(kThreads, Shape<MB, TN, TK>::kBlocksPerSm) mar
       const int count = last_b - first_b + 1;
       const bool finisher = int(blockIdx.x) == first_b;
       const int valid_rows = min(S::kRows, p.m - row0);
+      tl_mark(p, kTlInfo, threadIdx.x == 0, unsigned(count) * 2u + (finisher ? 1u : 0u));
       if (count > 1) {
         int* counter = p.locks + first_b;
         if (!finisher) {
@@ -330,6 +339,7 @@ __global__ void __launch_bounds__(kThreads, Shape<MB, TN, TK>::kBlocksPerSm) mar
           deposit_done(counter, threadIdx.x == 0);
         } else {
           wait_deposits(counter, count - 1, threadIdx.x == 0);
+          tl_mark(p, kTlReduced, threadIdx.x == 0);
           if (wk == 0) {
             for (int b = first_b + 1; b <= last_b; ++b) {
               const float* other = p.red + size_t(b) * (S::kRows * TN);
@@ -384,6 +394,7 @@ __global__ void __launch_bounds__(kThreads, Shape<MB, TN, TK>::kBlocksPerSm) mar
       __syncthreads();  // the next slice's prologue overwrites the reduction area
     }
   }
+  tl_mark(p, kTlExit, tl0);
 }
 
 template <int DT, int MB, int TN, int TK>

@@ -6,6 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "kernels/marlin.h"
 #include "kernels/marlin_partition.h"
 
 namespace marlinc::kernels::detail {
@@ -27,7 +28,10 @@ struct KernelArgs {
   int iters;            // tiles per block stripe, within one row chunk's n_tiles x k_tiles
   int chunk_blocks;     // blocks sharing one row chunk (ceil(n_tiles * k_tiles / iters))
   int chunk_groups;     // groups of chunk_blocks blocks; grid = chunk_groups * chunk_blocks
+  unsigned long long* timeline;  // [grid, kTlRecord] per-block timestamps, or null (MARLINC_TIMELINE builds)
 };
+
+// The per-block timeline record layout (kTlEntry ...): kernels/marlin.h, marlin_timeline.
 
 // Launch options beyond the argument block.
 struct LaunchOpts {

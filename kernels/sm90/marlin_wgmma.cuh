@@ -112,6 +112,7 @@ __device__ __forceinline__ void wg_finish_slice(const KernelArgs& p, float (&acc
   const int count = last_b - first_b + 1;
   const bool finisher = int(blockIdx.x) == first_b, leader = team_tid == 0;
   constexpr int kQ = S::kAcc / 4;  // float4 per thread per wgmma accumulator
+  tl_mark(p, kTlInfo, leader, unsigned(count) * 2u + (finisher ? 1u : 0u));
   if (count > 1) {
     int* counter = p.locks + first_b;
     if (!finisher) {
@@ -126,6 +127,7 @@ __device__ __forceinline__ void wg_finish_slice(const KernelArgs& p, float (&acc
       deposit_done<kBar, kCount>(counter, leader);
     } else {
       wait_deposits<kBar, kCount>(counter, count - 1, leader);
+      tl_mark(p, kTlReduced, leader);
       for (int b = first_b + 1; b <= last_b; ++b) {
         const float4* other = reinterpret_cast<const float4*>(p.red + size_t(b) * S::kPart);
 #pragma unroll
@@ -191,6 +193,10 @@ __global__ void __launch_bounds__(256, NT <= 64 ? 2 : 1) marlin_wgmma_kernel(con
   const int group = blockIdx.x / p.chunk_blocks, local = blockIdx.x % p.chunk_blocks;
   const int base_b = group * p.chunk_blocks;
   allow_next_grid();  // see marlin_kernel: every block of this grid is resident before the next starts
+  const bool tl0 = tid == 0;
+  tl_mark(p, kTlEntry, tl0);
+  tl_mark(p, kTlSm, tl0);
+  bool tl_first = tl0;
 
   for (int pc = group; pc < p.par; pc += p.chunk_groups) {
     int it = local * p.iters;
@@ -295,6 +301,7 @@ __global__ void __launch_bounds__(256, NT <= 64 ? 2 : 1) marlin_wgmma_kernel(con
       for (int st = 0; st < kAhead; ++st)
         if (st < cnt) load_weights(st, kt0 + st);
       wait_previous_grid();
+      tl_mark(p, kTlWaited, tl_first);
 #pragma unroll
       for (int st = 0; st < kAhead; ++st) {
         if (st < cnt) load_a(st, kt0 + st);
@@ -308,6 +315,7 @@ __global__ void __launch_bounds__(256, NT <= 64 ? 2 : 1) marlin_wgmma_kernel(con
         cp_async_wait<kAhead - 1>();
         fence_proxy_async();
         __syncthreads();
+        tl_mark(p, kTlFirstData, tl_first && t == 0);
         // The copies go out before step 0 (tile t - 1's last wgmmas are still running): issued between
         // a wgmma and its wait, their branches make ptxas serialize every wgmma (C7513).
         if (t + kAhead < cnt) {
@@ -330,12 +338,15 @@ __global__ void __launch_bounds__(256, NT <= 64 ? 2 : 1) marlin_wgmma_kernel(con
       fence_regs(acc[0]);
       fence_regs(acc[1]);
       cp_async_wait<0>();
+      tl_mark(p, kTlComputed, tl0);
+      tl_first = false;
 
       wg_finish_slice<DT, GROUPED, NT, 0, 0>(p, acc, slice, row0, base_b, k_tiles, warp, lane, tid);
       it += cnt;
       __syncthreads();  // the next slice's prologue overwrites the stages
     }
   }
+  tl_mark(p, kTlExit, tl0);
 #else
   __trap();  // built only for sm_90a; the host never launches it elsewhere
 #endif

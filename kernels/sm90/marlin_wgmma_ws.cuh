@@ -104,6 +104,8 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS) marlin_wgmma_
     }
   __syncthreads();  // barriers initialized before anyone waits on or arrives at them
   allow_next_grid();  // see marlin_kernel: every block of this grid is resident before the next starts
+  tl_mark(p, kTlEntry, tid == 0);
+  tl_mark(p, kTlSm, tid == 0);
 
   const int k_tiles = p.k / S::kTK, n_tiles = p.n / S::kFeat;
   const int nk = n_tiles * k_tiles;
@@ -179,6 +181,9 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS) marlin_wgmma_
   regs_inc<S::kConsumerRegs>();
   wait_previous_grid();  // C, the workspace and its locks are the previous kernel's until it has finished
   const int ctid = tid - S::kProducerThreads, cw = ctid >> 5;
+  const bool tl0 = ctid == 0;  // the consumers' thread 0 marks the rest of the timeline
+  tl_mark(p, kTlWaited, tl0);
+  bool tl_first = tl0;
   const int w_byte = wl::weight_byte(wl::warp_tile(cw), lane, wl::warp_sub0(cw));
   const int s_byte = wl::scale_byte(wl::warp_tile(cw), lane, wl::warp_sub0(cw));
   RingPos r;
@@ -197,6 +202,7 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS) marlin_wgmma_
       for (int t = 0; t < cnt; ++t) {
         mbar_wait(full0 + 8 * r.st, r.phase);
         fence_proxy_async();  // the producer's cp.async writes (generic proxy) before wgmma's reads (async)
+        tl_mark(p, kTlFirstData, tl_first && t == 0);
         const unsigned char* stage = sh + r.st * S::kStage;
         WgWords w = wg_load_words<NT, GROUPED>(stage, 0, w_byte, s_byte, p.group_shift);
 #pragma unroll
@@ -216,10 +222,13 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS) marlin_wgmma_
       fence_regs(acc[0]);
       fence_regs(acc[1]);
       mbar_arrive_if(empty0 + 8 * prev, true);
+      tl_mark(p, kTlComputed, tl0);
+      tl_first = false;
       wg_finish_slice<DT, GROUPED, NT, 1, wl::kThreads>(p, acc, slice, pc * NT, base_b, k_tiles, cw, lane, ctid);
       it += cnt;
     }
   }
+  tl_mark(p, kTlExit, tl0);
 #else
   __trap();  // built only for sm_90a; the host never launches it elsewhere
 #endif

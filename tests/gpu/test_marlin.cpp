@@ -312,6 +312,50 @@ TEST_CASE("marlin: stripes crossing slices on few SMs (lock + fp32 partial reduc
   run_case(Lb, 17, rng, o);
 }
 
+// marlin_timeline: a MARLINC_TIMELINE=ON build (scripts/experiments/timeline.sh) writes one ordered record
+// per block of each launch; any other build leaves the buffer untouched.
+TEST_CASE("marlin: per-block timeline records", "[gpu][marlin][timeline]") {
+  std::mt19937_64 rng(kSeed + 4);
+  constexpr int kSlots = 2;
+  DevBuf<unsigned long long> buf;
+  buf.resize(size_t(kSlots) * kTlSlotWords);
+  CUDA_OK(cudaMemset(buf.p, 0, buf.n * 8));
+  const bool on = marlin_timeline(buf.p, kSlots);
+  const Layer L = make_layer(rng, 1024, 512, 128, ActType::F16);
+  RunOpts o;
+  run_case(L, 1, rng, o);  // launch 0: mma.sync kernel
+  const bool wg = marlin_wgmma_available();
+  if (wg) {
+    o.path = MarlinPath::Wgmma;
+    run_case(L, 16, rng, o);  // launch 1: Hopper kernel
+  }
+  marlin_timeline(nullptr, 0);
+  std::vector<unsigned long long> h(buf.n);
+  CUDA_OK(cudaMemcpy(h.data(), buf.p, h.size() * 8, cudaMemcpyDeviceToHost));
+  const size_t written = size_t(std::count_if(h.begin(), h.end(), [](unsigned long long v) { return v != 0; }));
+  INFO("timeline build: " << on);
+  if (!on) {
+    REQUIRE(written == 0);
+    return;
+  }
+  for (int slot = 0; slot < (wg ? 2 : 1); ++slot) {
+    int blocks = 0, disordered = 0, bad_sm = 0;
+    for (int b = 0; b < kTlMaxBlocks; ++b) {
+      const unsigned long long* r = h.data() + size_t(slot) * kTlSlotWords + size_t(b) * kTlRecord;
+      if (r[kTlEntry] == 0) continue;
+      ++blocks;
+      if (!(r[kTlEntry] <= r[kTlWaited] && r[kTlWaited] <= r[kTlFirstData] && r[kTlFirstData] <= r[kTlComputed] &&
+            r[kTlComputed] <= r[kTlExit]))
+        ++disordered;
+      if (r[kTlSm] >= unsigned(ctx().sms)) ++bad_sm;
+    }
+    INFO("slot " << slot);
+    REQUIRE(blocks >= 1);
+    REQUIRE(disordered == 0);
+    REQUIRE(bad_sm == 0);
+  }
+}
+
 // overlap_previous lets a call stream its weights while the previous kernel runs; its activations must
 // still be read only after that kernel has finished. A chain where each call's A is the previous
 // call's output (poisoned with NaN before the chain starts) catches an early read of A or of the
