@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -60,10 +61,14 @@ std::string get_str(const json& j, const char* key) {
   const json* v = get(j, key);
   return v && v->is_string() ? lower(v->get<std::string>()) : "";
 }
+// An integer key outside int's range reads as absent (detect_format notes it: note_bad_values).
 std::optional<int> get_int(const json& j, const char* key) {
   const json* v = get(j, key);
-  if (v && v->is_number_integer()) return int(v->get<int64_t>());
-  return std::nullopt;
+  if (!v || !v->is_number_integer()) return std::nullopt;
+  if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(std::numeric_limits<int>::max())) return std::nullopt;
+  const int64_t x = v->is_number_unsigned() ? int64_t(v->get<uint64_t>()) : v->get<int64_t>();
+  if (x < std::numeric_limits<int>::min() || x > std::numeric_limits<int>::max()) return std::nullopt;
+  return int(x);
 }
 std::optional<bool> get_bool(const json& j, const char* key) {
   const json* v = get(j, key);
@@ -105,6 +110,30 @@ void note_mistyped(const json& obj, const KnownKey (&keys)[N], const std::string
   for (const KnownKey& k : keys)
     if (const json* v = get(obj, k.key); v && !has_type(*v, k.type))
       notes.push_back("config key " + where + k.key + " is " + v->dump() + ", not " + type_word(k.type));
+}
+
+// Integer keys of the right type must also hold a value a loader can use: a bit width of 2, 3, 4 or 8,
+// a group size of -1 (one group per column) or 1..kMaxConfigGroup. Out of range they would read as the
+// tensors' own values ("bits": 0 fell back to 4) and certify a checkpoint that loaders reject.
+constexpr int64_t kMaxConfigGroup = int64_t(1) << 24;
+bool valid_bits(int64_t b) { return b == 2 || b == 3 || b == 4 || b == 8; }
+bool valid_group(int64_t g) { return g == -1 || (g >= 1 && g <= kMaxConfigGroup); }
+void note_bad_values(const json& obj, const std::string& where, std::vector<std::string>& notes) {
+  for (const char* key : {"bits", "w_bit", "num_bits"})
+    if (const json* v = get(obj, key); v && v->is_number_integer()) {
+      const bool ok = !v->is_number_unsigned() || v->get<uint64_t>() <= 8;
+      const int64_t b = ok ? v->get<int64_t>() : 0;
+      if (!ok || !valid_bits(b))
+        notes.push_back("config key " + where + key + " is " + v->dump() + ", not 2, 3, 4 or 8");
+    }
+  for (const char* key : {"group_size", "q_group_size"})
+    if (const json* v = get(obj, key); v && v->is_number_integer()) {
+      const bool ok = !v->is_number_unsigned() || v->get<uint64_t>() <= uint64_t(kMaxConfigGroup);
+      const int64_t g = ok ? v->get<int64_t>() : 0;
+      if (!ok || !valid_group(g))
+        notes.push_back("config key " + where + key + " is " + v->dump() + ", not -1 or 1.." +
+                        std::to_string(kMaxConfigGroup));
+    }
 }
 
 const TensorInfo& info(const Checkpoint& ck, const std::string& name) { return *ck.at(name).info; }
@@ -307,7 +336,11 @@ FormatInfo detect_format(const Checkpoint& ck) {
   FormatInfo fi;
   const json& qc = ck.quantize_config();
   note_mistyped(qc, kQuantKeys, "", fi.notes);
-  if (const json* w = ct_weights(qc)) note_mistyped(*w, kCtWeightKeys, "config_groups.*.weights.", fi.notes);
+  note_bad_values(qc, "", fi.notes);
+  if (const json* w = ct_weights(qc)) {
+    note_mistyped(*w, kCtWeightKeys, "config_groups.*.weights.", fi.notes);
+    note_bad_values(*w, "config_groups.*.weights.", fi.notes);
+  }
   const std::string method = get_str(qc, "quant_method");
   std::string ckfmt = get_str(qc, "checkpoint_format");
   if (ckfmt.empty()) ckfmt = get_str(qc, "format");  // GPTQModel alias; compressed-tensors' format
@@ -340,16 +373,25 @@ FormatInfo detect_format(const Checkpoint& ck) {
   const Kind kind = counts.begin()->first;
 
   // Parameters from the config (with the §4.6 synonyms) and compressed-tensors' weights block.
-  std::optional<int> bits = get_int(qc, "bits");
-  if (!bits) bits = get_int(qc, "w_bit");
-  std::optional<int> group = get_int(qc, "group_size");
-  if (!group) group = get_int(qc, "q_group_size");
+  // Values note_bad_values refused read as absent: the tensors decide.
+  auto bits_of = [](const json& j, const char* key) {
+    const std::optional<int> v = get_int(j, key);
+    return v && valid_bits(*v) ? v : std::nullopt;
+  };
+  auto group_of = [](const json& j, const char* key) {
+    const std::optional<int> v = get_int(j, key);
+    return v && valid_group(*v) ? v : std::nullopt;
+  };
+  std::optional<int> bits = bits_of(qc, "bits");
+  if (!bits) bits = bits_of(qc, "w_bit");
+  std::optional<int> group = group_of(qc, "group_size");
+  if (!group) group = group_of(qc, "q_group_size");
   std::optional<bool> sym = get_bool(qc, "sym");
   if (auto zp = get_bool(qc, "zero_point")) sym = !*zp;
   std::optional<bool> desc = get_bool(qc, "desc_act");
   if (const json* w = ct_weights(qc)) {
-    if (auto b = get_int(*w, "num_bits")) bits = b;
-    if (auto g = get_int(*w, "group_size")) group = g;
+    if (auto b = bits_of(*w, "num_bits")) bits = b;
+    if (auto g = group_of(*w, "group_size")) group = g;
     else if (get_str(*w, "strategy") == "channel") group = -1;
     if (auto s = get_bool(*w, "symmetric")) sym = s;
     desc = get(*w, "actorder") != nullptr;
@@ -388,6 +430,10 @@ FormatInfo detect_format(const Checkpoint& ck) {
   fi.desc_act = marlin_kind ? false : desc.value_or(false);
 
   auto mods = quantized_module_shapes(ck, fi);
+  // The Marlin families' packed shapes fix the bit width; a config that says otherwise is wrong.
+  if (marlin_kind && bits && *bits != mods.front().bits)
+    fi.notes.push_back("config says bits " + std::to_string(*bits) + " but the packed shapes of " + mods.front().prefix +
+                       " imply " + std::to_string(mods.front().bits));
   if (!bits) {
     fi.bits = mods.front().bits;
     if (kind == Kind::QWeight || kind == Kind::CtPack)

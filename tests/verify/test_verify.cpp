@@ -315,6 +315,31 @@ TEST_CASE("a quantization-config key of the wrong type fails verification, namin
   }
 }
 
+// Right-typed but impossible values used to read as the tensors' own ("bits": 0 fell back to 4 bits).
+TEST_CASE("an out-of-range quantization-config value fails verification, naming the key", "[verify]") {
+  struct Case { TargetFormat fmt; const char* key; nlohmann::json value; const char* expect; };
+  const std::vector<Case> cases = {
+      {TargetFormat::GptqV1, "bits", 0, "config key bits"},
+      {TargetFormat::GptqV1, "bits", int64_t(1) << 62, "config key bits"},
+      {TargetFormat::GptqV1, "bits", 5, "config key bits"},
+      {TargetFormat::GptqV1, "group_size", 0, "config key group_size"},
+      {TargetFormat::GptqV1, "group_size", -7, "config key group_size"},
+      {TargetFormat::GptqV1, "group_size", uint64_t(1) << 63, "config key group_size"},
+      {TargetFormat::Marlin, "bits", 8, "config says bits 8"}};
+  for (const Case& c : cases) {
+    test::TempDir tmp("verify-range");
+    write_quantized(tmp.path / "q", c.fmt);
+    REQUIRE(verify_checkpoint(tmp.path / "q", {}).ok());
+    edit_quant_configs(tmp.path / "q", [&](nlohmann::json& q) { q[c.key] = c.value; });
+    const VerifyReport r = verify_checkpoint(tmp.path / "q", {});
+    std::string all;
+    for (auto& p : r.global_problems) all += p + "\n";
+    INFO(c.key << " = " << c.value.dump() << ": " << all);
+    CHECK(!r.ok());
+    CHECK(all.find(c.expect) != std::string::npos);
+  }
+}
+
 TEST_CASE("a missing shard is an error naming the shard", "[verify]") {
   test::TempDir tmp("verify-shard");
   WriterOptions opts;
