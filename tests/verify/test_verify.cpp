@@ -294,31 +294,42 @@ TEST_CASE("GPTQ v2 zero points labelled v1 fail verification", "[verify]") {
   CHECK(all.find("v2") != std::string::npos);
 }
 
+namespace {
+
+// One quantization-config edit on a freshly written checkpoint that verified: verify must fail, and its
+// problems must contain `expect`.
+struct ConfigEdit { TargetFormat fmt; const char* key; nlohmann::json value; std::string expect; };
+void check_config_edit_fails(const ConfigEdit& c) {
+  test::TempDir tmp("verify-config-edit");
+  write_quantized(tmp.path / "q", c.fmt);
+  REQUIRE(verify_checkpoint(tmp.path / "q", {}).ok());
+  edit_quant_configs(tmp.path / "q", [&](nlohmann::json& q) { q[c.key] = c.value; });
+  const VerifyReport r = verify_checkpoint(tmp.path / "q", {});
+  std::string all;
+  for (auto& p : r.global_problems) all += p + "\n";
+  INFO(c.key << " = " << c.value.dump() << ": " << all);
+  CHECK(!r.ok());
+  CHECK(all.find(c.expect) != std::string::npos);
+}
+
+}  // namespace
+
 // A known key with the wrong JSON type used to read as absent: the tensors' values were taken and the
 // checkpoint certified, although loaders that trust the config fail on it.
 TEST_CASE("a quantization-config key of the wrong type fails verification, naming the key", "[verify]") {
-  struct Case { TargetFormat fmt; const char* key; nlohmann::json value; };
-  const std::vector<Case> cases = {{TargetFormat::GptqV1, "bits", "4"},         {TargetFormat::GptqV1, "sym", 1},
-                                   {TargetFormat::GptqV1, "desc_act", "false"}, {TargetFormat::GptqV1, "group_size", 1.5},
-                                   {TargetFormat::Marlin, "checkpoint_format", 7}, {TargetFormat::GptqV1, "quant_method", nlohmann::json::object()}};
-  for (const Case& c : cases) {
-    test::TempDir tmp("verify-mistyped");
-    write_quantized(tmp.path / "q", c.fmt);
-    REQUIRE(verify_checkpoint(tmp.path / "q", {}).ok());
-    edit_quant_configs(tmp.path / "q", [&](nlohmann::json& q) { q[c.key] = c.value; });
-    const VerifyReport r = verify_checkpoint(tmp.path / "q", {});
-    std::string all;
-    for (auto& p : r.global_problems) all += p + "\n";
-    INFO(c.key << " = " << c.value.dump() << ": " << all);
-    CHECK(!r.ok());
-    CHECK(all.find(std::string("config key ") + c.key) != std::string::npos);
-  }
+  const std::vector<ConfigEdit> cases = {
+      {TargetFormat::GptqV1, "bits", "4", "config key bits"},
+      {TargetFormat::GptqV1, "sym", 1, "config key sym"},
+      {TargetFormat::GptqV1, "desc_act", "false", "config key desc_act"},
+      {TargetFormat::GptqV1, "group_size", 1.5, "config key group_size"},
+      {TargetFormat::Marlin, "checkpoint_format", 7, "config key checkpoint_format"},
+      {TargetFormat::GptqV1, "quant_method", nlohmann::json::object(), "config key quant_method"}};
+  for (const ConfigEdit& c : cases) check_config_edit_fails(c);
 }
 
 // Right-typed but impossible values used to read as the tensors' own ("bits": 0 fell back to 4 bits).
 TEST_CASE("an out-of-range quantization-config value fails verification, naming the key", "[verify]") {
-  struct Case { TargetFormat fmt; const char* key; nlohmann::json value; const char* expect; };
-  const std::vector<Case> cases = {
+  const std::vector<ConfigEdit> cases = {
       {TargetFormat::GptqV1, "bits", 0, "config key bits"},
       {TargetFormat::GptqV1, "bits", int64_t(1) << 62, "config key bits"},
       {TargetFormat::GptqV1, "bits", 5, "config key bits"},
@@ -326,18 +337,7 @@ TEST_CASE("an out-of-range quantization-config value fails verification, naming 
       {TargetFormat::GptqV1, "group_size", -7, "config key group_size"},
       {TargetFormat::GptqV1, "group_size", uint64_t(1) << 63, "config key group_size"},
       {TargetFormat::Marlin, "bits", 8, "config says bits 8"}};
-  for (const Case& c : cases) {
-    test::TempDir tmp("verify-range");
-    write_quantized(tmp.path / "q", c.fmt);
-    REQUIRE(verify_checkpoint(tmp.path / "q", {}).ok());
-    edit_quant_configs(tmp.path / "q", [&](nlohmann::json& q) { q[c.key] = c.value; });
-    const VerifyReport r = verify_checkpoint(tmp.path / "q", {});
-    std::string all;
-    for (auto& p : r.global_problems) all += p + "\n";
-    INFO(c.key << " = " << c.value.dump() << ": " << all);
-    CHECK(!r.ok());
-    CHECK(all.find(c.expect) != std::string::npos);
-  }
+  for (const ConfigEdit& c : cases) check_config_edit_fails(c);
 }
 
 TEST_CASE("a missing shard is an error naming the shard", "[verify]") {
