@@ -134,14 +134,19 @@ bool wgmma_runs_on(int dev) {
 #endif
 }
 
-constexpr size_t kLockBytesPerBlock = sizeof(int);
+// The lock region: one int counter per block, for grids up to kMaxLockBlocks, at a size and place that
+// do not depend on num_sms. Calls with different num_sms may share one workspace, and the fp32 partial
+// tiles start right after this region. Sized per call, a small grid's partial-tile slots began inside a
+// larger grid's counters (which must stay zero between launches); only the fact that no grid's block 0
+// ever deposits kept them apart.
+constexpr int kMaxLockBlocks = 4096;
+constexpr int kMaxSms = kMaxLockBlocks / kMaxBlocksPerSm;
+constexpr size_t kLockRegionBytes = size_t(kMaxLockBlocks) * sizeof(int);
 constexpr size_t kPartBytesPerBlock = kPartFloatsPerBlock * sizeof(float);
 // 16-bit dequantized weight columns per cuBLAS call: small enough to stay in L2 between the
 // dequantize kernel writing it and cuBLAS reading it (H100 L2: 50 MB).
 constexpr size_t kDequantScratchBytes = size_t(24) << 20;
 
-size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
-size_t lock_region(int sms) { return round_up(size_t(sms) * kMaxBlocksPerSm * kLockBytesPerBlock, 256); }
 size_t part_region(int sms) { return size_t(sms) * kMaxBlocksPerSm * kPartBytesPerBlock; }
 
 int ceil_div(int64_t a, int64_t b) { return ceil_div_int(a, b); }
@@ -270,7 +275,7 @@ const char* marlin_status_name(MarlinStatus s) {
 }
 
 size_t marlin_workspace_bytes(int num_sms, bool with_dequant_path) {
-  return lock_region(num_sms) + part_region(num_sms) + (with_dequant_path ? kDequantScratchBytes : 0);
+  return kLockRegionBytes + part_region(num_sms) + (with_dequant_path ? kDequantScratchBytes : 0);
 }
 
 int marlin_cublas_min_m(int n, int k) {
@@ -364,7 +369,7 @@ KernelArgs kernel_args(const MarlinGemm& g, int groups, int shift, int sms, cons
   a.s = g.s;
   a.C = g.C;
   a.locks = static_cast<int*>(g.workspace);
-  a.red = reinterpret_cast<float*>(static_cast<char*>(g.workspace) + lock_region(sms));
+  a.red = reinterpret_cast<float*>(static_cast<char*>(g.workspace) + kLockRegionBytes);
   a.m = g.m;
   a.n = g.n;
   a.k = g.k;
@@ -414,7 +419,7 @@ MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int 
 MarlinStatus run_dequant_cublas(const MarlinGemm& g, int groups, int shift, int sms) {
   if (!g.cublas) return MarlinStatus::CublasError;
   if (g.workspace_bytes < marlin_workspace_bytes(sms, true)) return MarlinStatus::WorkspaceTooSmall;
-  uint16_t* W = reinterpret_cast<uint16_t*>(static_cast<char*>(g.workspace) + lock_region(sms) + part_region(sms));
+  uint16_t* W = reinterpret_cast<uint16_t*>(static_cast<char*>(g.workspace) + kLockRegionBytes + part_region(sms));
   cublasHandle_t h = g.cublas;
   if (cublasSetStream(h, g.stream) != CUBLAS_STATUS_SUCCESS) return MarlinStatus::CublasError;
   const int64_t cols = int64_t(kDequantScratchBytes / (2 * size_t(g.k)));
@@ -493,6 +498,7 @@ MarlinStatus marlin_gemm(const MarlinGemm& g) {
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return MarlinStatus::CudaError;
   const int sms = g.num_sms > 0 ? g.num_sms : sm_count(dev);
   if (sms <= 0) return MarlinStatus::CudaError;
+  if (sms > kMaxSms) return MarlinStatus::BadShape;  // more blocks than the lock region has counters for
 
   if (g.wgmma_rows != 0 && std::find(std::begin(kWgRows), std::end(kWgRows), g.wgmma_rows) == std::end(kWgRows))
     return MarlinStatus::NoConfig;

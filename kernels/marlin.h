@@ -16,7 +16,7 @@ namespace marlinc::kernels {
 
 enum class MarlinStatus {
   Ok = 0,
-  BadShape,           // m < 1, n % 64 != 0, k % 128 != 0, or sizes that overflow int indexing
+  BadShape,           // m < 1, n % 64 != 0, k % 128 != 0, sizes that overflow int indexing, or num_sms > 2048
   BadGroupSize,       // group_size not in {-1, 32, 64, 128} or not dividing k
   BadAlignment,       // A, B, s, C or workspace not 16-byte aligned
   WorkspaceTooSmall,  // workspace_bytes < marlin_workspace_bytes(...) for the chosen path

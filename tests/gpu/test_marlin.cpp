@@ -660,6 +660,9 @@ TEST_CASE("marlin: argument checks return a status", "[gpu][marlin]") {
   b.workspace_bytes = 16;
   REQUIRE(marlin_gemm(b) == MarlinStatus::WorkspaceTooSmall);
   b = g;
+  b.num_sms = 2049;  // more blocks than the workspace's fixed lock region counts
+  REQUIRE(marlin_gemm(b) == MarlinStatus::BadShape);
+  b = g;
   b.thread_k = 64;
   b.thread_n = 256;  // n = 64 is not a multiple of 256
   REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);

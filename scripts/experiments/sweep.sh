@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Builds the working tree ("new") and, where present, build/carry/old-src ("old") and build/carry/mid-src
+# ("mid") in parallel, then bench runs RUNS="old mid new:VAR=value ..." (a tree, optionally one
+# environment assignment), so that variants and knobs compare within one device call.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
+dir_of() { case $1 in old) echo build/carry/old-src ;; mid) echo build/carry/mid-src ;; *) echo . ;; esac; }
+t0=$(date +%s)
+for tree in new old mid; do
+  d=$(dir_of $tree); [ -f "$d/CMakeLists.txt" ] || continue
+  (cd "$d" && cmake --preset cuda -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null &&
+     cmake --build build/cuda --target bench_marlin ${TARGETS:-} -j 5 > "$OUT/build_$tree.log" 2>&1
+   echo "$tree build rc=$? C7513=$(grep -c C7513 "$OUT/build_$tree.log")") &
+done
+wait
+echo "builds: $(( $(date +%s) - t0 )) s"
+[ -d build/carry/shared ] && [ ! -e ../shared/spec ] && mkdir -p ../shared && cp -r build/carry/shared/. ../shared/
+if [ -n "${TESTS:-}" ]; then  # TESTS="[marlin]" needs TARGETS=test_gpu
+  t0=$(date +%s); timeout 300 build/cuda/tests/test_gpu "$TESTS" > "$OUT/test.log" 2>&1
+  echo "tests rc=$? $(tail -3 "$OUT/test.log" | tr '\n' ' ') ($(( $(date +%s) - t0 )) s)"
+fi
+if [ "${SAN:-0}" = 1 ]; then
+  for tool in memcheck racecheck; do
+    timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 build/cuda/tests/test_gpu "[sanitize]" > "$OUT/san_$tool.log" 2>&1
+    echo "$tool rc=$? $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/san_$tool.log" | tail -1)"
+  done
+fi
+i=0
+for run in ${RUNS:-old new}; do
+  i=$((i + 1)); tree=${run%%:*}; envs=(); [ "$run" != "$tree" ] && envs=("${run#*:}")
+  t0=$(date +%s)
+  env "${envs[@]}" timeout 200 "$(dir_of $tree)/build/cuda/bench/bench_marlin" --sets "${SETS:-llama3-8b,llama3-70b,large}" \
+    --ms "${MS:-1,16}" --json "$OUT/bench_$i.json" > "$OUT/bench_$i.log" 2>&1
+  echo "== $i $run (rc=$?, $(( $(date +%s) - t0 )) s)"; grep -E "^(set|llama|large)" "$OUT/bench_$i.log" | cut -c1-130
+done
+tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls *.log *.json 2>/dev/null) && rm -f "$OUT"/*.log "$OUT"/*.json
