@@ -17,7 +17,7 @@ wait
 echo "builds: $(( $(date +%s) - t0 )) s"
 [ -d build/carry/shared ] && [ ! -e ../shared/spec ] && mkdir -p ../shared && cp -r build/carry/shared/. ../shared/
 if [ -n "${TESTS:-}" ]; then  # TESTS="[marlin]" needs TARGETS=test_gpu
-  t0=$(date +%s); timeout 300 build/cuda/tests/test_gpu "$TESTS" > "$OUT/test.log" 2>&1
+  t0=$(date +%s); env ${TEST_ENV:-} timeout 300 build/cuda/tests/test_gpu "$TESTS" > "$OUT/test.log" 2>&1
   echo "tests rc=$? $(tail -3 "$OUT/test.log" | tr '\n' ' ') ($(( $(date +%s) - t0 )) s)"
 fi
 if [ "${SAN:-0}" = 1 ]; then
