@@ -496,9 +496,13 @@ MarlinStatus marlin_gemm(const MarlinGemm& g) {
     return MarlinStatus::BadAlignment;
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return MarlinStatus::CudaError;
-  const int sms = g.num_sms > 0 ? g.num_sms : sm_count(dev);
-  if (sms <= 0) return MarlinStatus::CudaError;
-  if (sms > kMaxSms) return MarlinStatus::BadShape;  // more blocks than the lock region has counters for
+  const int dev_sms = sm_count(dev);
+  if (dev_sms <= 0) return MarlinStatus::CudaError;
+  const int sms = g.num_sms > 0 ? g.num_sms : dev_sms;
+  // Every block of a launch must be resident at once (a slice's finisher waits for the others'
+  // deposits): a grid sized for more SMs than the device has could wait forever. The lock region
+  // counts kMaxLockBlocks blocks.
+  if (sms > dev_sms || sms > kMaxSms) return MarlinStatus::BadShape;
 
   if (g.wgmma_rows != 0 && std::find(std::begin(kWgRows), std::end(kWgRows), g.wgmma_rows) == std::end(kWgRows))
     return MarlinStatus::NoConfig;

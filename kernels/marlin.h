@@ -16,7 +16,7 @@ namespace marlinc::kernels {
 
 enum class MarlinStatus {
   Ok = 0,
-  BadShape,           // m < 1, n % 64 != 0, k % 128 != 0, sizes that overflow int indexing, or num_sms > 2048
+  BadShape,           // m < 1, n % 64 != 0, k % 128 != 0, sizes that overflow int indexing, or num_sms above the device's
   BadGroupSize,       // group_size not in {-1, 32, 64, 128} or not dividing k
   BadAlignment,       // A, B, s, C or workspace not 16-byte aligned
   WorkspaceTooSmall,  // workspace_bytes < marlin_workspace_bytes(...) for the chosen path
@@ -50,7 +50,7 @@ struct MarlinGemm {
   size_t workspace_bytes = 0;
   cudaStream_t stream = nullptr;
   cublasContext* cublas = nullptr;  // optional; its stream is set to `stream`
-  int num_sms = 0;                  // 0: read from the current device
+  int num_sms = 0;                  // 0: read from the current device; at most the device's SM count
   MarlinPath path = MarlinPath::Auto;
   // Tile overrides of the mma.sync kernel (path Marlin, or Auto where it picks that kernel).
   int thread_k = 0, thread_n = 0;   // 0: chosen per shape and m; else force (128,128), (64,256) or (128,64)

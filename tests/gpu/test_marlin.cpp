@@ -659,9 +659,11 @@ TEST_CASE("marlin: argument checks return a status", "[gpu][marlin]") {
   b = g;
   b.workspace_bytes = 16;
   REQUIRE(marlin_gemm(b) == MarlinStatus::WorkspaceTooSmall);
-  b = g;
-  b.num_sms = 2049;  // more blocks than the workspace's fixed lock region counts
-  REQUIRE(marlin_gemm(b) == MarlinStatus::BadShape);
+  for (int bad_sms : {ctx().sms + 1, 2049}) {  // more SMs than the device has: the grid would not all be resident
+    b = g;
+    b.num_sms = bad_sms;
+    REQUIRE(marlin_gemm(b) == MarlinStatus::BadShape);
+  }
   b = g;
   b.thread_k = 64;
   b.thread_n = 256;  // n = 64 is not a multiple of 256
