@@ -411,7 +411,8 @@ int main(int argc, char** argv) {
         R.flops += 2.0 * m * double(L.k) * L.n;
         const MarlinTileChoice tc = marlin_choose_tiles(m, L.n, L.k, sms);
         char cfg[64];
-        std::snprintf(cfg, sizeof cfg, "%s%dx%d", R.configs.empty() ? "" : " ", tc.thread_k, tc.thread_n);
+        std::snprintf(cfg, sizeof cfg, "%s%dx%d%s", R.configs.empty() ? "" : " ", tc.thread_k, tc.thread_n,
+                      tc.whole_k ? "k" : "");
         const char* sep = R.configs.empty() ? "" : " ";
         R.configs += auto_cublas ? std::string(sep) + "dq" : auto_wg ? std::string(sep) + "wg" : std::string(cfg);
         char lj[160];
@@ -485,7 +486,8 @@ int main(int argc, char** argv) {
                 r.bytes / (r.autop * 1e-6) / copy_bw, t_ideal / r.autop, r.spread, r.configs.c_str());
   }
   std::printf("times in µs per call, summed over the set's layers; ");
-  std::printf("copy bandwidth %.0f GB/s, cuBLAS fp16 %.0f TFLOP/s (ideal = max(bytes/copy, flops/cuBLAS peak))\n",
+  std::printf("copy bandwidth %.0f GB/s, cuBLAS fp16 %.0f TFLOP/s (ideal = max(bytes/copy, flops/cuBLAS peak)); "
+              "tiles: Auto's per layer, wg = Hopper kernel, dq = dequantize + cuBLAS, k = whole-k stripes\n",
               copy_bw / 1e9, gemm_flops / 1e12);
   CK(cudaFree(ws));
   CB(cublasDestroy(cub));

@@ -49,6 +49,11 @@ namespace {
 struct TileShape { int tn, tk; };
 constexpr TileShape kShapes[3] = {{128, 128}, {256, 64}, {64, 128}};
 constexpr int kNumShapes = 3;
+// The tile of whole-k stripes (kernels/marlin_dispatch.h, whole_k_stripes).
+constexpr int kWholeKShape = 0;
+static_assert(kShapes[kWholeKShape].tn == kWholeKTileN && kShapes[kWholeKShape].tk == kWholeKTileK,
+              "whole-k stripes are measured on the 128x128 tile");
+static_assert(kWholeKMaxM <= 16, "whole-k stripes assume one 16-row chunk (m_blocks_for gives 1)");
 
 using PrepareFn = cudaError_t (*)(int*, int*);
 using LaunchFn = cudaError_t (*)(const KernelArgs&, const LaunchOpts&, cudaStream_t);
@@ -291,6 +296,8 @@ int marlin_cublas_min_m(int n, int k) {
 
 MarlinTileChoice marlin_choose_tiles(int m, int n, int k, int num_sms) {
   const int mb = m_blocks_for(m, n, k);
+  if (whole_k_stripes(m, n, k, num_sms * kMaxBlocksPerSm))
+    return {mb, kShapes[kWholeKShape].tn, kShapes[kWholeKShape].tk, true};
   const int s = choose_shape(m, n, k, num_sms, mb);
   if (s < 0) return {mb, 0, 0};
   return {mb, kShapes[s].tn, kShapes[s].tk};
@@ -309,7 +316,8 @@ bool wgmma_offsets_fit(int n, int k) {
 }
 
 // Where Auto takes the Hopper kernel: kernels/marlin_dispatch.h (the rule and its measurements).
-MarlinPath auto_path(int dev, int m, int n, int k, bool cublas_ok) {
+MarlinPath auto_path(int dev, int m, int n, int k, int sms, bool cublas_ok) {
+  if (whole_k_stripes(m, n, k, sms * kMaxBlocksPerSm)) return MarlinPath::Marlin;
   if (wgmma_runs_on(dev) && n % kWgmmaTileN == 0 && wgmma_offsets_fit(n, k)) {
     switch (hopper_auto_pick(m, int64_t(n) * k)) {
       case HopperAutoPick::Hopper: return MarlinPath::Wgmma;
@@ -463,7 +471,7 @@ bool marlin_timeline(unsigned long long* buf, int slots) {
 MarlinPath marlin_auto_path(int m, int n, int k) {
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return MarlinPath::Marlin;
-  return auto_path(dev, m, n, k, true);
+  return auto_path(dev, m, n, k, sm_count(dev), true);
 }
 
 bool marlin_wgmma_available() {
@@ -508,17 +516,22 @@ MarlinStatus marlin_gemm(const MarlinGemm& g) {
     return MarlinStatus::NoConfig;
   if (g.wgmma_pipeline < 0 || g.wgmma_pipeline > 2) return MarlinStatus::NoConfig;
   const bool cublas_ok = g.cublas && g.workspace_bytes >= marlin_workspace_bytes(sms, true);
-  const MarlinPath path = g.path == MarlinPath::Auto ? auto_path(dev, g.m, g.n, g.k, cublas_ok) : g.path;
+  const MarlinPath path = g.path == MarlinPath::Auto ? auto_path(dev, g.m, g.n, g.k, sms, cublas_ok) : g.path;
   if (path == MarlinPath::DequantCublas) return run_dequant_cublas(g, groups, shift, sms);
   if (g.workspace_bytes < marlin_workspace_bytes(sms, false)) return MarlinStatus::WorkspaceTooSmall;
   if (path == MarlinPath::Wgmma) return run_wgmma(g, groups, shift, sms, dev);
   if (g.thread_m_blocks < 0 || g.thread_m_blocks > kMaxMBlocks) return MarlinStatus::NoConfig;
   const int mb = g.thread_m_blocks > 0 ? g.thread_m_blocks : m_blocks_for(g.m, g.n, g.k);
+  // Tiles left to the launcher: whole-k stripes where kernels/marlin_dispatch.h's rule holds.
+  const bool whole_k = g.thread_k == 0 && g.thread_n == 0 && g.thread_m_blocks == 0 &&
+                       whole_k_stripes(g.m, g.n, g.k, sms * kMaxBlocksPerSm);
   int shape = -1;
   if (g.thread_k != 0 || g.thread_n != 0) {
     for (int i = 0; i < kNumShapes; ++i)
       if (kShapes[i].tk == g.thread_k && kShapes[i].tn == g.thread_n) shape = i;
     if (shape < 0 || g.n % kShapes[shape].tn != 0 || g.k % kShapes[shape].tk != 0) return MarlinStatus::NoConfig;
+  } else if (whole_k) {
+    shape = kWholeKShape;
   } else {
     shape = choose_shape(g.m, g.n, g.k, sms, mb);
     if (shape < 0) return MarlinStatus::NoConfig;
@@ -530,7 +543,9 @@ MarlinStatus marlin_gemm(const MarlinGemm& g) {
   const TileShape t = kShapes[shape];
   if (int64_t(ceil_div(g.m, 16 * mb)) * (g.n / t.tn) * (g.k / t.tk) > std::numeric_limits<int>::max() / 2)
     return MarlinStatus::BadShape;
-  const Partition P = partition(g.m, g.n, g.k, 16 * mb, t, sms * std::min(pr.blocks_per_sm, kMaxBlocksPerSm));
+  int max_blocks = sms * std::min(pr.blocks_per_sm, kMaxBlocksPerSm);
+  if (whole_k) max_blocks = std::min(max_blocks, g.n / t.tn);  // one block per column slice (one row chunk)
+  const Partition P = partition(g.m, g.n, g.k, 16 * mb, t, max_blocks);
 
   LaunchOpts o;
   o.grid = P.grid;

@@ -91,7 +91,8 @@ bool marlin_wgmma_available();
 cudaError_t marlin_wgmma_probe(const uint16_t* A, const uint16_t* B, float* D, int n, cudaStream_t stream);
 
 // The tile configuration Auto picks for (m, n, k) on `num_sms` SMs (for benchmarks and tests).
-struct MarlinTileChoice { int thread_m_blocks, thread_n, thread_k; };
+// whole_k: each block owns one column slice for the whole depth (kernels/marlin_dispatch.h).
+struct MarlinTileChoice { int thread_m_blocks, thread_n, thread_k; bool whole_k = false; };
 MarlinTileChoice marlin_choose_tiles(int m, int n, int k, int num_sms);
 
 // Diagnostics of the fixed per-call cost (bench_marlin --timeline). In builds configured with

@@ -21,10 +21,30 @@
 //   vs 2294). m = 4096: on 70B down still faster (3186 vs 3740), on 8B qkv (2^24.6 weights) a tie that
 //   dequantize + cuBLAS wins (366 vs 360): above 2048 small layers take that path, above 4096 all do
 //   (not measured beyond; cuBLAS's own GEMM runs closer to the tensor peak as m grows).
+//
+// Before that rule, at m <= 16 on any device: whole-k stripes (whole_k_stripes below).
 #pragma once
 #include <cstdint>
 
 namespace marlinc::kernels {
+
+// m <= 16: the mma.sync kernel's 128x128 tile gives each block one whole column slice (k deep, no
+// cross-block reduction) where the n / 128 slices fill 75-100% of the SM slots (`slots` = SMs x 2
+// blocks). Measured on the H100 (docs/PERF.md, tenth session), Auto's set sums against the previous
+// rule in one call, two runs each: Llama-3-8B (gate/up: 224 slices on 264 slots, before on the Hopper
+// kernel) 58.3-58.4 -> 57.0-57.3 us at m = 1, 63.4-63.6 -> 60.9-61.0 at m = 16; 32768^2 (256 slices)
+// per-channel 190.0-191.3 -> 181.1-182.2 at m = 8 and 195.0-196.0 -> 183.0-183.2 at m = 16, g128 level.
+// Whole-k on the 64x256 tile lost on 70B gate/up (224 slices of 8192 x 256: the 70B set 172.3-172.5
+// against 166.8-167.4 us at m = 1), so only the 128x128 tile takes it. With fewer slices the idle SMs
+// cost more than the reduction saves (8B o on 64 blocks: 10.3-10.7 against 7.6 us).
+constexpr int kWholeKMaxM = 16;
+constexpr int kWholeKTileN = 128, kWholeKTileK = 128;
+constexpr int kWholeKMinFillPct = 75;
+constexpr bool whole_k_stripes(int m, int n, int k, int slots) {
+  if (m < 1 || m > kWholeKMaxM || slots < 1 || n % kWholeKTileN != 0 || k % kWholeKTileK != 0) return false;
+  const int64_t slices = n / kWholeKTileN;
+  return slices <= slots && slices * 100 >= int64_t(slots) * kWholeKMinFillPct;
+}
 
 enum class HopperAutoPick { MmaSync, Hopper, DequantCublas };
 

@@ -17,6 +17,7 @@
 #include "checkpoint/half.h"
 #include "checkpoint/safetensors.h"
 #include "kernels/marlin.h"
+#include "kernels/marlin_dispatch.h"
 #include "kernels/reference_gemm.h"
 #include "packer/marlin.h"
 #include "tests/common.h"
@@ -310,6 +311,30 @@ TEST_CASE("marlin: stripes crossing slices on few SMs (lock + fp32 partial reduc
   RunOpts o;
   o.num_sms = 3;
   run_case(Lb, 17, rng, o);
+}
+
+// Whole-k stripes (kernels/marlin_dispatch.h): on two SMs a 512-wide layer's four 128-wide slices fill
+// the 2 x 2 block slots, so each block owns one slice for the whole depth and no slice is reduced
+// across blocks; Auto and the forced mma.sync path both take it at m <= 16.
+TEST_CASE("marlin: whole-k stripes, one block per column slice", "[gpu][marlin][sanitize]") {
+  std::mt19937_64 rng(kSeed + 11);
+  REQUIRE(whole_k_stripes(1, 512, 1024, 2 * 2));
+  REQUIRE(whole_k_stripes(16, 768, 2048, 3 * 2));
+  for (int64_t g : {int64_t(-1), int64_t(128)}) {
+    const Layer L = make_layer(rng, 1024, 512, g, ActType::F16);
+    for (int64_t m : {int64_t(1), int64_t(7), int64_t(16)})
+      for (MarlinPath path : {MarlinPath::Auto, MarlinPath::Marlin}) {
+        RunOpts o;
+        o.num_sms = 2;
+        o.path = path;
+        run_case(L, m, rng, o);
+      }
+  }
+  const Layer Lb = make_layer(rng, 2048, 768, 64, ActType::BF16);  // six slices on three SMs
+  RunOpts o;
+  o.num_sms = 3;
+  o.path = MarlinPath::Auto;
+  run_case(Lb, 16, rng, o);
 }
 
 // marlin_timeline: a MARLINC_TIMELINE=ON build (scripts/experiments/timeline.sh) writes one ordered record

@@ -87,3 +87,33 @@ TEST_CASE("dispatch: above m = 32 never mma.sync, dequantize + cuBLAS only for l
     CHECK(pick(1 << 20, L) == HopperAutoPick::DequantCublas);
   }
 }
+
+TEST_CASE("dispatch: whole-k stripes at m <= 16 where 128-wide slices fill 75-100% of the SM slots",
+          "[kernels][dispatch]") {
+  constexpr int kH100Slots = 132 * 2;  // SMs x blocks per SM of the 16-row mma.sync kernel
+  for (int m : {1, 8, 16}) {
+    INFO("m " << m);
+    for (const Layer& L : {kGateUp8B, kLarge}) {  // 224 and 256 slices
+      INFO(L.name);
+      CHECK(whole_k_stripes(m, L.n, L.k, kH100Slots));
+    }
+    // Too few slices for the SMs (idle SMs cost more than the reduction saves), or more than one wave
+    // (70B gate/up: 448; whole-k on its 256-wide tile measured slower).
+    for (const Layer& L : {kQkv8B, kO8B, kDown8B, kQkv70B, kO70B, kGateUp70B, kDown70B}) {
+      INFO(L.name);
+      CHECK_FALSE(whole_k_stripes(m, L.n, L.k, kH100Slots));
+    }
+  }
+  CHECK_FALSE(whole_k_stripes(17, kGateUp8B.n, kGateUp8B.k, kH100Slots));  // two 16-row chunks
+  CHECK_FALSE(whole_k_stripes(0, kGateUp8B.n, kGateUp8B.k, kH100Slots));
+  // The fill bounds: 198 slices on 264 slots is exactly 75%, 197 below; 264 is a full wave, 265 over.
+  CHECK(whole_k_stripes(1, 198 * 128, 4096, kH100Slots));
+  CHECK_FALSE(whole_k_stripes(1, 197 * 128, 4096, kH100Slots));
+  CHECK(whole_k_stripes(1, 264 * 128, 4096, kH100Slots));
+  CHECK_FALSE(whole_k_stripes(1, 265 * 128, 4096, kH100Slots));
+  // The tile must divide the layer; a few SMs (tests' num_sms) scale the bound.
+  CHECK_FALSE(whole_k_stripes(1, 198 * 128 + 64, 4096, kH100Slots));
+  CHECK_FALSE(whole_k_stripes(1, 224 * 128, 4096 + 64, kH100Slots));
+  CHECK(whole_k_stripes(1, 512, 1024, 4));
+  CHECK_FALSE(whole_k_stripes(1, 512, 1024, 0));
+}
