@@ -200,10 +200,9 @@ cudaError_t prepare_variants(Kernel per_channel, Kernel grouped, int threads, in
   return cudaSuccess;
 }
 
-// Launches the variant that matches a.groups, with programmatic stream serialization when o.pdl.
-template <typename Kernel>
-cudaError_t launch_variant(Kernel per_channel, Kernel grouped, int threads, const KernelArgs& a, const LaunchOpts& o,
-                           cudaStream_t stream) {
+// Launches `kernel(args...)` on o.grid blocks, with programmatic stream serialization when o.pdl.
+template <typename Kernel, typename... Args>
+cudaError_t launch_kernel(Kernel kernel, int threads, const LaunchOpts& o, cudaStream_t stream, const Args&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(o.grid);
   cfg.blockDim = dim3(threads);
@@ -214,7 +213,14 @@ cudaError_t launch_variant(Kernel per_channel, Kernel grouped, int threads, cons
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = o.pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, a.groups > 1 ? grouped : per_channel, a);
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
+// Launches the variant that matches a.groups.
+template <typename Kernel>
+cudaError_t launch_variant(Kernel per_channel, Kernel grouped, int threads, const KernelArgs& a, const LaunchOpts& o,
+                           cudaStream_t stream) {
+  return launch_kernel(a.groups > 1 ? grouped : per_channel, threads, o, stream, a);
 }
 
 }  // namespace marlinc::kernels::detail

@@ -43,6 +43,101 @@ __device__ __forceinline__ void mma_16816(const uint32_t (&a)[4], uint32_t b0, u
   }
 }
 
+// ---- the end of a slice (fragments of mma.m16n8 accumulators) ---------------------------------------
+
+// Blocks sharing a slice: every block but the slice's first deposits its fp32 partial tile in its own
+// workspace slot and bumps the slice's counter, all at once; the first block (which reaches the slice
+// last, at the end of its stripe) waits for count - 1 deposits, adds them in block order (deterministic)
+// and writes C. A serial lock hand-off per block would put `count` global-memory round trips on the
+// critical path, which dominates small layers where count reaches 16.
+// WMB: the warp's 16-row m blocks, whose accumulators acc[mb * 8 + t][2h], [2h + 1] hold row
+// mrow0 + 16 mb + lane / 4 + 8 h, columns 64 wn + 8 t + 2 (lane % 4) and + 1 of the ROWS x TN tile whose
+// first row is row0 of C (mma.m16n8 C fragment); `holder`: the warps that hold the tile's sums (the
+// others took part in a k reduction before). The team (kBar, kCount: team_sync) is every thread of the
+// block that reaches this point, its thread 0 the leader.
+template <int DT, bool GROUPED, int WMB, int ROWS, int TN, int kBar = 0, int kCount = 0>
+__device__ __forceinline__ void finish_slice_frags(const KernelArgs& p, float (&acc)[WMB * 8][4], int slice,
+                                                   int first_b, int last_b, int row0, int mrow0, int valid_rows,
+                                                   bool holder, int wn, int lane) {
+  auto for_each_pair = [&](auto&& f) {
+#pragma unroll
+    for (int mb = 0; mb < WMB; ++mb)
+#pragma unroll
+      for (int t = 0; t < 8; ++t)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          f(mb * 8 + t, h, mrow0 + mb * 16 + (lane >> 2) + 8 * h, wn * 64 + 8 * t + 2 * (lane & 3));
+  };
+  const int count = last_b - first_b + 1;
+  const bool finisher = int(blockIdx.x) == first_b;
+  tl_mark(p, kTlInfo, threadIdx.x == 0, unsigned(count) * 2u + (finisher ? 1u : 0u));
+  if (count > 1) {
+    int* counter = p.locks + first_b;
+    if (!finisher) {
+      if (holder) {
+        float* mine = p.red + size_t(blockIdx.x) * (ROWS * TN);  // [ROWS, TN], one slot per block
+        for_each_pair([&](int a, int h, int r, int c) {
+          if (r < valid_rows)
+            __stcg(reinterpret_cast<float2*>(mine + r * TN + c), make_float2(acc[a][2 * h], acc[a][2 * h + 1]));
+        });
+        __threadfence();  // each writer publishes its own stores before the counter moves
+      }
+      deposit_done<kBar, kCount>(counter, threadIdx.x == 0);
+    } else {
+      wait_deposits<kBar, kCount>(counter, count - 1, threadIdx.x == 0);
+      tl_mark(p, kTlReduced, threadIdx.x == 0);
+      if (holder) {
+        for (int b = first_b + 1; b <= last_b; ++b) {
+          const float* other = p.red + size_t(b) * (ROWS * TN);
+          for_each_pair([&](int a, int h, int r, int c) {
+            if (r < valid_rows) {
+              const float2 o = __ldcg(reinterpret_cast<const float2*>(other + r * TN + c));
+              acc[a][2 * h] += o.x;
+              acc[a][2 * h + 1] += o.y;
+            }
+          });
+        }
+      }
+      if (threadIdx.x == 0) *counter = 0;  // every deposit has been counted: re-arm for the next launch
+    }
+  }
+
+  if ((count == 1 || finisher) && holder) {
+    uint16_t* C = static_cast<uint16_t*>(p.C);
+    const uint16_t* s16 = static_cast<const uint16_t*>(p.s);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      // Per-channel scales (§1.6 single perm): the lane's 8 values for n8 tiles 4*half..4*half+3 are
+      // one contiguous 16-byte run at 32*(n/32) + 8*(lane%4).
+      float sc[8];
+      if constexpr (!GROUPED) {
+        const int4 v = *reinterpret_cast<const int4*>(s16 + slice * TN + wn * 64 + 32 * half + 8 * (lane & 3));
+        const uint16_t* hv = reinterpret_cast<const uint16_t*>(&v);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) sc[e] = to_float<DT>(hv[e]);
+      }
+#pragma unroll
+      for (int mb = 0; mb < WMB; ++mb)
+#pragma unroll
+        for (int tt = 0; tt < 4; ++tt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int t = 4 * half + tt;
+            const int r = mrow0 + mb * 16 + (lane >> 2) + 8 * h;
+            if (r < valid_rows) {
+              const int c = slice * TN + wn * 64 + 8 * t + 2 * (lane & 3);
+              float v0 = acc[mb * 8 + t][2 * h], v1 = acc[mb * 8 + t][2 * h + 1];
+              if constexpr (!GROUPED) {
+                v0 *= sc[2 * tt];
+                v1 *= sc[2 * tt + 1];
+              }
+              *reinterpret_cast<uint32_t*>(C + size_t(row0 + r) * p.n + c) = pack2<DT>(v0, v1);
+            }
+          }
+    }
+  }
+}
+
 // ---- the kernel ------------------------------------------------------------------------------------
 
 template <int MB, int TN, int TK>
@@ -303,93 +398,9 @@ __global__ void __launch_bounds__(kThreads, Shape<MB, TN, TK>::kBlocksPerSm) mar
         }
       }
 
-      // Blocks sharing this slice: every block but the slice's first deposits its fp32 partial tile in
-      // its own workspace slot and bumps the slice's counter, all at once; the first block (which reaches
-      // the slice last, at the end of its stripe) waits for count - 1 deposits, adds them in block order
-      // (deterministic) and writes C. A serial lock hand-off per block would put `count` global-memory
-      // round trips on the critical path, which dominates small layers where count reaches 16.
-      // Visits the thread's accumulator pairs: acc[a][2h], acc[a][2h + 1] hold row r, columns c and
-      // c + 1 of the tile (mma.m16n8 C fragment: rows lane/4 and lane/4 + 8, columns 2 (lane % 4)).
-      auto for_each_pair = [&](auto&& f) {
-#pragma unroll
-        for (int mb = 0; mb < S::kWarpMB; ++mb)
-#pragma unroll
-          for (int t = 0; t < 8; ++t)
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-              f(mb * 8 + t, h, mrow0 + mb * 16 + (lane >> 2) + 8 * h, wn * 64 + 8 * t + 2 * (lane & 3));
-      };
-      const int first_b = slice_first_block(base_b, slice, k_tiles, p.iters);
-      const int last_b = slice_last_block(base_b, slice, k_tiles, p.iters);
-      const int count = last_b - first_b + 1;
-      const bool finisher = int(blockIdx.x) == first_b;
-      const int valid_rows = min(S::kRows, p.m - row0);
-      tl_mark(p, kTlInfo, threadIdx.x == 0, unsigned(count) * 2u + (finisher ? 1u : 0u));
-      if (count > 1) {
-        int* counter = p.locks + first_b;
-        if (!finisher) {
-          if (wk == 0) {
-            float* mine = p.red + size_t(blockIdx.x) * (S::kRows * TN);  // [kRows, TN], one slot per block
-            for_each_pair([&](int a, int h, int r, int c) {
-              if (r < valid_rows)
-                __stcg(reinterpret_cast<float2*>(mine + r * TN + c), make_float2(acc[a][2 * h], acc[a][2 * h + 1]));
-            });
-            __threadfence();  // each writer publishes its own stores before the counter moves
-          }
-          deposit_done(counter, threadIdx.x == 0);
-        } else {
-          wait_deposits(counter, count - 1, threadIdx.x == 0);
-          tl_mark(p, kTlReduced, threadIdx.x == 0);
-          if (wk == 0) {
-            for (int b = first_b + 1; b <= last_b; ++b) {
-              const float* other = p.red + size_t(b) * (S::kRows * TN);
-              for_each_pair([&](int a, int h, int r, int c) {
-                if (r < valid_rows) {
-                  const float2 o = __ldcg(reinterpret_cast<const float2*>(other + r * TN + c));
-                  acc[a][2 * h] += o.x;
-                  acc[a][2 * h + 1] += o.y;
-                }
-              });
-            }
-          }
-          if (tid == 0) *counter = 0;  // every deposit has been counted: re-arm for the next launch
-        }
-      }
-
-      if ((count == 1 || finisher) && wk == 0) {
-        uint16_t* C = static_cast<uint16_t*>(p.C);
-        const uint16_t* s16 = static_cast<const uint16_t*>(p.s);
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          // Per-channel scales (§1.6 single perm): the lane's 8 values for n8 tiles 4*half..4*half+3 are
-          // one contiguous 16-byte run at 32*(n/32) + 8*(lane%4).
-          float sc[8];
-          if constexpr (!GROUPED) {
-            const int4 v = *reinterpret_cast<const int4*>(s16 + ncol * TN + wn * 64 + 32 * half + 8 * (lane & 3));
-            const uint16_t* hv = reinterpret_cast<const uint16_t*>(&v);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) sc[e] = to_float<DT>(hv[e]);
-          }
-#pragma unroll
-          for (int mb = 0; mb < S::kWarpMB; ++mb)
-#pragma unroll
-            for (int tt = 0; tt < 4; ++tt)
-#pragma unroll
-              for (int h = 0; h < 2; ++h) {
-                const int t = 4 * half + tt;
-                const int r = mrow0 + mb * 16 + (lane >> 2) + 8 * h;
-                if (r < valid_rows) {
-                  const int c = ncol * TN + wn * 64 + 8 * t + 2 * (lane & 3);
-                  float v0 = acc[mb * 8 + t][2 * h], v1 = acc[mb * 8 + t][2 * h + 1];
-                  if constexpr (!GROUPED) {
-                    v0 *= sc[2 * tt];
-                    v1 *= sc[2 * tt + 1];
-                  }
-                  *reinterpret_cast<uint32_t*>(C + size_t(row0 + r) * p.n + c) = pack2<DT>(v0, v1);
-                }
-              }
-        }
-      }
+      finish_slice_frags<DT, GROUPED, S::kWarpMB, S::kRows, TN>(
+          p, acc, slice, slice_first_block(base_b, slice, k_tiles, p.iters),
+          slice_last_block(base_b, slice, k_tiles, p.iters), row0, mrow0, min(S::kRows, p.m - row0), wk == 0, wn, lane);
       it += cnt;
       __syncthreads();  // the next slice's prologue overwrites the reduction area
     }
