@@ -22,11 +22,11 @@ for spec in ${NCU_SPECS:-"8192x57344:256:3:marlin_wgmma_kernel" "8192x57344:1024
   tag="${set}_${m}_${kern%%|*}_p${pipe:-0}"
   timeout 120 ncu --clock-control none --kernel-name "regex:$kern" --launch-skip "$skip" --launch-count 1 --metrics "$M" $B --sets "$set" --ms "$m" --wgmma ${pipe:+--wgmma-pipeline $pipe} > "$OUT/ncu_$tag.log" 2>&1
   echo "== ncu $tag"
-  grep -E "marlin_wgmma_kernel<|marlin_kernel<|gemm|gemv|\.ratio|pct|per_cycle|duration|cycles_|bytes_read|registers|grid_size" "$OUT/ncu_$tag.log" | grep -v "==PROF==" | sed -e 's/smsp__average_warps_issue_stalled_//' -e 's/_per_issue_active.ratio//' | awk '{$1=$1; print}' | cut -c1-110 | head -60
+  grep -E "marlin_wgmma_kernel<|marlin_kernel<|marlin_stream_kernel<|gemm|gemv|\.ratio|pct|per_cycle|duration|cycles_|bytes_read|registers|grid_size" "$OUT/ncu_$tag.log" | grep -v "==PROF==" | sed -e 's/smsp__average_warps_issue_stalled_//' -e 's/_per_issue_active.ratio//' | awk '{$1=$1; print}' | cut -c1-110 | head -60
 done
 if [ -n "${SRC_SPEC-8192x57344:256}" ]; then
   IFS=: read -r set m <<< "${SRC_SPEC:-8192x57344:256}"
-  timeout 150 ncu --clock-control none --kernel-name regex:marlin_wgmma_kernel --launch-skip 3 --launch-count 1 --section SourceCounters --section WarpStateStats -o "$OUT/src" $B --sets "$set" --ms "$m" --wgmma > "$OUT/ncu_src_run.log" 2>&1
+  timeout 150 ncu --clock-control none --kernel-name regex:${SRC_KERNEL:-marlin_wgmma_kernel} --launch-skip 3 --launch-count 1 --section SourceCounters --section WarpStateStats -o "$OUT/src" $B --sets "$set" --ms "$m" --wgmma > "$OUT/ncu_src_run.log" 2>&1
   ncu -i "$OUT/src.ncu-rep" --page source --csv --print-source sass > "$OUT/src_sass.csv" 2>"$OUT/src_err.log"
   ncu -i "$OUT/src.ncu-rep" --page details > "$OUT/src_details.txt" 2>&1
   echo "== source export: $(wc -l < "$OUT/src_sass.csv") lines"; head -c 600 "$OUT/src_err.log"
