@@ -208,7 +208,7 @@ struct Row {
   double bytes = 0, flops = 0;
   double spread = 0;
   std::string configs;
-  std::string layers_json;  // per layer: [k, n, cuBLAS µs, fused µs, serial µs, dq+cuBLAS µs, wgmma µs]
+  std::string layers_json;  // per layer: [k, n, cuBLAS µs, fused µs, serial µs, dq+cuBLAS µs, wgmma µs, auto µs]
 };
 
 }  // namespace
@@ -400,12 +400,15 @@ int main(int argc, char** argv) {
         if (time_wgmma || ap == MarlinPath::Wgmma)
           wg = wg_runs ? time_graph(st, marlin_call(MarlinPath::Wgmma, 0, 0, true, 0, wgmma_rows)).us : sf.us;
         const bool auto_cublas = ap == MarlinPath::DequantCublas, auto_wg = ap == MarlinPath::Wgmma;
+        const bool auto_st = ap == MarlinPath::Stream;
+        const double stv = auto_st ? time_graph(st, marlin_call(MarlinPath::Stream, 0, 0)).us : 0.0;
+        const double au = auto_cublas ? dq : auto_wg ? wg : auto_st ? stv : sf.us;
         R.cublas += sc.us;
         R.fused += sf.us;
         R.serial += ss.us;
         R.dq += dq;
         R.wg += wg;
-        R.autop += auto_cublas ? dq : auto_wg ? wg : sf.us;
+        R.autop += au;
         R.spread = std::max({R.spread, sc.spread, sf.spread});
         R.bytes += double(qbytes) + double(sbytes) + 2.0 * m * L.k + 2.0 * m * L.n;
         R.flops += 2.0 * m * double(L.k) * L.n;
@@ -414,15 +417,19 @@ int main(int argc, char** argv) {
         std::snprintf(cfg, sizeof cfg, "%s%dx%d%s", R.configs.empty() ? "" : " ", tc.thread_k, tc.thread_n,
                       tc.whole_k ? "k" : "");
         const char* sep = R.configs.empty() ? "" : " ";
-        R.configs += auto_cublas ? std::string(sep) + "dq" : auto_wg ? std::string(sep) + "wg" : std::string(cfg);
+        R.configs += auto_cublas ? std::string(sep) + "dq"
+                     : auto_wg   ? std::string(sep) + "wg"
+                     : auto_st   ? std::string(sep) + "st"
+                                 : std::string(cfg);
         char lj[160];
-        std::snprintf(lj, sizeof lj, "%s[%d, %d, %.2f, %.2f, %.2f, %.2f, %.2f]", R.layers_json.empty() ? "" : ", ", L.k,
-                      L.n, sc.us, sf.us, ss.us, dq, wg);
+        std::snprintf(lj, sizeof lj, "%s[%d, %d, %.2f, %.2f, %.2f, %.2f, %.2f, %.2f]", R.layers_json.empty() ? "" : ", ",
+                      L.k, L.n, sc.us, sf.us, ss.us, dq, wg, au);
         R.layers_json += lj;
         if (timeline && !auto_cublas) {
-          const MarlinPath tp = auto_wg ? MarlinPath::Wgmma : MarlinPath::Marlin;
+          const MarlinPath tp = auto_wg ? MarlinPath::Wgmma : auto_st ? MarlinPath::Stream : MarlinPath::Marlin;
           timeline_log += timeline_line(st, tl_buf, marlin_call(tp, 0, 0, true, 0, auto_wg ? wgmma_rows : 0), set.name,
-                                        set.group, m, L.k, L.n, auto_wg ? wg : sf.us, auto_wg ? "wg" : "mma", timeline_dump);
+                                        set.group, m, L.k, L.n, au, auto_wg ? "wg" : auto_st ? "st" : "mma",
+                                        timeline_dump);
         }
         if (explore && m <= 128) {
           const int tiles[3][2] = {{128, 128}, {64, 256}, {128, 64}};
@@ -487,7 +494,8 @@ int main(int argc, char** argv) {
   }
   std::printf("times in µs per call, summed over the set's layers; ");
   std::printf("copy bandwidth %.0f GB/s, cuBLAS fp16 %.0f TFLOP/s (ideal = max(bytes/copy, flops/cuBLAS peak)); "
-              "tiles: Auto's per layer, wg = Hopper kernel, dq = dequantize + cuBLAS, k = whole-k stripes\n",
+              "tiles: Auto's per layer, wg = Hopper kernel, st = streaming kernel, dq = dequantize + cuBLAS, "
+              "k = whole-k stripes\n",
               copy_bw / 1e9, gemm_flops / 1e12);
   CK(cudaFree(ws));
   CB(cublasDestroy(cub));

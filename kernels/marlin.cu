@@ -40,6 +40,12 @@ MARLINC_DECLARE_WGMMA(1, 64) MARLINC_DECLARE_WGMMA(1, 128)
   extern template cudaError_t wgmma_ws_launch<DT, NT, BPS>(const KernelArgs&, const LaunchOpts&, cudaStream_t);
 MARLINC_DECLARE_WGMMA_WS(0, 64, 1) MARLINC_DECLARE_WGMMA_WS(0, 128, 1)
 MARLINC_DECLARE_WGMMA_WS(1, 64, 1) MARLINC_DECLARE_WGMMA_WS(1, 128, 1)
+#define MARLINC_DECLARE_STREAM(DT, TN)                                                                  \
+  extern template cudaError_t stream_prepare<DT, TN>(int*, int*);                                   \
+  extern template cudaError_t stream_launch<DT, TN>(const KernelArgs&, const StreamMaps&, const LaunchOpts&, \
+                                                    cudaStream_t);
+MARLINC_DECLARE_STREAM(0, 128) MARLINC_DECLARE_STREAM(0, 256)
+MARLINC_DECLARE_STREAM(1, 128) MARLINC_DECLARE_STREAM(1, 256)
 #endif
 
 namespace {
@@ -88,6 +94,22 @@ const Entry kWsTable[2][kNumWsRows] = {
 };
 #endif
 
+#if MARLINC_HAVE_SM90A
+using StreamLaunchFn = cudaError_t (*)(const KernelArgs&, const StreamMaps&, const LaunchOpts&, cudaStream_t);
+struct StreamEntry { PrepareFn prepare; StreamLaunchFn launch; };
+#define MARLINC_ST_ENTRY(DT, TN) StreamEntry{&stream_prepare<DT, TN>, &stream_launch<DT, TN>}
+const StreamEntry kStreamTable[2][2] = {
+    {MARLINC_ST_ENTRY(0, 128), MARLINC_ST_ENTRY(0, 256)},
+    {MARLINC_ST_ENTRY(1, 128), MARLINC_ST_ENTRY(1, 256)},
+};
+static_assert(kStreamTn[0] == 128 && kStreamTn[1] == 256, "kStreamTable is indexed like kStreamTn");
+// Tiles whose weights and scales the streaming kernel requests before the wait for the previous kernel
+// (64 KB per SM, as the other kernels' prologues). H100, same call: 4 against 2, 6 and 8, summed per set
+// at m = 1..16: 8B 58.9-59.3 against 59.0-59.6 (2), 60.1-60.6 (6), 62.1-63.0 (8); 70B and 32768^2 level
+// with 6 and 2-5 us ahead of 2.
+constexpr int kStreamPrewait = 4;
+#endif
+
 // Occupancy and shared-memory size per (device, kernel), computed once: the launcher is called per
 // layer per token, and cudaFuncSetAttribute + the occupancy query cost host microseconds.
 constexpr int kMaxDevices = 16;
@@ -95,6 +117,7 @@ struct Prepared { int blocks_per_sm = 0, smem = 0; cudaError_t err = cudaSuccess
 Prepared g_prepared[kMaxDevices][2][kMaxMBlocks][kNumShapes];
 Prepared g_wg_prepared[kMaxDevices][2][kNumWgRows];
 Prepared g_ws_prepared[kMaxDevices][2][kNumWsRows];
+Prepared g_st_prepared[kMaxDevices][2][2];
 std::mutex g_prepared_mu;
 
 Prepared prepare_once(Prepared& p, const Entry& e) {
@@ -105,6 +128,7 @@ Prepared prepare_once(Prepared& p, const Entry& e) {
   }
   return p;
 }
+Prepared prepare_once(Prepared& p, PrepareFn prepare) { return prepare_once(p, Entry{prepare, nullptr}); }
 Prepared prepared(int dev, int dt, int mb, int shape) {
   return prepare_once(g_prepared[dev][dt][mb - 1][shape], kTable[dt][mb - 1][shape]);
 }
@@ -315,8 +339,10 @@ bool wgmma_offsets_fit(int n, int k) {
   return int64_t(kWgRows[kNumWgRows - 1] + 1) * (k / 8) < kMaxOffset && int64_t(k) * n / 32 < kMaxOffset;
 }
 
+
 // Where Auto takes the Hopper kernel: kernels/marlin_dispatch.h (the rule and its measurements).
 MarlinPath auto_path(int dev, int m, int n, int k, int sms, bool cublas_ok) {
+  if (wgmma_runs_on(dev) && stream_auto(m, n, k, sms)) return MarlinPath::Stream;
   if (whole_k_stripes(m, n, k, sms * kMaxBlocksPerSm)) return MarlinPath::Marlin;
   if (wgmma_runs_on(dev) && n % kWgmmaTileN == 0 && wgmma_offsets_fit(n, k)) {
     switch (hopper_auto_pick(m, int64_t(n) * k)) {
@@ -424,6 +450,74 @@ MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int 
 #endif
 }
 
+#if MARLINC_HAVE_SM90A
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no -lcuda), looked up once.
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+EncodeTiledFn encode_tiled() {
+  static const EncodeTiledFn fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      f = nullptr;
+    return reinterpret_cast<EncodeTiledFn>(f);
+  }();
+  return fn;
+}
+
+// A row-major 2D tensor [outer, inner] of `esize`-byte elements, boxes of [box_outer, box_inner].
+bool encode_2d(CUtensorMap* map, CUtensorMapDataType dt, size_t esize, const void* base, uint64_t inner,
+               uint64_t outer, uint32_t box_inner, uint32_t box_outer, CUtensorMapSwizzle swizzle) {
+  const EncodeTiledFn enc = encode_tiled();
+  if (!enc) return false;
+  const cuuint64_t dims[2] = {inner, outer}, strides[1] = {inner * esize};
+  const cuuint32_t box[2] = {box_inner, box_outer}, elem[2] = {1, 1};
+  return enc(map, dt, 2, const_cast<void*>(base), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+bool encode_stream_maps(const MarlinGemm& g, int groups, int shift, int tn, StreamMaps* m) {
+  const int tk = stream_tk(tn), kg = tk / 16;
+  const int s_rows = groups > 1 ? std::max(1, tk >> shift) : 1;
+  return encode_2d(&m->b, CU_TENSOR_MAP_DATA_TYPE_UINT64, 8, g.B, uint64_t(g.n), uint64_t(g.k / 16), uint32_t(tn),
+                   uint32_t(kg), CU_TENSOR_MAP_SWIZZLE_NONE) &&
+         encode_2d(&m->a, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, g.A, uint64_t(g.k), uint64_t(g.m), 64, 16,
+                   CU_TENSOR_MAP_SWIZZLE_128B) &&
+         encode_2d(&m->s, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, g.s, uint64_t(g.n), uint64_t(groups), uint32_t(tn),
+                   uint32_t(s_rows), CU_TENSOR_MAP_SWIZZLE_NONE);
+}
+#endif
+
+MarlinStatus run_stream(const MarlinGemm& g, int groups, int shift, int sms, int dev) {
+#if MARLINC_HAVE_SM90A
+  if (!wgmma_runs_on(dev) || g.m > kStreamMaxM) return MarlinStatus::NoConfig;
+  const StreamPlan plan = stream_plan(g.n, g.k, sms, g.thread_n);
+  if (plan.tn == 0 || (g.thread_n != 0 && g.thread_n != plan.tn)) return MarlinStatus::NoConfig;
+  const int ti = plan.tn == kStreamTn[0] ? 0 : 1, dt = g.act == ActType::F16 ? 0 : 1;
+  const Prepared pr = prepare_once(g_st_prepared[dev][dt][ti], kStreamTable[dt][ti].prepare);
+  if (pr.err != cudaSuccess || pr.blocks_per_sm < 1) return MarlinStatus::CudaError;
+  const TileShape t{plan.tn, stream_tk(plan.tn)};
+  if (int64_t(g.n / t.tn) * (g.k / t.tk) > std::numeric_limits<int>::max() / 2) return MarlinStatus::BadShape;
+  const Partition P = partition(g.m, g.n, g.k, kStreamMaxM, t, sms);  // stripes: one block per SM
+  KernelArgs a = kernel_args(g, groups, shift, sms, P);
+  a.prewait = kStreamPrewait;
+  a.split = plan.split;
+  StreamMaps maps;
+  if (!encode_stream_maps(g, groups, shift, plan.tn, &maps)) return MarlinStatus::CudaError;
+  LaunchOpts o;
+  o.grid = plan.split > 0 ? (g.n / plan.tn) * plan.split : P.grid;
+  o.smem_bytes = pr.smem;
+  o.pdl = use_pdl(g, dev);
+  if (kStreamTable[dt][ti].launch(a, maps, o, g.stream) != cudaSuccess) return MarlinStatus::CudaError;
+  return MarlinStatus::Ok;
+#else
+  (void)g, (void)groups, (void)shift, (void)sms, (void)dev;
+  return MarlinStatus::NoConfig;
+#endif
+}
+
 MarlinStatus run_dequant_cublas(const MarlinGemm& g, int groups, int shift, int sms) {
   if (!g.cublas) return MarlinStatus::CublasError;
   if (g.workspace_bytes < marlin_workspace_bytes(sms, true)) return MarlinStatus::WorkspaceTooSmall;
@@ -520,6 +614,7 @@ MarlinStatus marlin_gemm(const MarlinGemm& g) {
   if (path == MarlinPath::DequantCublas) return run_dequant_cublas(g, groups, shift, sms);
   if (g.workspace_bytes < marlin_workspace_bytes(sms, false)) return MarlinStatus::WorkspaceTooSmall;
   if (path == MarlinPath::Wgmma) return run_wgmma(g, groups, shift, sms, dev);
+  if (path == MarlinPath::Stream) return run_stream(g, groups, shift, sms, dev);
   if (g.thread_m_blocks < 0 || g.thread_m_blocks > kMaxMBlocks) return MarlinStatus::NoConfig;
   const int mb = g.thread_m_blocks > 0 ? g.thread_m_blocks : m_blocks_for(g.m, g.n, g.k);
   // Tiles left to the launcher: whole-k stripes where kernels/marlin_dispatch.h's rule holds.

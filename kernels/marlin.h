@@ -34,6 +34,9 @@ enum class MarlinPath {
   DequantCublas,  // always dequantize to a 16-bit scratch and call cuBLAS (needs `cublas`)
   Wgmma,          // always the fused Hopper kernel (warpgroup MMA): NoConfig unless the device is
                   // compute capability 9.0, the build has sm_90a code and n % 256 == 0
+  Stream,         // always the streaming m <= 16 kernel (one block per SM, TMA ring): NoConfig unless
+                  // m <= 16, the device is 9.0 with sm_90a code, and thread_n (0 = chosen, 128 or 256)
+                  // divides n with k a multiple of its stage depth (128, 64)
 };
 
 struct MarlinGemm {

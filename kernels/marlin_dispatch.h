@@ -22,7 +22,8 @@
 //   dequantize + cuBLAS wins (366 vs 360): above 2048 small layers take that path, above 4096 all do
 //   (not measured beyond; cuBLAS's own GEMM runs closer to the tensor peak as m grows).
 //
-// Before that rule, at m <= 16 on any device: whole-k stripes (whole_k_stripes below).
+// Before that rule, at m <= 16: the streaming kernel on a 9.0 device where stream_auto holds, then on any
+// device whole-k stripes (whole_k_stripes below).
 #pragma once
 #include <cstdint>
 
@@ -44,6 +45,57 @@ constexpr bool whole_k_stripes(int m, int n, int k, int slots) {
   if (m < 1 || m > kWholeKMaxM || slots < 1 || n % kWholeKTileN != 0 || k % kWholeKTileK != 0) return false;
   const int64_t slices = n / kWholeKTileN;
   return slices <= slots && slices * 100 >= int64_t(slots) * kWholeKMinFillPct;
+}
+
+// m <= 16 on the Hopper device: the streaming kernel (kernels/sm90/marlin_stream.cuh, one block per SM fed
+// by TMA). stream_plan picks its slice width and k-split: blocks = slices x split at most one per SM, the
+// split that keeps the most SMs busy, the narrower slice on ties (fewer partial tiles); split 0 (stripes
+// of the stripe partition) where no split fills 75% of the SMs. Blocks of one part index then read the
+// same k16 rows of every slice at about the same time, which staggered stripes do not (2D TMA over one
+// block per SM: 3.05 TB/s with aligned fronts, 2.74 TB/s staggered; scripts/experiments/stream_copy.cu).
+constexpr int kStreamMaxM = 16;
+constexpr int kStreamTn[2] = {128, 256};
+constexpr int kStreamMinFillPct = 75;
+// A stage holds 32 packed 16x64 blocks (two per consumer warp): 256 deep at 128 columns, 128 at 256.
+constexpr int stream_tk(int tn) { return 32768 / tn; }
+struct StreamPlan { int tn = 0, split = 0; };  // tn 0: no width fits n and k
+constexpr StreamPlan stream_plan(int n, int k, int sms, int tn_forced) {
+  StreamPlan best;
+  int best_blocks = 0;
+  for (int tn : kStreamTn) {
+    if ((tn_forced != 0 && tn != tn_forced) || n % tn != 0 || k % stream_tk(tn) != 0) continue;
+    if (best.tn == 0) best.tn = tn;
+    const int slices = n / tn;
+    if (slices > sms) continue;
+    const int per = sms / slices, deep = k / stream_tk(tn);
+    const int split = per < deep ? per : deep;
+    if (slices * split > best_blocks) best_blocks = slices * split, best = {tn, split};
+  }
+  if (int64_t(best_blocks) * 100 < int64_t(sms) * kStreamMinFillPct) {
+    best.split = 0;
+    if (tn_forced == 0 && n % 256 == 0 && k % stream_tk(256) == 0) best.tn = 256;  // stripes: fewer slices
+  }
+  return best;
+}
+
+// Where Auto takes the streaming kernel (H100, docs/PERF.md, eleventh session; per layer, two runs each,
+// against the kernels Auto took before): on layers of at least kStreamSmallMLayer weights at m <= 8 and
+// kStream16Layer at m = 9..16, where stream_plan splits (stripes lost everywhere they were timed, e.g. 70B
+// gate/up 89.6 against 85.9 us at m = 1). Faster: 8B gate/up at m <= 4 (23.4-23.7 against 24.1-24.3 us),
+// 8B down at m = 16 (16.0 against 17.0), 70B o at m = 16 (16.0 against 17.1), 70B down at m = 2..16
+// (45.9-46.4 against 46.6-49.9), 32768^2 g128 at m = 4..16 (181-187 against 197-221); level on 70B down at
+// m = 1, 70B q/k/v at m = 16 and 32768^2 at m <= 2 and per-channel. Slower on the smaller layers the
+// thresholds leave out (8B q/k/v 10.6-12.0 against 9.4-10.8, 8B o 8.9-9.4 against 7.5-8.0, 70B o at m <= 8
+// 16.0-16.3 against 15.7-15.9, 70B q/k/v at m <= 8 19.5-19.8 against 19.0-19.2).
+constexpr int kStreamSmallMaxM = 8;
+constexpr int64_t kStreamSmallMLayer = int64_t(3) << 25;  // 2^26.6 (8B gate/up 2^26.8 in, 70B q/k/v 2^26.3 out)
+constexpr int64_t kStream16Layer = int64_t(3) << 24;      // 2^25.6 (8B down 2^25.8 in, 8B q/k/v 2^24.6 out)
+constexpr bool stream_auto(int m, int n, int k, int sms) {
+  if (m < 1 || m > kStreamMaxM) return false;
+  const int64_t weights = int64_t(n) * k;
+  if (weights < (m <= kStreamSmallMaxM ? kStreamSmallMLayer : kStream16Layer)) return false;
+  const StreamPlan p = stream_plan(n, k, sms, 0);
+  return p.tn != 0 && p.split > 0;
 }
 
 enum class HopperAutoPick { MmaSync, Hopper, DequantCublas };

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include <cuda.h>  // CUtensorMap (the type only: the encoder is reached through the runtime, no -lcuda)
 #include <cuda_runtime_api.h>
 
 #include "kernels/marlin.h"
@@ -29,6 +30,9 @@ struct KernelArgs {
   int chunk_blocks;     // blocks sharing one row chunk (ceil(n_tiles * k_tiles / iters))
   int chunk_groups;     // groups of chunk_blocks blocks; grid = chunk_groups * chunk_blocks
   unsigned long long* timeline;  // [grid, kTlRecord] per-block timestamps, or null (MARLINC_TIMELINE builds)
+  int prewait;          // streaming kernel: tiles whose weights are requested before the wait for the previous kernel
+  int split;            // streaming kernel: 0 stripes of `iters` tiles, else block b owns part b % split of
+                        // slice b / split (k-split, kernels/marlin_dispatch.h stream_plan)
 };
 
 // The per-block timeline record layout (kTlEntry ...): kernels/marlin.h, marlin_timeline.
@@ -59,5 +63,16 @@ template <int DT, int NT, int BPS>
 cudaError_t wgmma_ws_prepare(int* blocks_per_sm, int* smem_bytes);
 template <int DT, int NT, int BPS>
 cudaError_t wgmma_ws_launch(const KernelArgs& a, const LaunchOpts& o, cudaStream_t stream);
+// The streaming m <= 16 kernel (kernels/sm90/marlin_stream.cuh): TN-column slices, one block per SM, fed
+// by TMA from three descriptors (kernels/marlin.cu, encode_stream_maps): B as [k / 16, n] 8-byte units
+// (box kKG x TN), A as [m, k] 16-bit (box 16 x 64, 128B swizzle, rows past m zero-filled), s as [G, n]
+// 16-bit (box s_rows x TN).
+struct StreamMaps {
+  CUtensorMap b, a, s;
+};
+template <int DT, int TN>
+cudaError_t stream_prepare(int* blocks_per_sm, int* smem_bytes);
+template <int DT, int TN>
+cudaError_t stream_launch(const KernelArgs& a, const StreamMaps& maps, const LaunchOpts& o, cudaStream_t stream);
 
 }  // namespace marlinc::kernels::detail

@@ -562,6 +562,81 @@ TEST_CASE("marlin: Hopper wgmma kernel under the sanitizers", "[gpu][marlin][wgm
   }
 }
 
+// The streaming m <= 16 kernel (sm_90a, one block per SM, bulk-copy ring): every slice width, group
+// size and m up to 16, stripes that cross slices (few SMs: fp32 partial tiles, the in-order finisher) and
+// a ring that wraps many times (one SM walks every slice). Skipped on other GPUs.
+TEST_CASE("marlin: streaming kernel for m <= 16", "[gpu][marlin][stream]") {
+  if (!marlin_wgmma_available()) {
+    WARN("skipped: no compute capability 9.0 device, or no sm_90a code in this build");
+    return;
+  }
+  std::mt19937_64 rng(kSeed + 14);
+  for (ActType act : {ActType::F16, ActType::BF16})
+    for (int64_t g : kGroups) {
+      const Layer L = make_layer(rng, 1024, 768, g, act);
+      for (int tn : {128, 256})
+        for (int sms : {0, 1, 3})
+          for (int64_t m : {int64_t(1), int64_t(2), int64_t(7), int64_t(16)}) {
+            if (act == ActType::BF16 && m != 7) continue;
+            RunOpts o;
+            o.path = MarlinPath::Stream;
+            o.thread_n = tn;
+            o.num_sms = sms;
+            run_case(L, m, rng, o);
+          }
+    }
+  // Whole-k slices and k-split slices (kernels/marlin.cu, stream_plan): three 256-wide slices on three
+  // SMs, two slices split in two on five SMs, two 128-wide slices split in two on four.
+  const struct { int64_t k, n; int sms, tn; ActType act; int64_t g; } splits[] = {
+      {1024, 768, 3, 256, ActType::F16, 128}, {1024, 512, 5, 256, ActType::F16, -1},
+      {2048, 256, 4, 128, ActType::BF16, 32}, {1024, 512, 5, 0, ActType::F16, 64}};
+  for (const auto& c : splits) {
+    const Layer Ls = make_layer(rng, c.k, c.n, c.g, c.act);
+    for (int64_t m : {int64_t(1), int64_t(16)}) {
+      RunOpts o;
+      o.path = MarlinPath::Stream;
+      o.thread_n = c.tn;
+      o.num_sms = c.sms;
+      run_case(Ls, m, rng, o);
+    }
+  }
+  const Layer big = make_layer(rng, 4096, 1024, 32, ActType::F16);
+  for (int sms : {1, 5})
+    for (int tn : {128, 256}) {
+      RunOpts o;
+      o.path = MarlinPath::Stream;
+      o.thread_n = tn;
+      o.num_sms = sms;
+      run_case(big, 16, rng, o);
+    }
+}
+
+TEST_CASE("marlin: streaming kernel under the sanitizers", "[gpu][marlin][stream][sanitize]") {
+  if (!marlin_wgmma_available()) {
+    WARN("skipped: no compute capability 9.0 device, or no sm_90a code in this build");
+    return;
+  }
+  std::mt19937_64 rng(kSeed + 15);
+  for (int64_t g : {int64_t(-1), int64_t(32)}) {
+    const Layer L = make_layer(rng, 512, 512, g, ActType::F16);
+    for (int tn : {128, 256})
+      for (int sms : {0, 2})
+        for (int64_t m : {int64_t(1), int64_t(16)}) {
+          RunOpts o;
+          o.path = MarlinPath::Stream;
+          o.thread_n = tn;
+          o.num_sms = sms;
+          run_case(L, m, rng, o);
+        }
+  }
+  const Layer Ls = make_layer(rng, 1024, 512, 128, ActType::F16);  // two slices split in two on four SMs
+  RunOpts o;
+  o.path = MarlinPath::Stream;
+  o.thread_n = 256;
+  o.num_sms = 4;
+  run_case(Ls, 7, rng, o);
+}
+
 TEST_CASE("marlin: bf16 activations and scales", "[gpu][marlin]") {
   std::mt19937_64 rng(kSeed + 3);
   for (int64_t g : kGroups) {
@@ -657,7 +732,7 @@ TEST_CASE("marlin: the original packer's golden files", "[gpu][marlin][golden]")
 TEST_CASE("marlin: argument checks return a status", "[gpu][marlin]") {
   Ctx& c = ctx();
   c.A.resize(1024);
-  c.B.resize(1024);
+  c.B.resize(4096);  // the streaming kernel's Ok case below reads 128 x 256 packed weights
   c.s.resize(1024);
   c.C.resize(1024);
   MarlinGemm g;
@@ -718,6 +793,22 @@ TEST_CASE("marlin: argument checks return a status", "[gpu][marlin]") {
     b.wgmma_rows = 32;
     b.wgmma_pipeline = 2;
     REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
+  }
+  if (marlin_wgmma_available()) {  // the streaming kernel: m <= 16, slices of 64, 128 or 256 columns
+    b = g;
+    b.path = MarlinPath::Stream;
+    b.m = 17;
+    REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
+    b.m = 1;
+    b.n = 256;
+    b.thread_n = 96;
+    REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
+    b.thread_n = 64;  // slices are 128 or 256 columns wide
+    REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
+    b.thread_n = 256;
+    b.k = 128;
+    REQUIRE(marlin_gemm(b) == MarlinStatus::Ok);
+    REQUIRE(cudaStreamSynchronize(c.stream) == cudaSuccess);
   }
   b = g;
   b.path = MarlinPath::DequantCublas;

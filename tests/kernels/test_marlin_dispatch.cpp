@@ -117,3 +117,61 @@ TEST_CASE("dispatch: whole-k stripes at m <= 16 where 128-wide slices fill 75-10
   CHECK(whole_k_stripes(1, 512, 1024, 4));
   CHECK_FALSE(whole_k_stripes(1, 512, 1024, 0));
 }
+
+TEST_CASE("dispatch: the streaming kernel's slice width and k-split per layer", "[kernels][dispatch]") {
+  constexpr int kSms = 132;  // one block per SM
+  struct Want { Layer L; int tn, split; };
+  const Want wants[] = {
+      {kQkv8B, 256, 5},  // 24 x 5 = 120 blocks beat 48 x 2 = 96
+      {kO8B, 128, 4},    // 32 x 4 = 16 x 8 = 128: the narrower slice (fewer partial tiles)
+      {kGateUp8B, 256, 1}, {kDown8B, 128, 4}, {kQkv70B, 256, 3}, {kO70B, 128, 2},
+      {kGateUp70B, 256, 0},  // 224 slices of 256 > 132 SMs: stripes
+      {kDown70B, 128, 2}, {kLarge, 256, 1}};
+  for (const Want& w : wants) {
+    INFO(w.L.name);
+    const StreamPlan p = stream_plan(w.L.n, w.L.k, kSms, 0);
+    CHECK(p.tn == w.tn);
+    CHECK(p.split == w.split);
+  }
+  // The fill bound: 99 slices of 256 on 132 SMs is exactly 75%, 98 below it (stripes).
+  CHECK(stream_plan(99 * 256, 4096, kSms, 0).split == 1);
+  CHECK(stream_plan(98 * 256, 4096, kSms, 0).split == 0);
+  // A forced width keeps its slices (stripes where its split fills too few SMs); widths that do not
+  // divide n, or stages that do not divide k, are not offered.
+  CHECK(stream_plan(kQkv8B.n, kQkv8B.k, kSms, 128).tn == 128);
+  CHECK(stream_plan(kQkv8B.n, kQkv8B.k, kSms, 128).split == 0);
+  CHECK(stream_plan(kQkv8B.n, kQkv8B.k, kSms, 64).tn == 0);
+  CHECK(stream_plan(192, 4096, kSms, 0).tn == 0);
+  CHECK(stream_plan(4096, 128, kSms, 0).tn == 256);    // 256-deep stages of the 128 slice do not divide 128
+  CHECK(stream_plan(4096, 128, kSms, 128).tn == 0);
+  CHECK(stream_plan(512, 1024, 4, 0).split == 1);      // tests' few SMs: 4 slices of 128 on 4 SMs
+  CHECK(stream_plan(512, 1024, 5, 256).split == 2);    // 2 slices of 256 split in two on 5 SMs (80%)
+}
+
+TEST_CASE("dispatch: Auto takes the streaming kernel on large layers at m <= 16", "[kernels][dispatch]") {
+  constexpr int kSms = 132;
+  for (int m : {1, 2, 4, 8}) {
+    INFO("m " << m);
+    for (const Layer& L : {kGateUp8B, kDown70B, kLarge}) {
+      INFO(L.name);
+      CHECK(stream_auto(m, L.n, L.k, kSms));
+    }
+    for (const Layer& L : {kQkv8B, kO8B, kDown8B, kQkv70B, kO70B, kGateUp70B}) {
+      INFO(L.name);
+      CHECK_FALSE(stream_auto(m, L.n, L.k, kSms));
+    }
+  }
+  for (int m : {9, 12, 16}) {
+    INFO("m " << m);
+    for (const Layer& L : {kGateUp8B, kDown8B, kQkv70B, kO70B, kDown70B, kLarge}) {
+      INFO(L.name);
+      CHECK(stream_auto(m, L.n, L.k, kSms));
+    }
+    for (const Layer& L : {kQkv8B, kO8B, kGateUp70B}) {  // small, or stripes (measured slower)
+      INFO(L.name);
+      CHECK_FALSE(stream_auto(m, L.n, L.k, kSms));
+    }
+  }
+  CHECK_FALSE(stream_auto(17, kLarge.n, kLarge.k, kSms));
+  CHECK_FALSE(stream_auto(0, kLarge.n, kLarge.k, kSms));
+}

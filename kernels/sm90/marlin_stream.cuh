@@ -1,0 +1,266 @@
+// The streaming Marlin kernel for m <= 16 on Hopper (sm_90a): one block per SM whose stages are filled by
+// TMA (2D tensor copies: one box of weights, one or two of activations and one of group scales per stage)
+// from one producer thread, and sixteen consumer warps that expand and multiply as the mma.sync kernel
+// does (marlin_kernel.cuh: lop3 dequantization into m16n8k16 B fragments, ldmatrix for the activations).
+//
+// Why (docs/PERF.md, eighth to eleventh sessions): at m <= 16 the other kernels run two blocks per SM; an
+// SM's two blocks finish 10-17% apart, and one block per SM fed by cp.async lost (the second block was
+// what kept the weight stream busy). Measured on the H100 with one block per SM (stream_copy.cu): 2D TMA
+// boxes stream 3.05 TB/s, 1D bulk copies of 1-2 KB rows 1.6-2.8 TB/s, cp.async from one warp 1.3-1.6.
+// The k-split plan (marlin_dispatch.h, stream_plan) keeps the blocks' k fronts aligned, which is worth
+// another 10% over staggered stripes (2.74 TB/s).
+//
+// Tile: a column slice of TN = 128 or 256 columns; a stage holds 32 packed 16x64 blocks (kKRows k16 rows
+// of the slice's kNB 64-column blocks), the same k range of A (16 rows, 64-wide boxes with the 128B
+// swizzle; rows past m are zero-filled by the TMA unit) and the stage's group scales. Consumer warp
+// (wn, wk) expands k16 rows 2 wk and 2 wk + 1 of 64-column block wn in every stage; the kKG warps of a
+// column block sum their partial products through shared memory at the end of each slice. The
+// cross-block reduction (fp32 deposits, the in-order finisher) and the output are the mma.sync kernel's
+// (KernelArgs, marlin_partition.h), over either the stripe partition or the k-split (KernelArgs::split).
+#pragma once
+#include <cstdint>
+
+#include "kernels/marlin_dispatch.h"
+#include "kernels/marlin_kernel.cuh"
+#include "kernels/sm90/marlin_wgmma_ws.cuh"
+
+namespace marlinc::kernels::detail {
+
+template <int TN>
+struct StreamShape {
+  static constexpr int U = 2;  // packed 16x64 blocks per consumer warp and stage
+  static constexpr int kNB = TN / 64;                     // 64-column packed blocks per slice
+  static constexpr int kConsumerWarps = 16;
+  static constexpr int kKG = kConsumerWarps / kNB;        // warps per column block (k-groups)
+  static constexpr int kKRows = kKG * U;                  // k16 rows per stage: U per warp
+  static constexpr int kTK = 16 * kKRows;                 // stage depth
+  static constexpr int kConsumerThreads = 32 * kConsumerWarps;
+  static constexpr int kThreads = kConsumerThreads + 32;  // + the producer warp
+  static constexpr int kRows = 16;                        // m <= 16: one m16 block
+  static constexpr int kBBytes = kKRows * TN * 8;         // one TMA box: kKRows k16 rows x TN columns
+  static constexpr int kABox = 16 * 128;                  // one TMA box: 16 rows x 64 activations, 128B swizzle
+  static constexpr int kABoxes = kTK / 64;
+  static constexpr int kABytes = kABoxes * kABox;
+  static constexpr int kSBytes = 1024 * U;                // up to kTK / 32 group rows of TN scales
+  static constexpr int kStage = kBBytes + kABytes + kSBytes;  // [weights | activations | scales]
+  static constexpr int kAcc = 8;                          // n8 tiles per 64-column block
+  static constexpr int kRedBytes = (kKG / 2) * kNB * kAcc * 32 * 16;  // first step of the k-group tree
+  static constexpr int kAlign = 1024;                     // 128B-swizzled boxes start on 1 KB
+  static constexpr int kSmemLimit = 227 * 1024;
+  static constexpr int kMaxStages = 16;
+  static constexpr int kFit = (kSmemLimit - kAlign - kRedBytes) / (kStage + 16);
+  static constexpr int kStages = kFit < kMaxStages ? kFit : kMaxStages;
+  static constexpr int kSmemBytes = kAlign + kStages * kStage + kRedBytes + 16 * kStages;  // + full/empty
+  static constexpr int kBar = 1;                          // named barrier of the consumer warps
+
+  static_assert(TN == 128 || TN == 256, "slices of two or four packed 64-column blocks (64-deep A boxes)");
+  static_assert(kKG >= 2 && (kKG & (kKG - 1)) == 0, "tree reduction over a power-of-two number of k-groups");
+  static_assert(kBBytes == U * 16 * 512, "a stage holds U 16x64 packed blocks per consumer warp");
+  static_assert(kTK == stream_tk(TN), "the host encodes the weight boxes with this depth (marlin_dispatch.h)");
+  static_assert((kTK / 32 > 1 ? kTK / 32 : 1) * TN * 2 <= kSBytes, "a stage's group rows fit the scale area");
+  static_assert(kStage % kAlign == 0, "every stage's activation boxes stay 1 KB aligned");
+  static_assert(kStages >= 4, "the ring keeps several stages in flight");
+  static_assert(kSmemBytes <= kSmemLimit, "one block per SM");
+};
+
+// One 2D TMA box global -> shared that completes its bytes on the mbarrier (coordinates: inner, outer).
+__device__ __forceinline__ void tma_2d(uint32_t dst, const CUtensorMap* map, int x, int y, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+      ::"r"(dst), "l"(map), "r"(x), "r"(y), "r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n"
+               ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+
+template <int DT, bool GROUPED, int TN>
+__global__ void __launch_bounds__(StreamShape<TN>::kThreads, 1)
+    marlin_stream_kernel(const KernelArgs p, const __grid_constant__ StreamMaps maps) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using S = StreamShape<TN>;
+  constexpr int U = S::U;
+  extern __shared__ __align__(16) unsigned char sh_raw[];
+  const uint32_t raw = smem_addr(sh_raw);
+  unsigned char* sh = sh_raw + (((raw + S::kAlign - 1) & ~uint32_t(S::kAlign - 1)) - raw);
+  const uint32_t ring0 = smem_addr(sh);  // [ring | reduction | barriers]
+  unsigned char* red_raw = sh + S::kStages * S::kStage;
+  const uint32_t full0 = ring0 + S::kStages * S::kStage + S::kRedBytes, empty0 = full0 + 8 * S::kStages;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int k_tiles = p.k / S::kTK, n_tiles = p.n / TN;
+  const int nk = n_tiles * k_tiles;
+  if (tid == 0)
+    for (int s = 0; s < S::kStages; ++s) {
+      mbar_init(full0 + 8 * s, 1);                     // the producer's arrive.expect_tx
+      mbar_init(empty0 + 8 * s, S::kConsumerThreads);  // each consumer thread once its reads are done
+    }
+  __syncthreads();  // barriers initialized before anyone waits on or arrives at them
+  allow_next_grid();
+  tl_mark(p, kTlEntry, tid == 0);
+  tl_mark(p, kTlSm, tid == 0);
+
+  // The block's tiles (slice-major tile index): a stripe of p.iters tiles, or with p.split part
+  // blockIdx % split of slice blockIdx / split, so that the blocks of one part index read the same k16 rows
+  // of every slice at about the same time (whole rows of B: DRAM locality that staggered stripes lose).
+  const int b = blockIdx.x;
+  const int split_slice = p.split > 0 ? b / p.split : 0, part = p.split > 0 ? b % p.split : 0;
+  const int it0 = p.split > 0 ? split_slice * k_tiles + part * k_tiles / p.split : b * p.iters;
+  const int it_end = p.split > 0 ? split_slice * k_tiles + (part + 1) * k_tiles / p.split : min(it0 + p.iters, nk);
+
+  if (warp == S::kConsumerWarps) {
+    // Producer (lane 0 of the last warp): the block's tiles in stripe order, one stage each: one box of
+    // weights, one of scales, kABoxes of activations. The weights and scales of the first p.prewait
+    // tiles go out before the wait for the previous kernel, their activations after it (A may be that
+    // kernel's output).
+    if (lane != 0) return;
+    const int s_rows = GROUPED ? ((S::kTK >> p.group_shift) > 1 ? (S::kTK >> p.group_shift) : 1) : 0;
+    const uint32_t tx = S::kBBytes + S::kABytes + s_rows * TN * 2;
+    auto issue = [&](uint32_t stage, uint32_t bar, int it, int what) {  // what: 1 weights + scales, 2 A
+      const int slice = it / k_tiles, kt = it - slice * k_tiles;
+      if (what & 1) {
+        tma_2d(stage, &maps.b, slice * TN, kt * S::kKRows, bar);
+        if constexpr (GROUPED)
+          tma_2d(stage + S::kBBytes + S::kABytes, &maps.s, slice * TN, (kt * S::kTK) >> p.group_shift, bar);
+      }
+      if (what & 2)
+#pragma unroll
+        for (int j = 0; j < S::kABoxes; ++j)
+          tma_2d(stage + S::kBBytes + j * S::kABox, &maps.a, kt * S::kTK + 64 * j, 0, bar);
+    };
+    const int pre = min(p.prewait, min(S::kStages, it_end - it0));
+    RingPos w;
+    for (int i = 0; i < pre; ++i) {  // fresh ring: no stage to wait for
+      mbar_expect_tx(full0 + 8 * w.st, tx);
+      issue(ring0 + w.st * S::kStage, full0 + 8 * w.st, it0 + i, 1);
+      w.next<S::kStages>();
+    }
+    wait_previous_grid();
+    tl_mark(p, kTlWaited, true);
+    w = RingPos{};
+    for (int i = 0; i < pre; ++i) {
+      issue(ring0 + w.st * S::kStage, full0 + 8 * w.st, it0 + i, 2);
+      w.next<S::kStages>();
+    }
+    for (int it = it0 + pre; it < it_end; ++it) {
+      mbar_wait(empty0 + 8 * w.st, w.phase ^ 1u);  // a fresh barrier counts its previous phase as done
+      mbar_expect_tx(full0 + 8 * w.st, tx);
+      issue(ring0 + w.st * S::kStage, full0 + 8 * w.st, it, 3);
+      w.next<S::kStages>();
+    }
+    return;  // every copy lands before the consumers, which wait for each one, let the block exit
+  }
+
+  // Consumers.
+  wait_previous_grid();  // C, the workspace and its locks are the previous kernel's until it has finished
+  const int wn = warp % S::kNB, wk = warp / S::kNB;
+  const bool lead = tid == 0;
+  bool tl_first = lead;
+  // Warp (wn, wk) expands k16 rows wk * U + u of every stage. Activations: 16-byte chunk c of row r of a
+  // 64-wide box sits at chunk c ^ (r % 8) (128B swizzle).
+  int a_off[U], b_off[U], s_row[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int kr = wk * U + u, a_row = lane & 15, a_chunk = kr * 2 + (lane >> 4);
+    a_off[u] = S::kBBytes + (a_chunk >> 3) * S::kABox + a_row * 128 + (((a_chunk & 7) ^ (a_row & 7)) << 4);
+    b_off[u] = kr * TN * 8 + (wn * 32 + lane) * 16;
+    s_row[u] = S::kBBytes + S::kABytes + ((kr * 16) >> p.group_shift) * (TN * 2) + (wn * 8 + (lane >> 2)) * 16;
+  }
+  RingPos r;
+  int it = it0;
+  while (it < it_end) {
+    const int slice = it / k_tiles;
+    const int cnt = min(it_end, (slice + 1) * k_tiles) - it;
+    float acc[S::kAcc][4];
+#pragma unroll
+    for (int a = 0; a < S::kAcc; ++a) acc[a][0] = acc[a][1] = acc[a][2] = acc[a][3] = 0.f;
+    for (int t = 0; t < cnt; ++t) {
+      mbar_wait(full0 + 8 * r.st, r.phase);
+      tl_mark(p, kTlFirstData, tl_first);
+      tl_first = false;
+      const unsigned char* stage = sh + r.st * S::kStage;
+      uint32_t fa[U][4];
+      int4 fb[U], fs[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        ldmatrix_x4(fa[u], stage + a_off[u]);
+        fb[u] = *reinterpret_cast<const int4*>(stage + b_off[u]);
+        if constexpr (GROUPED) fs[u] = *reinterpret_cast<const int4*>(stage + s_row[u]);
+      }
+      mbar_arrive(empty0 + 8 * r.st);
+      r.next<S::kStages>();
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const uint32_t words[4] = {uint32_t(fb[u].x), uint32_t(fb[u].y), uint32_t(fb[u].z), uint32_t(fb[u].w)};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          uint32_t v[4];
+          dequant8<DT>(words[j], v);
+          if constexpr (GROUPED) {
+            const uint32_t sw = uint32_t(j == 0 ? fs[u].x : j == 1 ? fs[u].y : j == 2 ? fs[u].z : fs[u].w);
+            scale2<DT, false>(v[0], v[1], sw);
+            scale2<DT, true>(v[2], v[3], sw);
+          }
+          mma_16816<DT>(fa[u], v[0], v[1], acc[2 * j]);
+          mma_16816<DT>(fa[u], v[2], v[3], acc[2 * j + 1]);
+        }
+      }
+    }
+    tl_mark(p, kTlComputed, lead);
+
+    // The k-groups of each column block, summed in a fixed tree through shared memory.
+    float4* red = reinterpret_cast<float4*>(red_raw);
+#pragma unroll
+    for (int step = S::kKG / 2; step >= 1; step /= 2) {
+      if (wk >= step && wk < 2 * step) {
+        float4* dst = red + ((wk - step) * S::kNB + wn) * (S::kAcc * 32);
+#pragma unroll
+        for (int a = 0; a < S::kAcc; ++a) dst[a * 32 + lane] = make_float4(acc[a][0], acc[a][1], acc[a][2], acc[a][3]);
+      }
+      team_sync<S::kBar, S::kConsumerThreads>();
+      if (wk < step) {
+        const float4* src = red + (wk * S::kNB + wn) * (S::kAcc * 32);
+#pragma unroll
+        for (int a = 0; a < S::kAcc; ++a) {
+          const float4 v = src[a * 32 + lane];
+          acc[a][0] += v.x, acc[a][1] += v.y, acc[a][2] += v.z, acc[a][3] += v.w;
+        }
+      }
+      team_sync<S::kBar, S::kConsumerThreads>();
+    }
+
+    // The reduction across the blocks that share the slice and the output, as in marlin_kernel.
+    const int first_b = p.split > 0 ? slice * p.split : slice_first_block(0, slice, k_tiles, p.iters);
+    const int last_b = p.split > 0 ? first_b + p.split - 1 : slice_last_block(0, slice, k_tiles, p.iters);
+    finish_slice_frags<DT, GROUPED, 1, S::kRows, TN, S::kBar, S::kConsumerThreads>(p, acc, slice, first_b, last_b, 0,
+                                                                                    0, p.m, wk == 0, wn, lane);
+    it += cnt;
+  }
+  tl_mark(p, kTlExit, lead);
+#else
+  __trap();  // built only for sm_90a; the host never launches it elsewhere
+#endif
+}
+
+template <int DT, int TN>
+cudaError_t stream_prepare(int* blocks_per_sm, int* smem_bytes) {
+  using S = StreamShape<TN>;
+  *smem_bytes = S::kSmemBytes;
+  return prepare_variants(marlin_stream_kernel<DT, false, TN>, marlin_stream_kernel<DT, true, TN>, S::kThreads,
+                          S::kSmemBytes, blocks_per_sm);
+}
+
+template <int DT, int TN>
+cudaError_t stream_launch(const KernelArgs& a, const StreamMaps& maps, const LaunchOpts& o, cudaStream_t stream) {
+  return launch_kernel(a.groups > 1 ? marlin_stream_kernel<DT, true, TN> : marlin_stream_kernel<DT, false, TN>,
+                       StreamShape<TN>::kThreads, o, stream, a, maps);
+}
+
+#define MARLINC_INSTANTIATE_STREAM(DT, TN)                    \
+  template cudaError_t stream_prepare<DT, TN>(int*, int*); \
+  template cudaError_t stream_launch<DT, TN>(const KernelArgs&, const StreamMaps&, const LaunchOpts&, cudaStream_t);
+
+}  // namespace marlinc::kernels::detail
