@@ -104,9 +104,9 @@ const StreamEntry kStreamTable[2][2] = {
 };
 static_assert(kStreamTn[0] == 128 && kStreamTn[1] == 256, "kStreamTable is indexed like kStreamTn");
 // Tiles whose weights and scales the streaming kernel requests before the wait for the previous kernel
-// (64 KB per SM, as the other kernels' prologues). H100, same call: 4 against 2, 6 and 8, summed per set
-// at m = 1..16: 8B 58.9-59.3 against 59.0-59.6 (2), 60.1-60.6 (6), 62.1-63.0 (8); 70B and 32768^2 level
-// with 6 and 2-5 us ahead of 2.
+// (64 KB per SM, as the other kernels' prologues). H100, set sums at m <= 8, one call: 8B 58.9-59.3 us
+// against 59.0-59.6 with 2 and 60.1-60.6 with 6; 70B 171.6-174.9 against 176.5-179.1 (2) and 170.3-174.1
+// (6). With 8, another call: 8B 62.1-63.0 at m = 1 against 59.5 with 4.
 constexpr int kStreamPrewait = 4;
 #endif
 
