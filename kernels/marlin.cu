@@ -295,8 +295,9 @@ const char* marlin_status_name(MarlinStatus s) {
     case MarlinStatus::WorkspaceTooSmall: return "workspace too small";
     case MarlinStatus::NoConfig:
       return "forced configuration does not fit the shape or device (thread_m_blocks not in 0..4, wgmma_rows not "
-             "0/8/16/32/64/128, wgmma_pipeline not 0..2 or 2 below 64 rows, or path Wgmma without a 9.0 device, "
-             "sm_90a code and n % 256 == 0)";
+             "0/8/16/32/64/128, wgmma_pipeline not 0..2 or 2 below 64 rows, path Wgmma without a 9.0 device, "
+             "sm_90a code and n % 256 == 0, or path Stream without those, m <= 16 and a slice width (thread_n "
+             "0/128/256) dividing n with k % (32768 / width) == 0)";
     case MarlinStatus::CudaError: return "CUDA error";
     case MarlinStatus::CublasError: return "cuBLAS error";
   }
@@ -338,7 +339,6 @@ bool wgmma_offsets_fit(int n, int k) {
   constexpr int64_t kMaxOffset = std::numeric_limits<int32_t>::max();
   return int64_t(kWgRows[kNumWgRows - 1] + 1) * (k / 8) < kMaxOffset && int64_t(k) * n / 32 < kMaxOffset;
 }
-
 
 // Where Auto takes the Hopper kernel: kernels/marlin_dispatch.h (the rule and its measurements).
 MarlinPath auto_path(int dev, int m, int n, int k, int sms, bool cublas_ok) {

@@ -22,7 +22,7 @@ enum class MarlinStatus {
   WorkspaceTooSmall,  // workspace_bytes < marlin_workspace_bytes(...) for the chosen path
   NoConfig,           // a forced tile config that does not fit the shape or device (thread_m_blocks outside
                       // 0..4, wgmma_rows not 0/8/16/32/64/128, wgmma_pipeline not 0..2 or 2 on a tile
-                      // below 64 rows, path Wgmma where that kernel cannot run)
+                      // below 64 rows, path Wgmma or Stream where that kernel cannot run)
   CudaError,          // a CUDA runtime call failed (the sticky error is left for the caller to read)
   CublasError,        // the dequantize + cuBLAS path failed
 };
@@ -35,8 +35,8 @@ enum class MarlinPath {
   Wgmma,          // always the fused Hopper kernel (warpgroup MMA): NoConfig unless the device is
                   // compute capability 9.0, the build has sm_90a code and n % 256 == 0
   Stream,         // always the streaming m <= 16 kernel (one block per SM, TMA ring): NoConfig unless
-                  // m <= 16, the device is 9.0 with sm_90a code, and thread_n (0 = chosen, 128 or 256)
-                  // divides n with k a multiple of its stage depth (128, 64)
+                  // m <= 16, the device is 9.0 with sm_90a code, and a slice width (thread_n: 0 = chosen,
+                  // 128 or 256) divides n with k a multiple of its stage depth (256 and 128 respectively)
 };
 
 struct MarlinGemm {
@@ -55,7 +55,8 @@ struct MarlinGemm {
   cublasContext* cublas = nullptr;  // optional; its stream is set to `stream`
   int num_sms = 0;                  // 0: read from the current device; at most the device's SM count
   MarlinPath path = MarlinPath::Auto;
-  // Tile overrides of the mma.sync kernel (path Marlin, or Auto where it picks that kernel).
+  // Tile overrides of the mma.sync kernel (path Marlin, or Auto where it picks that kernel); with path
+  // Stream, thread_n forces the streaming kernel's slice width (128 or 256).
   int thread_k = 0, thread_n = 0;   // 0: chosen per shape and m; else force (128,128), (64,256) or (128,64)
   int thread_m_blocks = 0;          // 0: chosen per m; else force 1..4 16-row blocks per tile (row chunks of 16x)
   int wgmma_rows = 0;               // Hopper kernel: 0 chosen per m; else force 8, 16, 32, 64 or 128 rows per tile

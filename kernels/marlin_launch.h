@@ -30,7 +30,7 @@ struct KernelArgs {
   int chunk_blocks;     // blocks sharing one row chunk (ceil(n_tiles * k_tiles / iters))
   int chunk_groups;     // groups of chunk_blocks blocks; grid = chunk_groups * chunk_blocks
   unsigned long long* timeline;  // [grid, kTlRecord] per-block timestamps, or null (MARLINC_TIMELINE builds)
-  int prewait;          // streaming kernel: tiles whose weights are requested before the wait for the previous kernel
+  int prewait;          // streaming kernel: tiles whose weights go out before the wait for the previous kernel
   int split;            // streaming kernel: 0 stripes of `iters` tiles, else block b owns part b % split of
                         // slice b / split (k-split, kernels/marlin_dispatch.h stream_plan)
 };
@@ -65,7 +65,7 @@ template <int DT, int NT, int BPS>
 cudaError_t wgmma_ws_launch(const KernelArgs& a, const LaunchOpts& o, cudaStream_t stream);
 // The streaming m <= 16 kernel (kernels/sm90/marlin_stream.cuh): TN-column slices, one block per SM, fed
 // by TMA from three descriptors (kernels/marlin.cu, encode_stream_maps): B as [k / 16, n] 8-byte units
-// (box kKG x TN), A as [m, k] 16-bit (box 16 x 64, 128B swizzle, rows past m zero-filled), s as [G, n]
+// (box kKRows x TN), A as [m, k] 16-bit (box 16 x 64, 128B swizzle, rows past m zero-filled), s as [G, n]
 // 16-bit (box s_rows x TN).
 struct StreamMaps {
   CUtensorMap b, a, s;

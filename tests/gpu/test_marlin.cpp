@@ -562,9 +562,10 @@ TEST_CASE("marlin: Hopper wgmma kernel under the sanitizers", "[gpu][marlin][wgm
   }
 }
 
-// The streaming m <= 16 kernel (sm_90a, one block per SM, bulk-copy ring): every slice width, group
-// size and m up to 16, stripes that cross slices (few SMs: fp32 partial tiles, the in-order finisher) and
-// a ring that wraps many times (one SM walks every slice). Skipped on other GPUs.
+// The streaming m <= 16 kernel (sm_90a, one block per SM, TMA ring): every slice width, group size and
+// m up to 16, stripes that cross slices (few SMs: fp32 partial tiles, the in-order finisher) and a ring
+// that wraps many times (one SM walks every slice). Auto takes it on the full-size Llama layers of the
+// "layer shapes" case below. Skipped on other GPUs.
 TEST_CASE("marlin: streaming kernel for m <= 16", "[gpu][marlin][stream]") {
   if (!marlin_wgmma_available()) {
     WARN("skipped: no compute capability 9.0 device, or no sm_90a code in this build");
@@ -585,8 +586,9 @@ TEST_CASE("marlin: streaming kernel for m <= 16", "[gpu][marlin][stream]") {
             run_case(L, m, rng, o);
           }
     }
-  // Whole-k slices and k-split slices (kernels/marlin.cu, stream_plan): three 256-wide slices on three
-  // SMs, two slices split in two on five SMs, two 128-wide slices split in two on four.
+  // Whole-k slices and k-split slices (kernels/marlin_dispatch.h, stream_plan): three 256-wide slices on
+  // three SMs, two slices split in two on five SMs, two 128-wide slices split in two on four, and the
+  // chosen width (four whole-k slices of 128 on five SMs).
   const struct { int64_t k, n; int sms, tn; ActType act; int64_t g; } splits[] = {
       {1024, 768, 3, 256, ActType::F16, 128}, {1024, 512, 5, 256, ActType::F16, -1},
       {2048, 256, 4, 128, ActType::BF16, 32}, {1024, 512, 5, 0, ActType::F16, 64}};
