@@ -6,7 +6,8 @@
 // Why (docs/PERF.md, eighth to eleventh sessions): at m <= 16 the other kernels run two blocks per SM; an
 // SM's two blocks finish 10-17% apart, and one block per SM fed by cp.async lost (the second block was
 // what kept the weight stream busy). Measured on the H100 with one block per SM (stream_copy.cu): 2D TMA
-// boxes stream 3.05 TB/s, 1D bulk copies of 1-2 KB rows 1.6-2.8 TB/s, cp.async from one warp 1.3-1.6.
+// boxes stream 3.0-3.1 TB/s, 1D bulk copies of 1-2 KB rows 1.6-3.1 TB/s (by row size and front stagger),
+// cp.async from one warp 1.1-1.6.
 // The k-split plan (marlin_dispatch.h, stream_plan) keeps the blocks' k fronts aligned, which is worth
 // another 10% over staggered stripes (2.74 TB/s).
 //
