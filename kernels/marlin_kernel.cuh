@@ -45,6 +45,32 @@ __device__ __forceinline__ void mma_16816(const uint32_t (&a)[4], uint32_t b0, u
 
 // ---- the end of a slice (fragments of mma.m16n8 accumulators) ---------------------------------------
 
+// Sums the partial accumulators of the KG k-groups of warps (KG a power of two, GROUP warps each; warp
+// `pos` of group wk) in a fixed tree through shared memory `red` ((KG / 2) * GROUP * ACC * 32 float4):
+// each step halves the active groups, so group 0 ends up with the sums in a deterministic order.
+// kBar/kCount: the barrier of the threads taking part (team_sync).
+template <int KG, int GROUP, int ACC, int kBar = 0, int kCount = 0>
+__device__ __forceinline__ void reduce_kgroups(float4* red, float (&acc)[ACC][4], int wk, int pos, int lane) {
+#pragma unroll
+  for (int step = KG / 2; step >= 1; step /= 2) {
+    if (wk >= step && wk < 2 * step) {
+      float4* dst = red + ((wk - step) * GROUP + pos) * (ACC * 32);
+#pragma unroll
+      for (int a = 0; a < ACC; ++a) dst[a * 32 + lane] = make_float4(acc[a][0], acc[a][1], acc[a][2], acc[a][3]);
+    }
+    team_sync<kBar, kCount>();
+    if (wk < step) {
+      const float4* src = red + (wk * GROUP + pos) * (ACC * 32);
+#pragma unroll
+      for (int a = 0; a < ACC; ++a) {
+        const float4 v = src[a * 32 + lane];
+        acc[a][0] += v.x; acc[a][1] += v.y; acc[a][2] += v.z; acc[a][3] += v.w;
+      }
+    }
+    team_sync<kBar, kCount>();
+  }
+}
+
 // Blocks sharing a slice: every block but the slice's first deposits its fp32 partial tile in its own
 // workspace slot and bumps the slice's counter, all at once; the first block (which reaches the slice
 // last, at the end of its stripe) waits for count - 1 deposits, adds them in block order (deterministic)
@@ -374,29 +400,9 @@ __global__ void __launch_bounds__(kThreads, Shape<MB, TN, TK>::kBlocksPerSm) mar
       __syncthreads();
       tl_mark(p, kTlComputed, tl0);
 
-      // Reduce the k-warps' partial sums through shared memory (tree: halves the active warps per step).
-      if constexpr (S::kKWarps > 1) {
-        float4* red = reinterpret_cast<float4*>(sh);
-#pragma unroll
-        for (int step = S::kKWarps / 2; step >= 1; step /= 2) {
-          if (wk >= step && wk < 2 * step) {
-            float4* dst = red + ((wk - step) * S::kNWarps * S::kMWarps + wmn) * (S::kAcc * 32);
-#pragma unroll
-            for (int a = 0; a < S::kAcc; ++a)
-              dst[a * 32 + lane] = make_float4(acc[a][0], acc[a][1], acc[a][2], acc[a][3]);
-          }
-          __syncthreads();
-          if (wk < step) {
-            const float4* src = red + (wk * S::kNWarps * S::kMWarps + wmn) * (S::kAcc * 32);
-#pragma unroll
-            for (int a = 0; a < S::kAcc; ++a) {
-              const float4 v = src[a * 32 + lane];
-              acc[a][0] += v.x; acc[a][1] += v.y; acc[a][2] += v.z; acc[a][3] += v.w;
-            }
-          }
-          __syncthreads();
-        }
-      }
+      // Reduce the k-warps' partial sums through shared memory.
+      if constexpr (S::kKWarps > 1)
+        reduce_kgroups<S::kKWarps, S::kNWarps * S::kMWarps, S::kAcc>(reinterpret_cast<float4*>(sh), acc, wk, wmn, lane);
 
       finish_slice_frags<DT, GROUPED, S::kWarpMB, S::kRows, TN>(
           p, acc, slice, slice_first_block(base_b, slice, k_tiles, p.iters),

@@ -213,25 +213,8 @@ __global__ void __launch_bounds__(StreamShape<TN>::kThreads, 1)
     tl_mark(p, kTlComputed, lead);
 
     // The k-groups of each column block, summed in a fixed tree through shared memory.
-    float4* red = reinterpret_cast<float4*>(red_raw);
-#pragma unroll
-    for (int step = S::kKG / 2; step >= 1; step /= 2) {
-      if (wk >= step && wk < 2 * step) {
-        float4* dst = red + ((wk - step) * S::kNB + wn) * (S::kAcc * 32);
-#pragma unroll
-        for (int a = 0; a < S::kAcc; ++a) dst[a * 32 + lane] = make_float4(acc[a][0], acc[a][1], acc[a][2], acc[a][3]);
-      }
-      team_sync<S::kBar, S::kConsumerThreads>();
-      if (wk < step) {
-        const float4* src = red + (wk * S::kNB + wn) * (S::kAcc * 32);
-#pragma unroll
-        for (int a = 0; a < S::kAcc; ++a) {
-          const float4 v = src[a * 32 + lane];
-          acc[a][0] += v.x, acc[a][1] += v.y, acc[a][2] += v.z, acc[a][3] += v.w;
-        }
-      }
-      team_sync<S::kBar, S::kConsumerThreads>();
-    }
+    reduce_kgroups<S::kKG, S::kNB, S::kAcc, S::kBar, S::kConsumerThreads>(reinterpret_cast<float4*>(red_raw), acc, wk,
+                                                                           wn, lane);
 
     // The reduction across the blocks that share the slice and the output, as in marlin_kernel.
     const int first_b = p.split > 0 ? slice * p.split : slice_first_block(0, slice, k_tiles, p.iters);
