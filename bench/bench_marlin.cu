@@ -14,11 +14,14 @@
 // the flag; --wgmma-rows forces its token tile, --wgmma-pipeline its pipeline (1 block barrier, 2 producer
 // warpgroup; also for the auto column). "auto" is marlin_auto_path's pick. --sets also takes
 // one-layer sets "KxN" or "KxNgG" (for ncu on one shape), and --ms any m >= 1 (buffers sized to the max).
+// --host-us prints the host time of one eager marlin_gemm call per kernel path (no graph: what a caller
+// that launches layer by layer pays on the CPU), first call on new arguments and repeated calls.
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -213,6 +216,60 @@ struct Row {
 
 }  // namespace
 
+// Host microseconds per eager marlin_gemm call on an 8B o-sized layer (4096 x 4096, g128): "new" is the
+// first call on each of kFresh distinct activation buffers (the TMA paths encode their maps there),
+// "repeat" the best of 5 rounds of kRepeat calls on one buffer. The stream is drained between rounds so
+// that launches never wait for queue space.
+void host_cost(cudaStream_t st, void* ws, size_t ws_bytes, int sms) {
+  constexpr int k = 4096, n = 4096, kFresh = 64, kRepeat = 200, kMaxM = 128;
+  int32_t* B;
+  __half *s, *A, *C;
+  CK(cudaMalloc(&B, size_t(k) * n / 2));
+  CK(cudaMalloc(&s, size_t(k / 128) * n * 2));
+  CK(cudaMalloc(&A, size_t(kFresh) * kMaxM * k * 2));
+  CK(cudaMalloc(&C, size_t(kMaxM) * n * 2));
+  fill_bits<<<1024, 256, 0, st>>>(reinterpret_cast<uint32_t*>(B), size_t(k) * n / 8, 11);
+  fill_half<<<64, 256, 0, st>>>(s, size_t(k / 128) * n, 12, 0.01f, 0.02f);
+  fill_half<<<1024, 256, 0, st>>>(A, size_t(kFresh) * kMaxM * k, 13, -1.f, 1.f);
+  CK(cudaStreamSynchronize(st));
+  struct Case { const char* name; MarlinPath path; int m; bool hopper; };
+  const Case cases[] = {{"mma.sync", MarlinPath::Marlin, 1, false}, {"stream", MarlinPath::Stream, 1, true},
+                        {"wgmma", MarlinPath::Wgmma, 128, true}};
+  using clk = std::chrono::steady_clock;
+  for (const Case& c : cases) {
+    if (c.hopper && !marlin_wgmma_available()) continue;
+    MarlinGemm g;
+    g.B = B; g.s = s; g.C = C; g.m = c.m; g.n = n; g.k = k; g.group_size = 128;
+    g.workspace = ws; g.workspace_bytes = ws_bytes; g.stream = st; g.num_sms = sms; g.path = c.path;
+    auto call = [&](int buf) {
+      g.A = A + size_t(buf) * kMaxM * k;
+      const MarlinStatus r = marlin_gemm(g);
+      if (r != MarlinStatus::Ok) {
+        std::fprintf(stderr, "host cost %s: %s\n", c.name, marlin_status_name(r));
+        std::exit(1);
+      }
+    };
+    call(0);  // prepares the kernel once per process
+    CK(cudaStreamSynchronize(st));
+    const auto t0 = clk::now();
+    for (int i = 1; i < kFresh; ++i) call(i);
+    const double fresh = std::chrono::duration<double, std::micro>(clk::now() - t0).count() / (kFresh - 1);
+    CK(cudaStreamSynchronize(st));
+    double repeat = 1e30;
+    for (int r = 0; r < 5; ++r) {
+      const auto t1 = clk::now();
+      for (int i = 0; i < kRepeat; ++i) call(0);
+      repeat = std::min(repeat, std::chrono::duration<double, std::micro>(clk::now() - t1).count() / kRepeat);
+      CK(cudaStreamSynchronize(st));
+    }
+    std::printf("host us per call: %-8s m=%-3d new %.2f repeat %.2f\n", c.name, c.m, fresh, repeat);
+  }
+  CK(cudaFree(B));
+  CK(cudaFree(s));
+  CK(cudaFree(A));
+  CK(cudaFree(C));
+}
+
 int main(int argc, char** argv) {
   std::vector<std::string> sets_wanted = {"llama3-8b", "llama3-70b", "large"};
   std::vector<int> ms = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024};
@@ -221,7 +278,7 @@ int main(int argc, char** argv) {
   int wgmma_rows = 0;  // 0: the kernel's own pick for m
   int wgmma_pipeline = 0;  // 0: the kernel's own pick per tile (MarlinGemm::wgmma_pipeline)
   std::string json_path;
-  bool timeline = false;
+  bool timeline = false, host_us = false;
   std::string timeline_dump;  // --timeline-dump DIR: one csv of raw per-block records per layer and m
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -231,6 +288,7 @@ int main(int argc, char** argv) {
     else if (a == "--wgmma-pipeline" && i + 1 < argc) wgmma_pipeline = std::atoi(argv[++i]);
     else if (a == "--json" && i + 1 < argc) json_path = argv[++i];
     else if (a == "--timeline") timeline = true;
+    else if (a == "--host-us") host_us = true;
     else if (a == "--timeline-dump" && i + 1 < argc) timeline = true, timeline_dump = argv[++i];
     else if (a == "--sets" && i + 1 < argc) {
       sets_wanted.clear();
@@ -253,7 +311,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: bench_marlin [--sets llama3-8b,llama3-70b,large,KxN[gG]] [--ms 1,16,...] [--explore]"
-                   " [--wgmma] [--wgmma-rows 8|16|32|64|128] [--wgmma-pipeline 1|2] [--timeline] [--timeline-dump DIR] [--json PATH]\n");
+                   " [--wgmma] [--wgmma-rows 8|16|32|64|128] [--wgmma-pipeline 1|2] [--timeline] [--timeline-dump DIR] [--host-us] [--json PATH]\n");
       return 2;
     }
   }
@@ -327,6 +385,8 @@ int main(int argc, char** argv) {
   void* ws;
   CK(cudaMalloc(&ws, ws_bytes));
   CK(cudaMemset(ws, 0, ws_bytes));
+
+  if (host_us) host_cost(st, ws, ws_bytes, sms);
 
   std::vector<Row> rows;
   std::string explore_log, timeline_log;

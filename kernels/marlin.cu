@@ -15,6 +15,7 @@
 #include "kernels/marlin_dispatch.h"
 #include "kernels/marlin_launch.h"
 #include "kernels/marlin_partition.h"
+#include "kernels/tma_maps.h"
 
 namespace marlinc::kernels {
 namespace detail {
@@ -37,12 +38,13 @@ MARLINC_DECLARE_WGMMA(0, 128) MARLINC_DECLARE_WGMMA(1, 8) MARLINC_DECLARE_WGMMA(
 MARLINC_DECLARE_WGMMA(1, 64) MARLINC_DECLARE_WGMMA(1, 128)
 #define MARLINC_DECLARE_WGMMA_WS(DT, NT, BPS)                               \
   extern template cudaError_t wgmma_ws_prepare<DT, NT, BPS>(int*, int*); \
-  extern template cudaError_t wgmma_ws_launch<DT, NT, BPS>(const KernelArgs&, const LaunchOpts&, cudaStream_t);
+  extern template cudaError_t wgmma_ws_launch<DT, NT, BPS>(const KernelArgs&, const TmaMaps&, const LaunchOpts&, \
+                                                           cudaStream_t);
 MARLINC_DECLARE_WGMMA_WS(0, 64, 1) MARLINC_DECLARE_WGMMA_WS(0, 128, 1)
 MARLINC_DECLARE_WGMMA_WS(1, 64, 1) MARLINC_DECLARE_WGMMA_WS(1, 128, 1)
 #define MARLINC_DECLARE_STREAM(DT, TN)                                                                  \
   extern template cudaError_t stream_prepare<DT, TN>(int*, int*);                                   \
-  extern template cudaError_t stream_launch<DT, TN>(const KernelArgs&, const StreamMaps&, const LaunchOpts&, \
+  extern template cudaError_t stream_launch<DT, TN>(const KernelArgs&, const TmaMaps&, const LaunchOpts&, \
                                                     cudaStream_t);
 MARLINC_DECLARE_STREAM(0, 128) MARLINC_DECLARE_STREAM(0, 256)
 MARLINC_DECLARE_STREAM(1, 128) MARLINC_DECLARE_STREAM(1, 256)
@@ -87,18 +89,19 @@ const Entry kWgTable[2][kNumWgRows] = {
     {MARLINC_WG_ENTRY(1, 8), MARLINC_WG_ENTRY(1, 16), MARLINC_WG_ENTRY(1, 32), MARLINC_WG_ENTRY(1, 64),
      MARLINC_WG_ENTRY(1, 128)},
 };
-#define MARLINC_WS_ENTRY(DT, NT) Entry{&wgmma_ws_prepare<DT, NT, 1>, &wgmma_ws_launch<DT, NT, 1>}
-const Entry kWsTable[2][kNumWsRows] = {
+// The kernels fed by TMA take the tensor maps as a second argument (kernels/marlin_launch.h, TmaMaps).
+using TmaLaunchFn = cudaError_t (*)(const KernelArgs&, const TmaMaps&, const LaunchOpts&, cudaStream_t);
+struct TmaEntry { PrepareFn prepare; TmaLaunchFn launch; };
+#define MARLINC_WS_ENTRY(DT, NT) TmaEntry{&wgmma_ws_prepare<DT, NT, 1>, &wgmma_ws_launch<DT, NT, 1>}
+const TmaEntry kWsTable[2][kNumWsRows] = {
     {MARLINC_WS_ENTRY(0, 64), MARLINC_WS_ENTRY(0, 128)},
     {MARLINC_WS_ENTRY(1, 64), MARLINC_WS_ENTRY(1, 128)},
 };
 #endif
 
 #if MARLINC_HAVE_SM90A
-using StreamLaunchFn = cudaError_t (*)(const KernelArgs&, const StreamMaps&, const LaunchOpts&, cudaStream_t);
-struct StreamEntry { PrepareFn prepare; StreamLaunchFn launch; };
-#define MARLINC_ST_ENTRY(DT, TN) StreamEntry{&stream_prepare<DT, TN>, &stream_launch<DT, TN>}
-const StreamEntry kStreamTable[2][2] = {
+#define MARLINC_ST_ENTRY(DT, TN) TmaEntry{&stream_prepare<DT, TN>, &stream_launch<DT, TN>}
+const TmaEntry kStreamTable[2][2] = {
     {MARLINC_ST_ENTRY(0, 128), MARLINC_ST_ENTRY(0, 256)},
     {MARLINC_ST_ENTRY(1, 128), MARLINC_ST_ENTRY(1, 256)},
 };
@@ -416,11 +419,18 @@ KernelArgs kernel_args(const MarlinGemm& g, int groups, int shift, int sms, cons
   return a;
 }
 
+#if MARLINC_HAVE_SM90A
+// Group rows of scales one tile of depth tk spans (per-channel: the single row, which the kernels skip).
+int tile_scale_rows(int groups, int shift, int tk) { return groups > 1 ? std::max(1, tk >> shift) : 1; }
+#endif
+
 MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int dev) {
 #if MARLINC_HAVE_SM90A
   if (!wgmma_runs_on(dev) || g.n % kWgmmaTileN != 0) return MarlinStatus::NoConfig;
   if (!wgmma_offsets_fit(g.n, g.k)) return MarlinStatus::BadShape;
-  const int rows = g.wgmma_rows > 0 ? g.wgmma_rows : wgmma_rows_for(g.m);
+  const int rows = g.wgmma_rows > 0                               ? g.wgmma_rows
+                   : wgmma_prefer_64_rows(g.m, g.n, g.k, sms) ? kWsMinRows
+                                                              : wgmma_rows_for(g.m);
   int ri = -1;
   for (int i = 0; i < kNumWgRows; ++i)
     if (kWgRows[i] == rows) ri = i;
@@ -429,9 +439,8 @@ MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int 
   const int pipeline = g.wgmma_pipeline != 0 ? g.wgmma_pipeline : wgmma_pipeline_for(rows);
   if (pipeline == 2 && rows < kWsMinRows) return MarlinStatus::NoConfig;
   const int wi = pipeline == 2 ? (rows == kWsMinRows ? 0 : 1) : 0;
-  const Entry& e = pipeline == 2 ? kWsTable[dt][wi] : kWgTable[dt][ri];
-  const Prepared pr = pipeline == 2 ? prepare_once(g_ws_prepared[dev][dt][wi], e)
-                                    : prepare_once(g_wg_prepared[dev][dt][ri], e);
+  const Prepared pr = pipeline == 2 ? prepare_once(g_ws_prepared[dev][dt][wi], kWsTable[dt][wi].prepare)
+                                    : prepare_once(g_wg_prepared[dev][dt][ri], kWgTable[dt][ri]);
   if (pr.err != cudaSuccess || pr.blocks_per_sm < 1) return MarlinStatus::CudaError;
   const TileShape t{kWgmmaTileN, kWgmmaTileK};
   if (int64_t(ceil_div(g.m, rows)) * (g.n / t.tn) * (g.k / t.tk) > std::numeric_limits<int>::max() / 2)
@@ -441,54 +450,19 @@ MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int 
   o.grid = P.grid;
   o.smem_bytes = pr.smem;
   o.pdl = use_pdl(g, dev);
-  if (e.launch(kernel_args(g, groups, shift, sms, P), o, g.stream) != cudaSuccess)
-    return MarlinStatus::CudaError;
-  return MarlinStatus::Ok;
+  const KernelArgs a = kernel_args(g, groups, shift, sms, P);
+  if (pipeline == 2) {
+    TmaMaps maps;
+    const TmaBoxes box{t.tn, t.tk / 16, rows, tile_scale_rows(groups, shift, t.tk)};
+    if (!tma_maps(g.A, g.B, g.s, g.m, g.n, g.k, groups, box, &maps)) return MarlinStatus::CudaError;
+    return kWsTable[dt][wi].launch(a, maps, o, g.stream) == cudaSuccess ? MarlinStatus::Ok : MarlinStatus::CudaError;
+  }
+  return kWgTable[dt][ri].launch(a, o, g.stream) == cudaSuccess ? MarlinStatus::Ok : MarlinStatus::CudaError;
 #else
   (void)g, (void)groups, (void)shift, (void)sms, (void)dev;
   return MarlinStatus::NoConfig;
 #endif
 }
-
-#if MARLINC_HAVE_SM90A
-// cuTensorMapEncodeTiled through the runtime's driver entry point (no -lcuda), looked up once.
-using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-EncodeTiledFn encode_tiled() {
-  static const EncodeTiledFn fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      f = nullptr;
-    return reinterpret_cast<EncodeTiledFn>(f);
-  }();
-  return fn;
-}
-
-// A row-major 2D tensor [outer, inner] of `esize`-byte elements, boxes of [box_outer, box_inner].
-bool encode_2d(CUtensorMap* map, CUtensorMapDataType dt, size_t esize, const void* base, uint64_t inner,
-               uint64_t outer, uint32_t box_inner, uint32_t box_outer, CUtensorMapSwizzle swizzle) {
-  const EncodeTiledFn enc = encode_tiled();
-  if (!enc) return false;
-  const cuuint64_t dims[2] = {inner, outer}, strides[1] = {inner * esize};
-  const cuuint32_t box[2] = {box_inner, box_outer}, elem[2] = {1, 1};
-  return enc(map, dt, 2, const_cast<void*>(base), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
-             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
-bool encode_stream_maps(const MarlinGemm& g, int groups, int shift, int tn, StreamMaps* m) {
-  const int tk = stream_tk(tn), kg = tk / 16;
-  const int s_rows = groups > 1 ? std::max(1, tk >> shift) : 1;
-  return encode_2d(&m->b, CU_TENSOR_MAP_DATA_TYPE_UINT64, 8, g.B, uint64_t(g.n), uint64_t(g.k / 16), uint32_t(tn),
-                   uint32_t(kg), CU_TENSOR_MAP_SWIZZLE_NONE) &&
-         encode_2d(&m->a, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, g.A, uint64_t(g.k), uint64_t(g.m), 64, 16,
-                   CU_TENSOR_MAP_SWIZZLE_128B) &&
-         encode_2d(&m->s, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, g.s, uint64_t(g.n), uint64_t(groups), uint32_t(tn),
-                   uint32_t(s_rows), CU_TENSOR_MAP_SWIZZLE_NONE);
-}
-#endif
 
 MarlinStatus run_stream(const MarlinGemm& g, int groups, int shift, int sms, int dev) {
 #if MARLINC_HAVE_SM90A
@@ -504,8 +478,9 @@ MarlinStatus run_stream(const MarlinGemm& g, int groups, int shift, int sms, int
   KernelArgs a = kernel_args(g, groups, shift, sms, P);
   a.prewait = kStreamPrewait;
   a.split = plan.split;
-  StreamMaps maps;
-  if (!encode_stream_maps(g, groups, shift, plan.tn, &maps)) return MarlinStatus::CudaError;
+  TmaMaps maps;
+  const TmaBoxes box{plan.tn, t.tk / 16, kStreamMaxM, tile_scale_rows(groups, shift, t.tk)};
+  if (!tma_maps(g.A, g.B, g.s, g.m, g.n, g.k, groups, box, &maps)) return MarlinStatus::CudaError;
   LaunchOpts o;
   o.grid = plan.split > 0 ? (g.n / plan.tn) * plan.split : P.grid;
   o.smem_bytes = pr.smem;

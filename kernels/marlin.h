@@ -59,7 +59,7 @@ struct MarlinGemm {
   // Stream, thread_n forces the streaming kernel's slice width (128 or 256).
   int thread_k = 0, thread_n = 0;   // 0: chosen per shape and m; else force (128,128), (64,256) or (128,64)
   int thread_m_blocks = 0;          // 0: chosen per m; else force 1..4 16-row blocks per tile (row chunks of 16x)
-  int wgmma_rows = 0;               // Hopper kernel: 0 chosen per m; else force 8, 16, 32, 64 or 128 rows per tile
+  int wgmma_rows = 0;               // Hopper kernel: 0 chosen per m and layer; else force 8/16/32/64/128 rows
   // Hopper kernel's pipeline: 0 chosen per tile; 1 every warp copies and a block barrier ends each stage;
   // 2 a producer warpgroup copies and mbarriers hand stages over (64- and 128-row tiles only).
   int wgmma_pipeline = 0;

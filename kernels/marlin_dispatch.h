@@ -15,7 +15,8 @@
 //   (70B m = 32: 215 vs 271 us; 8B down, 2^25.8: 21.5 vs 24.5), slower on smaller ones (8B o 13.7 vs 10.4).
 // - m = 33 to 64 (producer warpgroup, 64-row tiles): faster on every set, small layers included (8B m = 64:
 //   89 us against 118 for the best mma.sync tiles, 70B 274 vs 428).
-// - m = 65 to 2048 (producer warpgroup, 128-row tiles): faster on every set, by 1.7-2.1x over mma.sync,
+// - m = 65 to 2048 (producer warpgroup, 128-row tiles, 64-row ones on narrow layers: wgmma_prefer_64_rows
+//   below): faster on every set, by 1.7-2.1x over mma.sync,
 //   and faster than dequantize + cuBLAS at m = 1024 (70B 2973 vs 4509 us, 8B 782 vs 1024).
 // - m = 2048: faster than dequantize + cuBLAS on both layers timed (8B qkv 192 vs 200 us, 70B down 1564
 //   vs 2294). m = 4096: on 70B down still faster (3186 vs 3740), on 8B qkv (2^24.6 weights) a tie that
@@ -97,6 +98,24 @@ constexpr bool stream_auto(int m, int n, int k, int sms) {
   if (weights < (m <= kStreamSmallMaxM ? kStreamSmallMLayer : kStream16Layer)) return false;
   const StreamPlan p = stream_plan(n, k, sms, 0);
   return p.tn != 0 && p.split > 0;
+}
+
+// m > 64 on the Hopper kernel: 128-row token tiles, or 64-row ones where the 128-row partition leaves so
+// few output tiles T = n / 256 x ceil(m / 128) that each is split across many blocks and the in-order
+// finisher's reduction outweighs the work. The measure is the partial tiles the finisher reads per k tile
+// a block computes, (sms / T - 1) / (T (k / 64) / sms); 64 rows from kWgmmaRows64Pct / 100 up. H100
+// (docs/PERF.md, twelfth session), one call, µs per layer, 128 against 64 rows (ratio in brackets):
+// 64 rows faster on 8B o at m = 128 (0.93: 25.1 against 16.2), 8B q/k/v at 128 (0.39: 25.7 against 20.0),
+// 8B down at 128 (0.27: 38.3 against 35.0), 8B o at 256 (0.20: 25.5 against 22.6); slower on 70B o at 128
+// (0.10: 35.4 against 37.9), 8B q/k/v at 256 (0.075: 30.2 against 30.9), 70B q/k/v at 128 (0.059: 42.8
+// against 45.4), 8B down at 256 (0.058: 56.1 against 65.7) and every larger layer.
+constexpr int kWgmmaRows64Pct = 15;
+constexpr bool wgmma_prefer_64_rows(int m, int n, int k, int sms) {
+  if (m <= 64 || n < 256 || k < 64 || sms < 1) return false;
+  const int64_t tiles = int64_t(n / 256) * ((m + 127) / 128), kt = k / 64;
+  if (tiles >= sms) return false;
+  // (sms / T - 1) / (T kt / sms) >= pct / 100, in integers.
+  return 100 * (sms - tiles) * int64_t(sms) >= int64_t(kWgmmaRows64Pct) * tiles * tiles * kt;
 }
 
 enum class HopperAutoPick { MmaSync, Hopper, DequantCublas };

@@ -58,21 +58,21 @@ template <int DT, int NT>
 cudaError_t wgmma_prepare(int* blocks_per_sm, int* smem_bytes);
 template <int DT, int NT>
 cudaError_t wgmma_launch(const KernelArgs& a, const LaunchOpts& o, cudaStream_t stream);
+// The kernels fed by TMA take three tensor maps (kernels/marlin.cu, encode_tma_maps): B as [k / 16, n]
+// 8-byte units, A as [m, k] 16-bit (128B swizzle, rows past m zero-filled), s as [G, n] 16-bit; the box
+// sizes are the kernel's stage.
+struct TmaMaps {
+  CUtensorMap b, a, s;
+};
 // The warp-specialized form (kernels/sm90/marlin_wgmma_ws.cuh): NT-row tiles at BPS blocks per SM.
 template <int DT, int NT, int BPS>
 cudaError_t wgmma_ws_prepare(int* blocks_per_sm, int* smem_bytes);
 template <int DT, int NT, int BPS>
-cudaError_t wgmma_ws_launch(const KernelArgs& a, const LaunchOpts& o, cudaStream_t stream);
-// The streaming m <= 16 kernel (kernels/sm90/marlin_stream.cuh): TN-column slices, one block per SM, fed
-// by TMA from three descriptors (kernels/marlin.cu, encode_stream_maps): B as [k / 16, n] 8-byte units
-// (box kKRows x TN), A as [m, k] 16-bit (box 16 x 64, 128B swizzle, rows past m zero-filled), s as [G, n]
-// 16-bit (box s_rows x TN).
-struct StreamMaps {
-  CUtensorMap b, a, s;
-};
+cudaError_t wgmma_ws_launch(const KernelArgs& a, const TmaMaps& maps, const LaunchOpts& o, cudaStream_t stream);
+// The streaming m <= 16 kernel (kernels/sm90/marlin_stream.cuh): TN-column slices, one block per SM.
 template <int DT, int TN>
 cudaError_t stream_prepare(int* blocks_per_sm, int* smem_bytes);
 template <int DT, int TN>
-cudaError_t stream_launch(const KernelArgs& a, const StreamMaps& maps, const LaunchOpts& o, cudaStream_t stream);
+cudaError_t stream_launch(const KernelArgs& a, const TmaMaps& maps, const LaunchOpts& o, cudaStream_t stream);
 
 }  // namespace marlinc::kernels::detail

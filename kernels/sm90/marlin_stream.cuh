@@ -64,23 +64,13 @@ struct StreamShape {
   static_assert(kSmemBytes <= kSmemLimit, "one block per SM");
 };
 
-// One 2D TMA box global -> shared that completes its bytes on the mbarrier (coordinates: inner, outer).
-__device__ __forceinline__ void tma_2d(uint32_t dst, const CUtensorMap* map, int x, int y, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
-      ::"r"(dst), "l"(map), "r"(x), "r"(y), "r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n"
-               ::"r"(bar), "r"(bytes) : "memory");
-}
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
 }
 
 template <int DT, bool GROUPED, int TN>
 __global__ void __launch_bounds__(StreamShape<TN>::kThreads, 1)
-    marlin_stream_kernel(const KernelArgs p, const __grid_constant__ StreamMaps maps) {
+    marlin_stream_kernel(const KernelArgs p, const __grid_constant__ TmaMaps maps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using S = StreamShape<TN>;
   constexpr int U = S::U;
@@ -238,13 +228,13 @@ cudaError_t stream_prepare(int* blocks_per_sm, int* smem_bytes) {
 }
 
 template <int DT, int TN>
-cudaError_t stream_launch(const KernelArgs& a, const StreamMaps& maps, const LaunchOpts& o, cudaStream_t stream) {
+cudaError_t stream_launch(const KernelArgs& a, const TmaMaps& maps, const LaunchOpts& o, cudaStream_t stream) {
   return launch_kernel(a.groups > 1 ? marlin_stream_kernel<DT, true, TN> : marlin_stream_kernel<DT, false, TN>,
                        StreamShape<TN>::kThreads, o, stream, a, maps);
 }
 
 #define MARLINC_INSTANTIATE_STREAM(DT, TN)                    \
   template cudaError_t stream_prepare<DT, TN>(int*, int*); \
-  template cudaError_t stream_launch<DT, TN>(const KernelArgs&, const StreamMaps&, const LaunchOpts&, cudaStream_t);
+  template cudaError_t stream_launch<DT, TN>(const KernelArgs&, const TmaMaps&, const LaunchOpts&, cudaStream_t);
 
 }  // namespace marlinc::kernels::detail

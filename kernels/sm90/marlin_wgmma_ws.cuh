@@ -1,15 +1,23 @@
 // The warp-specialized form of the Hopper kernel (marlin_wgmma.cuh): the same packed bytes, stage layout,
-// index maps, products and slice reduction, but a third warpgroup (the producer) issues every copy and
-// the two consumer warpgroups only expand weights and run wgmmas. ncu on the block-synchronous kernel
-// (docs/PERF.md) showed it issue- and latency-bound: copy addresses were ~1/3 of a tile's instructions,
-// and the per-stage block barrier made each warpgroup wait for the slower one.
+// index maps, products and slice reduction, but a producer warpgroup fills the stages and the two consumer
+// warpgroups only expand weights and run wgmmas. ncu on the block-synchronous kernel (docs/PERF.md)
+// showed it issue- and latency-bound: copy addresses were ~1/3 of a tile's instructions, and the
+// per-stage block barrier made each warpgroup wait for the slower one.
 //
-// Hand-off per stage through two mbarriers: `full` completes when the producer's 128 threads' cp.asyncs
-// into the stage have landed (cp.async.mbarrier.arrive.noinc, one arrival per producer thread), `empty`
-// when the 256 consumer threads have retired the wgmmas and word loads that read it (one arrival per
-// thread: each thread's own shared-memory reads are ordered before its own release). The ring runs
-// across slices and row chunks, so the producer streams the next slice's tiles while the consumers
-// reduce the last one. setmaxnreg moves registers from the producer to the consumers (accumulators).
+// The producer is one thread issuing three 2D TMA boxes per stage (kernels/tma_maps.h, TmaMaps):
+// the activations [NT rows x 64] with the 128B swizzle wgmma's descriptor reads (rows past m zero-filled
+// by the TMA unit), the weights [4 k16 rows x 256 columns of 8-byte units] and the group scales. The
+// stage layout is the block-synchronous kernel's, which is exactly what the boxes write. The other 127
+// producer threads only give their registers back (setmaxnreg is per warpgroup) and leave. Against 128
+// threads of cp.async (docs/PERF.md, twelfth session, H100, same call): 7-10% faster at m = 1024, 5-8% at
+// m = 128 on 70B and 32768^2, level to 1.5% slower on the 8B set and per-channel 32768^2 at m = 64.
+//
+// Hand-off per stage through two mbarriers: `full` completes when the producer has armed it with the
+// stage's byte count and the TMA unit has delivered them, `empty` when the 256 consumer threads have
+// retired the wgmmas and word loads that read it (one arrival per thread: each thread's own shared-memory
+// reads are ordered before its own release). The ring runs across slices and row chunks, so the producer
+// streams the next slice's tiles while the consumers reduce the last one. setmaxnreg moves registers from
+// the producer to the consumers (accumulators).
 #pragma once
 #include <cstdint>
 
@@ -48,7 +56,8 @@ struct WsShape : WgShape<NT> {
   static_assert(kStages >= 3, "the ring needs stages in flight on both sides of the one being read");
   static_assert(kSmemBytes <= kSmemPerBlock, "the ring fits the block's shared memory");
   static_assert(kConsumerRegs <= 256 && kProducerRegs >= 24, "setmaxnreg bounds");
-  static_assert((NT * 8) % kProducerThreads == 0, "every producer thread copies the same number of chunks");
+  static_assert(Base::kABytes % 128 == 0 && Base::kBBytes % 128 == 0,
+                "the weight and scale boxes start 128-byte aligned");
 };
 
 // mbarrier and register-reallocation wrappers (sm_90).
@@ -67,9 +76,16 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
                  : "=r"(done) : "r"(bar), "r"(parity) : "memory");
   } while (!done);
 }
-// The mbarrier receives one arrival once every cp.async this thread issued so far has landed.
-__device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+// One 2D TMA box global -> shared that completes its bytes on the mbarrier (coordinates: inner, outer).
+__device__ __forceinline__ void tma_2d(uint32_t dst, const CUtensorMap* map, int x, int y, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+      ::"r"(dst), "l"(map), "r"(x), "r"(y), "r"(bar) : "memory");
+}
+// This thread's arrival, which also raises the bytes the current phase waits for.
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n"
+               ::"r"(bar), "r"(bytes) : "memory");
 }
 template <int R>
 __device__ __forceinline__ void regs_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R)); }
@@ -87,7 +103,8 @@ struct RingPos {
 };
 
 template <int DT, bool GROUPED, int NT, int BPS>
-__global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS) marlin_wgmma_ws_kernel(const KernelArgs p) {
+__global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS)
+    marlin_wgmma_ws_kernel(const KernelArgs p, const __grid_constant__ TmaMaps maps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using S = WsShape<NT, BPS>;
   extern __shared__ __align__(16) unsigned char sh_raw[];
@@ -99,7 +116,7 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS) marlin_wgmma_
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   if (tid == 0)
     for (int s = 0; s < S::kStages; ++s) {
-      mbar_init(full0 + 8 * s, S::kProducerThreads);
+      mbar_init(full0 + 8 * s, 1);  // the producer's arrive.expect_tx
       mbar_init(empty0 + 8 * s, S::kConsumerThreads);
     }
   __syncthreads();  // barriers initialized before anyone waits on or arrives at them
@@ -114,67 +131,54 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS) marlin_wgmma_
 
   if (warp < S::kProducerThreads / 32) {
     // Producer: the consumers' tile sequence, one stage per tile, each filled once the consumers have
-    // released it. Weights of the first tile go out before the wait for the previous kernel (see
-    // marlin_kernel), activations only after it. Each thread's chunks sit at fixed offsets from the row
-    // chunk's activations and the tile's weights and scales, worked out once (32-bit: the host checks
-    // wgmma_offsets_fit); per tile only the tile's base pointers move.
+    // released it. Weights and scales of the tiles that fill the fresh ring go out before the wait for the
+    // previous kernel (see marlin_kernel), their activations only after it (A may be that kernel's output).
     regs_dec<S::kProducerRegs>();
-    constexpr int kAChunks = NT * 8 / S::kProducerThreads, kBChunks = S::kBBytes / 16 / S::kProducerThreads;
-    const int a_row = p.k / 8, b_row = p.n / 2, s_row = p.n / 8;  // int4 per row of A, B, s
-    const int4* A = static_cast<const int4*>(p.A);
-    const int4* B = reinterpret_cast<const int4*>(p.B);
-    const int4* Sc = static_cast<const int4*>(p.s);
-    int b_off[kBChunks];
-#pragma unroll
-    for (int j = 0; j < kBChunks; ++j) {
-      const int i = j * S::kProducerThreads + tid;
-      b_off[j] = wl::weight_int4_row(i) * b_row + wl::weight_int4_col(i);
-    }
-    const int s_rows = (S::kTK >> p.group_shift) > 1 ? (S::kTK >> p.group_shift) : 1;
-    const bool s_in = GROUPED && tid < s_rows * (S::kFeat / 8);
-    const int s_off = (tid / (S::kFeat / 8)) * s_row + tid % (S::kFeat / 8);
-    bool waited = false;
+    if (tid != 0) return;
+    const int s_rows = GROUPED ? ((S::kTK >> p.group_shift) > 1 ? (S::kTK >> p.group_shift) : 1) : 0;
+    const uint32_t tx = S::kABytes + S::kBBytes + s_rows * wl::kScaleRowBytes;
+    auto issue = [&](const RingPos& w, int row0, int slice, int kt, int what) {  // what: 1 weights + scales, 2 A
+      const uint32_t stage = sbase + w.st * S::kStage, bar = full0 + 8 * w.st;
+      if (what & 1) {
+        tma_2d(stage + S::kABytes, &maps.b, slice * S::kFeat, kt * S::kKB, bar);
+        if constexpr (GROUPED)
+          tma_2d(stage + S::kABytes + S::kBBytes, &maps.s, slice * S::kFeat, (kt * S::kTK) >> p.group_shift, bar);
+      }
+      if (what & 2) tma_2d(stage, &maps.a, kt * S::kTK, row0, bar);
+    };
+    // The first row chunk's first tiles fill the fresh ring without waiting for a release.
+    const int first_tiles = group < p.par ? min(p.iters, nk - local * p.iters) : 0;
+    const int pre = min(S::kStages, first_tiles);
     RingPos w;
+    {
+      const int it0 = local * p.iters;
+      for (int i = 0; i < pre; ++i) {
+        const int slice = (it0 + i) / k_tiles;
+        mbar_expect_tx(full0 + 8 * w.st, tx);
+        issue(w, group * NT, slice, it0 + i - slice * k_tiles, 1);
+        w.next<S::kStages>();
+      }
+    }
+    wait_previous_grid();
+    w = RingPos{};
     for (int pc = group; pc < p.par; pc += p.chunk_groups) {
       const int row0 = pc * NT;
-      const int4* a_base = A + size_t(row0) * a_row;
-      int a_off[kAChunks];
-      uint32_t a_ok = 0;  // bit j: chunk j's row is below m (else zero-filled from row row0's address)
-#pragma unroll
-      for (int j = 0; j < kAChunks; ++j) {
-        const int i = j * S::kProducerThreads + tid, r = i >> 3;
-        const bool ok = row0 + r < p.m;
-        a_ok |= uint32_t(ok) << j;
-        a_off[j] = (ok ? r : 0) * a_row + (i & 7);
-      }
       int it = local * p.iters;
       const int it_end = min(it + p.iters, nk);
       int slice = it / k_tiles, kt = it - slice * k_tiles;
-      for (; it < it_end; ++it) {
-        mbar_wait(empty0 + 8 * w.st, w.phase ^ 1u);  // a fresh barrier counts its previous phase as done
-        const uint32_t stage = sbase + w.st * S::kStage;
-        const int4* b_tile = B + size_t(kt) * S::kKB * b_row + slice * (S::kFeat / 2);
-#pragma unroll
-        for (int j = 0; j < kBChunks; ++j)
-          cp_async16_s(stage + S::kABytes + 16 * (j * S::kProducerThreads + tid), b_tile + b_off[j], true);
-        if (s_in) {
-          const int g0 = (kt * S::kTK) >> p.group_shift;
-          cp_async16_s(stage + S::kABytes + S::kBBytes + 16 * tid,
-                       Sc + size_t(g0) * s_row + slice * (S::kFeat / 8) + s_off, true);
+      for (int i = 0; it < it_end; ++it, ++i) {
+        if (pc == group && i < pre) {
+          issue(w, row0, slice, kt, 2);
+        } else {
+          mbar_wait(empty0 + 8 * w.st, w.phase ^ 1u);  // a fresh barrier counts its previous phase as done
+          mbar_expect_tx(full0 + 8 * w.st, tx);
+          issue(w, row0, slice, kt, 3);
         }
-        if (!waited) wait_previous_grid(), waited = true;
-#pragma unroll
-        for (int j = 0; j < kAChunks; ++j) {
-          const int i = j * S::kProducerThreads + tid;
-          cp_async16_s(stage + wl::act_chunk_byte(i >> 3, i & 7), a_base + (a_off[j] + kt * 8), (a_ok >> j) & 1u);
-        }
-        cp_async_arrive(full0 + 8 * w.st);
         w.next<S::kStages>();
         if (++kt == k_tiles) kt = 0, ++slice;
       }
     }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");  // nothing in flight when the producer exits
-    return;
+    return;  // every box lands before the consumers, which wait for each one, let the block exit
   }
 
   // Consumers: warp cw (0..7) of the two warpgroups, with the block-synchronous kernel's roles.
@@ -200,8 +204,7 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS) marlin_wgmma_
         for (int i = 0; i < S::kAcc; ++i) acc[j][i] = 0.f;
       int prev = 0;
       for (int t = 0; t < cnt; ++t) {
-        mbar_wait(full0 + 8 * r.st, r.phase);
-        fence_proxy_async();  // the producer's cp.async writes (generic proxy) before wgmma's reads (async)
+        mbar_wait(full0 + 8 * r.st, r.phase);  // TMA writes and wgmma reads are both async proxy: no fence
         tl_mark(p, kTlFirstData, tl_first && t == 0);
         const unsigned char* stage = sh + r.st * S::kStage;
         WgWords w = wg_load_words<NT, GROUPED>(stage, 0, w_byte, s_byte, p.group_shift);
@@ -243,13 +246,15 @@ cudaError_t wgmma_ws_prepare(int* blocks_per_sm, int* smem_bytes) {
 }
 
 template <int DT, int NT, int BPS>
-cudaError_t wgmma_ws_launch(const KernelArgs& a, const LaunchOpts& o, cudaStream_t stream) {
-  return launch_variant(marlin_wgmma_ws_kernel<DT, false, NT, BPS>, marlin_wgmma_ws_kernel<DT, true, NT, BPS>,
-                        WsShape<NT, BPS>::kThreads, a, o, stream);
+cudaError_t wgmma_ws_launch(const KernelArgs& a, const TmaMaps& maps, const LaunchOpts& o, cudaStream_t stream) {
+  return launch_kernel(
+      a.groups > 1 ? marlin_wgmma_ws_kernel<DT, true, NT, BPS> : marlin_wgmma_ws_kernel<DT, false, NT, BPS>,
+      WsShape<NT, BPS>::kThreads, o, stream, a, maps);
 }
 
 #define MARLINC_INSTANTIATE_WGMMA_WS(DT, NT, BPS)                    \
   template cudaError_t wgmma_ws_prepare<DT, NT, BPS>(int*, int*); \
-  template cudaError_t wgmma_ws_launch<DT, NT, BPS>(const KernelArgs&, const LaunchOpts&, cudaStream_t);
+  template cudaError_t wgmma_ws_launch<DT, NT, BPS>(const KernelArgs&, const TmaMaps&, const LaunchOpts&, \
+                                                    cudaStream_t);
 
 }  // namespace marlinc::kernels::detail

@@ -175,3 +175,34 @@ TEST_CASE("dispatch: Auto takes the streaming kernel on large layers at m <= 16"
   CHECK_FALSE(stream_auto(17, kLarge.n, kLarge.k, kSms));
   CHECK_FALSE(stream_auto(0, kLarge.n, kLarge.k, kSms));
 }
+
+TEST_CASE("dispatch: 64-row Hopper tiles above m = 64 where 128-row tiles leave few output tiles",
+          "[kernels][dispatch]") {
+  constexpr int kSms = 132;
+  // Measured faster with 64 rows (docs/PERF.md, twelfth session).
+  for (const Layer& L : {kO8B, kQkv8B, kDown8B}) {
+    INFO(L.name);
+    CHECK(wgmma_prefer_64_rows(128, L.n, L.k, kSms));
+    CHECK(wgmma_prefer_64_rows(100, L.n, L.k, kSms));  // one 128-row chunk, as at 128
+  }
+  CHECK(wgmma_prefer_64_rows(256, kO8B.n, kO8B.k, kSms));
+  // Measured faster with 128 rows.
+  for (const Layer& L : {kO70B, kQkv70B, kGateUp70B, kDown70B, kGateUp8B, kLarge}) {
+    INFO(L.name);
+    CHECK_FALSE(wgmma_prefer_64_rows(128, L.n, L.k, kSms));
+  }
+  for (const Layer& L : {kQkv8B, kDown8B, kGateUp8B, kO70B}) {
+    INFO(L.name);
+    CHECK_FALSE(wgmma_prefer_64_rows(256, L.n, L.k, kSms));
+  }
+  // Large m fills the SMs with 128-row tiles; m <= 64 has 64-row tiles already.
+  for (int m : {512, 1024})
+    for (const Layer& L : {kO8B, kQkv8B, kDown8B}) {
+      INFO(L.name << " m " << m);
+      CHECK_FALSE(wgmma_prefer_64_rows(m, L.n, L.k, kSms));
+    }
+  CHECK_FALSE(wgmma_prefer_64_rows(64, kO8B.n, kO8B.k, kSms));
+  // Few SMs (the tests' forced grids): tiles >= SMs never split.
+  CHECK_FALSE(wgmma_prefer_64_rows(128, kO8B.n, kO8B.k, 3));
+  CHECK_FALSE(wgmma_prefer_64_rows(128, 0, kO8B.k, kSms));
+}
