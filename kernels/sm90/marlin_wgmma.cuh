@@ -71,13 +71,9 @@ __device__ __forceinline__ WgWords wg_load_words(const unsigned char* stage, int
   return w;
 }
 
-// One k16 step's issue: expand the two words into two A fragments (scaled when grouped) and start the two
-// 64-row wgmmas on the activations of the stage at shared-window address `stage`. The caller loads the
-// next step's words while these run, then waits until at most this step is in flight, so the A registers
-// of two steps back may be overwritten next.
-template <int DT, bool GROUPED, int NT>
-__device__ __forceinline__ void wg_issue(float (&acc)[2][NT / 2], uint32_t stage, int kk, const WgWords& w) {
-  uint32_t a[2][4];
+// One k16 step's expansion: the two words into two A fragments (scaled when grouped).
+template <int DT, bool GROUPED>
+__device__ __forceinline__ void wg_expand(const WgWords& w, uint32_t (&a)[2][4]) {
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     uint32_t f[4];
@@ -89,6 +85,12 @@ __device__ __forceinline__ void wg_issue(float (&acc)[2][NT / 2], uint32_t stage
 #pragma unroll
     for (int r = 0; r < 4; ++r) a[j][r] = f[wl::a_from_pair(r)];
   }
+}
+
+// One k16 step's two 64-row wgmmas on the activations of the stage at shared-window address `stage`, from
+// fragments `a`, committed as one group.
+template <int DT, int NT>
+__device__ __forceinline__ void wg_mma(float (&acc)[2][NT / 2], uint32_t stage, int kk, uint32_t (&a)[2][4]) {
   const uint64_t desc = wl::sw128_desc(wl::desc_start(stage, kk));
   fence_regs(a[0]);
   fence_regs(a[1]);
@@ -96,6 +98,16 @@ __device__ __forceinline__ void wg_issue(float (&acc)[2][NT / 2], uint32_t stage
   Wgmma<DT, NT>::run(acc[0], a[0], desc);
   Wgmma<DT, NT>::run(acc[1], a[1], desc);
   wgmma_commit();
+}
+
+// One k16 step's issue: expansion and wgmmas. The caller loads the next step's words while these run,
+// then waits until at most this step is in flight, so the A registers of two steps back may be
+// overwritten next.
+template <int DT, bool GROUPED, int NT>
+__device__ __forceinline__ void wg_issue(float (&acc)[2][NT / 2], uint32_t stage, int kk, const WgWords& w) {
+  uint32_t a[2][4];
+  wg_expand<DT, GROUPED>(w, a);
+  wg_mma<DT, NT>(acc, stage, kk, a);
 }
 
 // The end of a slice, for the 256 threads that hold its accumulators (team_tid 0..255; team barrier
