@@ -445,7 +445,9 @@ MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int 
   const TileShape t{kWgmmaTileN, kWgmmaTileK};
   if (int64_t(ceil_div(g.m, rows)) * (g.n / t.tn) * (g.k / t.tk) > std::numeric_limits<int>::max() / 2)
     return MarlinStatus::BadShape;
-  const Partition P = partition(g.m, g.n, g.k, rows, t, sms * wgmma_blocks_per_sm(pr.blocks_per_sm, rows));
+  const int bps = wgmma_blocks_per_sm(pr.blocks_per_sm, rows), max_blocks = sms * bps;
+  const int blocks = bps == 1 ? wgmma_whole_slice_blocks(g.m, g.n, rows, max_blocks) : max_blocks;
+  const Partition P = partition(g.m, g.n, g.k, rows, t, blocks);
   LaunchOpts o;
   o.grid = P.grid;
   o.smem_bytes = pr.smem;

@@ -118,6 +118,23 @@ constexpr bool wgmma_prefer_64_rows(int m, int n, int k, int sms) {
   return 100 * (sms - tiles) * int64_t(sms) >= int64_t(kWgmmaRows64Pct) * tiles * tiles * kt;
 }
 
+// The Hopper kernel's blocks for one launch at one block per SM: where a row chunk's column slices fill at
+// least kWgmmaWholeMinFillPct of the blocks the chunk would get, one block per slice (whole k, no partial
+// tiles) instead of stripes cut across slices. Returns the block count to partition over. H100 (docs/PERF.md,
+// twelfth session), per layer, same call, two runs each: 70B down at m = 512 397-400 -> 367-371 us, 70B o
+// at 512 120-123 -> 105-107, 8B gate/up at 128 55.7-62.6 -> 50.9-51.7, 32768^2 at 128 433 -> 407-419 (g128)
+// and 397-417 -> 379-396 (per-channel). At two blocks per SM it would load the SMs unevenly (70B gate/up
+// at m = 32, 224 blocks on 264 slots: 116-118 -> 120-121), so the launcher applies it at one only.
+constexpr int kWgmmaWholeMinFillPct = 75;
+constexpr int wgmma_whole_slice_blocks(int m, int n, int rows, int max_blocks) {
+  if (m < 1 || rows < 1 || n < 256 || max_blocks < 1) return max_blocks;
+  const int64_t par = (int64_t(m) + rows - 1) / rows, slices = n / 256;
+  if (par > max_blocks) return max_blocks;
+  const int64_t per_chunk = max_blocks / par;
+  if (slices > per_chunk || slices * 100 < per_chunk * kWgmmaWholeMinFillPct) return max_blocks;
+  return int(par * slices);
+}
+
 enum class HopperAutoPick { MmaSync, Hopper, DequantCublas };
 
 constexpr int kWgmmaTinyMaxM = 8;

@@ -206,3 +206,25 @@ TEST_CASE("dispatch: 64-row Hopper tiles above m = 64 where 128-row tiles leave 
   CHECK_FALSE(wgmma_prefer_64_rows(128, kO8B.n, kO8B.k, 3));
   CHECK_FALSE(wgmma_prefer_64_rows(128, 0, kO8B.k, kSms));
 }
+
+TEST_CASE("dispatch: Hopper launches take one block per column slice where the slices fill 75% of a chunk's blocks",
+          "[kernels][dispatch]") {
+  constexpr int kSms = 132;
+  // 70B down and o at m = 512: 4 row chunks of 128 rows, 33 blocks each, 32 slices.
+  CHECK(wgmma_whole_slice_blocks(512, kDown70B.n, 128, kSms) == 128);
+  CHECK(wgmma_whole_slice_blocks(512, kO70B.n, 128, kSms) == 128);
+  // 8B gate/up at m = 128 (112 slices of 132 blocks) and 32768^2 at m = 64 and 128 (128 of 132).
+  CHECK(wgmma_whole_slice_blocks(128, kGateUp8B.n, 128, kSms) == 112);
+  CHECK(wgmma_whole_slice_blocks(64, kLarge.n, 64, kSms) == 128);
+  // The rule itself knows no blocks per SM (the launcher applies it at one): 224 slices of 264 blocks.
+  CHECK(wgmma_whole_slice_blocks(32, kGateUp70B.n, 32, 2 * kSms) == 224);
+  // Stripes where the slices fill less than 75% (8B o at m = 512: 16 of 33) or more than a chunk has
+  // blocks (70B q/k/v at m = 512: 40 of 33; 70B gate/up at m = 64: 224 of 132).
+  CHECK(wgmma_whole_slice_blocks(512, kO8B.n, 128, kSms) == kSms);
+  CHECK(wgmma_whole_slice_blocks(512, kQkv70B.n, 128, kSms) == kSms);
+  CHECK(wgmma_whole_slice_blocks(64, kGateUp70B.n, 64, kSms) == kSms);
+  CHECK(wgmma_whole_slice_blocks(128, kO8B.n, 64, kSms) == kSms);
+  // More row chunks than blocks: the partition already gives blocks whole chunks.
+  CHECK(wgmma_whole_slice_blocks(100000, kO8B.n, 128, kSms) == kSms);
+  CHECK(wgmma_whole_slice_blocks(128, 128, 128, kSms) == kSms);  // no 256-wide slice
+}
