@@ -44,6 +44,17 @@ summary=()
 serial_wgmma=$(grep -c "C7513" "$OUT/build.log")
 [ "$serial_wgmma" != 0 ] && status=1 && grep "C7513" "$OUT/build.log" | head -3
 summary+=("ptxas wgmma serialization warnings (C7513): $serial_wgmma")
+# The producer kernel expands its next batch of A fragments while earlier wgmmas still read theirs, which
+# is only correct if ptxas gave them distinct registers: replay each main loop's SASS for such writes.
+hazards=0
+for o in $(find "$BUILD/kernels" -name "marlin_wgmma_*16.cu.o"); do
+  cuobjdump -sass "$o" > "$OUT/wgmma.sass" 2>/dev/null || continue
+  for f in $(grep -o "Function : [^ ]*marlin_wgmma_ws_kernel[^ ]*" "$OUT/wgmma.sass" | cut -d' ' -f3); do
+    python3 scripts/wgmma_regcheck.py "$OUT/wgmma.sass" "$f" > "$OUT/regcheck.log" 2>&1 ||
+      { hazards=$((hazards + 1)); status=1; tail -3 "$OUT/regcheck.log"; }
+  done
+done
+summary+=("producer-kernel loops with A-register hazards (SASS replay): $hazards")
 # Everything else too (the CPU tests against this machine's Catch2 v3): reported, not fatal.
 if ! cmake --build "$BUILD" -j "$(nproc)" -- -k 0 > "$OUT/build_all.log" 2>&1; then
   status=1

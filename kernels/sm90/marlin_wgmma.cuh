@@ -87,17 +87,22 @@ __device__ __forceinline__ void wg_expand(const WgWords& w, uint32_t (&a)[2][4])
   }
 }
 
-// One k16 step's two 64-row wgmmas on the activations of the stage at shared-window address `stage`, from
-// fragments `a`, committed as one group.
+// One k16 step's two 64-row wgmmas on the activations that descriptor `desc` names, from fragments `a`,
+// committed as one group.
 template <int DT, int NT>
-__device__ __forceinline__ void wg_mma(float (&acc)[2][NT / 2], uint32_t stage, int kk, uint32_t (&a)[2][4]) {
-  const uint64_t desc = wl::sw128_desc(wl::desc_start(stage, kk));
+__device__ __forceinline__ void wg_mma_desc(float (&acc)[2][NT / 2], uint64_t desc, uint32_t (&a)[2][4]) {
   fence_regs(a[0]);
   fence_regs(a[1]);
   wgmma_fence();
   Wgmma<DT, NT>::run(acc[0], a[0], desc);
   Wgmma<DT, NT>::run(acc[1], a[1], desc);
   wgmma_commit();
+}
+
+// The same on step kk of the stage at shared-window address `stage`.
+template <int DT, int NT>
+__device__ __forceinline__ void wg_mma(float (&acc)[2][NT / 2], uint32_t stage, int kk, uint32_t (&a)[2][4]) {
+  wg_mma_desc<DT, NT>(acc, wl::sw128_desc(wl::desc_start(stage, kk)), a);
 }
 
 // One k16 step's issue: expansion and wgmmas. The caller loads the next step's words while these run,

@@ -57,6 +57,8 @@ struct WsShape : WgShape<NT> {
   // registers (SASS: R104-R119 and R88-R103 on the 64-row tile) but reuses the first batch's for the next
   // tile's first batch. Two batches in flight (4 groups) therefore overwrote fragments still being read:
   // [wgmma] failed on the H100 (mean relative error 15-16 at m = 256, k = 1024, n = 768).
+  // Deeper queues measured no better: one step per batch with three groups pending (four register sets)
+  // ran 1-4% slower at m = 64-512 (docs/PERF.md, thirteenth session).
   static constexpr int kPending = kBatch;
   // After the wait of the batch from step kRelease on, every wgmma of the previous tile has retired.
   static constexpr int kRelease = (kPending - 1) / kBatch * kBatch;
@@ -64,6 +66,7 @@ struct WsShape : WgShape<NT> {
   static_assert(NT == 64 || NT == 128, "token tiles the warp-specialized kernel is built for");
   static_assert(Base::kKB % kBatch == 0, "a stage is a whole number of batches");
   static_assert(kPending >= kBatch && kPending <= Base::kKB, "the previous tile retires within the next one");
+  static_assert(kPending <= Base::kKB - kBatch, "a batch is expanded into registers no wgmma in flight reads");
   static_assert(kStages >= 3, "the ring needs stages in flight on both sides of the one being read");
   static_assert(kSmemBytes <= kSmemPerBlock, "the ring fits the block's shared memory");
   static_assert(kConsumerRegs <= 256 && kProducerRegs >= 24, "setmaxnreg bounds");
@@ -102,6 +105,15 @@ template <int R>
 __device__ __forceinline__ void regs_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R)); }
 template <int R>
 __device__ __forceinline__ void regs_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R)); }
+
+// 8 bytes from a shared-window address. The consumers read their words through 32-bit addresses off the
+// block's window base: through generic pointers ptxas re-derived that base (S2UR of the CTA id, then a
+// dependent ULEA) on every stage, 5-6% of the stall samples at m = 64 (ncu, 70B gate/up).
+__device__ __forceinline__ int2 lds64(uint32_t addr) {
+  int2 v;
+  asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr));
+  return v;
+}
 
 // Position in the ring: stage index and the parity of its current use.
 struct RingPos {
@@ -196,11 +208,23 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS)
   regs_inc<S::kConsumerRegs>();
   wait_previous_grid();  // C, the workspace and its locks are the previous kernel's until it has finished
   const int ctid = tid - S::kProducerThreads, cw = ctid >> 5;
+  const int tile = wl::warp_tile(cw), sub0 = wl::warp_sub0(cw);
   const bool tl0 = ctid == 0;  // the consumers' thread 0 marks the rest of the timeline
   tl_mark(p, kTlWaited, tl0);
   bool tl_first = tl0;
-  const int w_byte = wl::weight_byte(wl::warp_tile(cw), lane, wl::warp_sub0(cw));
-  const int s_byte = wl::scale_byte(wl::warp_tile(cw), lane, wl::warp_sub0(cw));
+  const int w_byte = S::kABytes + wl::weight_byte(tile, lane, sub0);
+  // Scale words of steps 0-1 and 2-3 (the same row unless the group is 32); odd steps reuse the even
+  // step's (wl::pairs_share_scale_rows).
+  const int s_byte = S::kABytes + S::kBBytes + wl::scale_byte(tile, lane, sub0);
+  const int s_step2 = GROUPED ? wl::scale_row(2, p.group_shift) * wl::kScaleRowBytes : 0;
+  auto words = [&](uint32_t stage, int kk, int2 sv_prev) {
+    WgWords w{lds64(stage + kk * wl::kWeightRowBytes + w_byte), sv_prev};
+    if (GROUPED && kk % 2 == 0) w.sv = lds64(stage + s_byte + (kk / 2) * s_step2);
+    return w;
+  };
+  uint32_t cbase = sbase;
+  asm volatile("" : "+r"(cbase));  // opaque: kept in a register, not re-derived from the CTA id per stage
+  const uint32_t cfull0 = cbase + S::kStages * S::kStage, cempty0 = cfull0 + 8 * S::kStages;
   RingPos r;
   for (int pc = group; pc < p.par; pc += p.chunk_groups) {
     int it = local * p.iters;
@@ -215,12 +239,13 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS)
         for (int i = 0; i < S::kAcc; ++i) acc[j][i] = 0.f;
       int prev = 0;
       for (int t = 0; t < cnt; ++t) {
-        mbar_wait(full0 + 8 * r.st, r.phase);  // TMA writes and wgmma reads are both async proxy: no fence
+        mbar_wait(cfull0 + 8 * r.st, r.phase);  // TMA writes and wgmma reads are both async proxy: no fence
         tl_mark(p, kTlFirstData, tl_first && t == 0);
-        const unsigned char* stage = sh + r.st * S::kStage;
+        const uint32_t stage = cbase + r.st * S::kStage;
+        const uint64_t desc0 = wl::sw128_desc(wl::desc_start(stage, 0));
         WgWords w[S::kBatch];
 #pragma unroll
-        for (int b = 0; b < S::kBatch; ++b) w[b] = wg_load_words<NT, GROUPED>(stage, b, w_byte, s_byte, p.group_shift);
+        for (int b = 0; b < S::kBatch; ++b) w[b] = words(stage, b, b ? w[b - 1].sv : make_int2(0, 0));
 #pragma unroll
         for (int kk = 0; kk < S::kKB; kk += S::kBatch) {
           uint32_t a[S::kBatch][2][4];
@@ -229,13 +254,13 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS)
           if (kk + S::kBatch < S::kKB)
 #pragma unroll
             for (int b = 0; b < S::kBatch; ++b)
-              w[b] = wg_load_words<NT, GROUPED>(stage, kk + S::kBatch + b, w_byte, s_byte, p.group_shift);
+              w[b] = words(stage, kk + S::kBatch + b, b ? w[b - 1].sv : w[S::kBatch - 1].sv);
 #pragma unroll
-          for (int b = 0; b < S::kBatch; ++b) wg_mma<DT, NT>(acc, sbase + r.st * S::kStage, kk + b, a[b]);
+          for (int b = 0; b < S::kBatch; ++b) wg_mma_desc<DT, NT>(acc, wl::desc_step(desc0, kk + b), a[b]);
           wgmma_wait<S::kPending>();
           // A predicated arrive, not a branch, while wgmmas are in flight (a branch there makes ptxas
           // serialize them, C7513).
-          if (kk == S::kRelease) mbar_arrive_if(empty0 + 8 * prev, t > 0);
+          if (kk == S::kRelease) mbar_arrive_if(cempty0 + 8 * prev, t > 0);
         }
         prev = r.st;
         r.next<S::kStages>();
@@ -243,7 +268,7 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS)
       wgmma_wait<0>();
       fence_regs(acc[0]);
       fence_regs(acc[1]);
-      mbar_arrive_if(empty0 + 8 * prev, true);
+      mbar_arrive_if(cempty0 + 8 * prev, true);
       tl_mark(p, kTlComputed, tl0);
       tl_first = false;
       wg_finish_slice<DT, GROUPED, NT, 1, wl::kThreads>(p, acc, slice, pc * NT, base_b, k_tiles, cw, lane, ctid);

@@ -46,6 +46,15 @@ MARLINC_HD constexpr int weight_byte(int tile, int lane, int sub0) { return (til
 MARLINC_HD constexpr int scale_byte(int tile, int lane, int sub0) { return (tile * 8 + (lane >> 2)) * 16 + sub0 * 4; }
 // Group row within a stage of k16 step kk (group sizes 32, 64, 128; a stage starts on a 64 boundary).
 MARLINC_HD constexpr int scale_row(int kk, int group_shift) { return (kk * 16) >> group_shift; }
+// A group spans at least two k16 steps, so step 2j + 1 scales with step 2j's words (the producer-fed
+// kernel loads them once per pair).
+constexpr bool pairs_share_scale_rows() {
+  for (int shift = 5; shift <= 7; ++shift)
+    for (int j = 0; 2 * j + 1 < kKB; ++j)
+      if (scale_row(2 * j + 1, shift) != scale_row(2 * j, shift)) return false;
+  return true;
+}
+static_assert(pairs_share_scale_rows(), "k16 steps 2j and 2j + 1 share a group row for groups of 32 and up");
 
 // wgmma A register r takes dequant8's pair a_from_pair(r): the pairs are (column c, k 2t..2t+1),
 // (c, 2t+8..), (c + 8, 2t..), (c + 8, 2t+8..) and the A fragment wants (row c, 2t..), (c + 8, 2t..),
@@ -55,6 +64,12 @@ MARLINC_HD constexpr int a_from_pair(int r) { return r == 1 ? 2 : r == 2 ? 1 : r
 // Shared-memory byte address that wgmma's descriptor starts at for k16 step kk of a stage whose
 // activations begin at `stage` (1024-aligned): 32 bytes per step inside the swizzled row.
 MARLINC_HD constexpr unsigned desc_start(unsigned stage, int kk) { return stage + unsigned(kk) * 32u; }
+
+// The descriptor of step kk from step 0's (sw128_desc below): the start address field (bits 0-13,
+// address >> 4) grows by 2 per step. The stage is atom-aligned, so its field ends in 6 zero bits and the
+// sum never carries out of the field; the kernel thus builds one descriptor per stage, not per step.
+MARLINC_HD constexpr uint64_t desc_step(uint64_t desc0, int kk) { return desc0 + uint64_t(kk) * (32u >> 4); }
+static_assert(kKB * 32 <= kSwizzleAtom / 8, "a stage's steps stay inside its first 128-byte row");
 
 // wgmma shared-memory matrix descriptor of a K-major operand in the 128B swizzle mode (PTX ISA, "matrix
 // descriptor"): bits 0-13 start address >> 4, 16-29 leading byte offset >> 4 (unused by this mode: 1),

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Build bench_marlin; bench given shapes; ncu metrics + source-level stall samples on the wgmma kernel.
-# RUNS: "sets:ms:wgmma_rows:wgmma_pipeline ..."; NCU_SPECS: "set:m:launch_skip:kernel_regex:wgmma_pipeline ...".
+# RUNS: "sets:ms:wgmma_rows:wgmma_pipeline ..." (none: no benches); SKIP_BUILD=1 reuses build/cuda; NCU_SPECS: "set:m:launch_skip:kernel_regex:wgmma_pipeline ...".
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 t0=$(date +%s)
-cmake --preset cuda -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null && cmake --build build/cuda --target bench_marlin ${TARGETS:-} -j 16 > "$OUT/build.log" 2>&1 || { grep error "$OUT/build.log" | head; exit 1; }
-echo "build: $(( $(date +%s) - t0 )) s"; grep -c C7513 "$OUT/build.log"
+if [ "${SKIP_BUILD:-0}" != 1 ]; then
+  cmake --preset cuda -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null && cmake --build build/cuda --target bench_marlin ${TARGETS:-} -j 16 > "$OUT/build.log" 2>&1 || { grep error "$OUT/build.log" | head; exit 1; }
+fi
+echo "build: $(( $(date +%s) - t0 )) s"; grep -c C7513 "$OUT/build.log" 2>/dev/null
 B=build/cuda/bench/bench_marlin
 for spec in ${RUNS:-"8192x57344,28672x8192:64,128,256,1024:"}; do
+  [ "$spec" = none ] && break
   IFS=: read -r sets ms rows pipe <<< "$spec"
   extra="--wgmma"; [ -n "$rows" ] && extra="--wgmma-rows $rows"
   [ -n "$pipe" ] && extra="$extra --wgmma-pipeline $pipe"
@@ -22,7 +25,7 @@ for spec in ${NCU_SPECS:-"8192x57344:256:3:marlin_wgmma_kernel" "8192x57344:1024
   tag="${set}_${m}_${kern%%|*}_p${pipe:-0}"
   timeout 120 ncu --clock-control none --kernel-name "regex:$kern" --launch-skip "$skip" --launch-count 1 --metrics "$M" $B --sets "$set" --ms "$m" --wgmma ${pipe:+--wgmma-pipeline $pipe} > "$OUT/ncu_$tag.log" 2>&1
   echo "== ncu $tag"
-  grep -E "marlin_wgmma_kernel<|marlin_kernel<|marlin_stream_kernel<|gemm|gemv|\.ratio|pct|per_cycle|duration|cycles_|bytes_read|registers|grid_size" "$OUT/ncu_$tag.log" | grep -v "==PROF==" | sed -e 's/smsp__average_warps_issue_stalled_//' -e 's/_per_issue_active.ratio//' | awk '{$1=$1; print}' | cut -c1-110 | head -60
+  grep -E "marlin_wgmma_kernel<|marlin_wgmma_ws_kernel<|marlin_kernel<|marlin_stream_kernel<|gemm|gemv|\.ratio|pct|per_cycle|duration|cycles_|bytes_read|registers|grid_size" "$OUT/ncu_$tag.log" | grep -v "==PROF==" | sed -e 's/smsp__average_warps_issue_stalled_//' -e 's/_per_issue_active.ratio//' | awk '{$1=$1; print}' | cut -c1-110 | head -60
 done
 if [ -n "${SRC_SPEC-8192x57344:256}" ]; then
   IFS=: read -r set m <<< "${SRC_SPEC:-8192x57344:256}"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the working tree ("new") and, where present, build/carry/old-src ("old") and build/carry/mid-src
-# ("mid") in parallel, then bench runs RUNS="old mid new:VAR=value ..." (a tree, optionally one
+# ("mid") in parallel (TARGETS, e.g. test_gpu, only in the working tree), then bench runs RUNS="old mid new:VAR=value ..." (a tree, optionally one
 # environment assignment), so that variants and knobs compare within one device call.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -10,7 +10,7 @@ t0=$(date +%s)
 for tree in new old mid; do
   d=$(dir_of $tree); [ -f "$d/CMakeLists.txt" ] || continue
   (cd "$d" && cmake --preset cuda -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null &&
-     cmake --build build/cuda --target bench_marlin ${TARGETS:-} -j ${JOBS:-5} > "$OUT/build_$tree.log" 2>&1
+     cmake --build build/cuda --target bench_marlin $([ $tree = new ] && echo ${TARGETS:-}) -j ${JOBS:-5} > "$OUT/build_$tree.log" 2>&1
    echo "$tree build rc=$? C7513=$(grep -c C7513 "$OUT/build_$tree.log")") &
 done
 wait

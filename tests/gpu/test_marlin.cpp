@@ -486,16 +486,19 @@ TEST_CASE("marlin: Hopper wgmma kernel, producer warpgroup", "[gpu][marlin][wgmm
             run_case(L, m, rng, o);
           }
     }
-  // A long stripe over many slices and row chunks: the ring's phases wrap many times per block.
+  // A long stripe over many slices and row chunks: the ring's phases wrap many times per block (both
+  // tiles: their consumer warpgroups differ).
   const Layer big = make_layer(rng, 4096, 1024, 128, ActType::F16);
-  for (int sms : {1, 5}) {
-    RunOpts o;
-    o.path = MarlinPath::Wgmma;
-    o.wgmma_pipeline = 2;
-    o.num_sms = sms;
-    o.max_ref_rows = 16;
-    run_case(big, 300, rng, o);
-  }
+  for (int rows : {64, 128})
+    for (int sms : {1, 5}) {
+      RunOpts o;
+      o.path = MarlinPath::Wgmma;
+      o.wgmma_rows = rows;
+      o.wgmma_pipeline = 2;
+      o.num_sms = sms;
+      o.max_ref_rows = 16;
+      run_case(big, 300, rng, o);
+    }
 }
 
 // The operand maps under the Hopper kernel, alone on the device: small integers make every product and
@@ -547,11 +550,11 @@ TEST_CASE("marlin: Hopper wgmma kernel under the sanitizers", "[gpu][marlin][wgm
   std::mt19937_64 rng(kSeed + 10);
   for (int64_t g : {int64_t(-1), int64_t(32)}) {
     const Layer L = make_layer(rng, 512, 512, g, ActType::F16);
-    for (int rows : {8, 32, 128})
+    for (int rows : {8, 32, 64, 128})
       for (int pipeline : {1, 2})
         for (int sms : {0, 2})
           for (int64_t m : {int64_t(7), int64_t(100)}) {
-            if (pipeline == 2 && rows < 64) continue;
+            if (pipeline == 2 ? rows < 64 : rows == 64) continue;  // 64 rows: the producer kernel's form
             RunOpts o;
             o.path = MarlinPath::Wgmma;
             o.wgmma_rows = rows;

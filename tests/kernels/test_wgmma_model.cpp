@@ -259,6 +259,13 @@ TEST_CASE("wgmma model: a wrong A-register order or swizzle is caught", "[kernel
                 "chunk c of row r lands at chunk c ^ (r % 8)");
   static_assert(wl::sw128_desc(1024u) == ((uint64_t(1) << 62) | (uint64_t(64) << 32) | (uint64_t(1) << 16) | 64u),
                 "descriptor fields: start >> 4, LBO 1, SBO 1024 >> 4, 128B swizzle");
+  // One descriptor per stage: step kk's equals step 0's plus desc_step's increment for every atom-aligned
+  // stage of the shared window, with the CTA bits above it (masked by the descriptor) set or not.
+  for (uint32_t cta : {0u, 5u << 24})
+    for (uint32_t stage = 0; stage < (1u << 18); stage += wl::kSwizzleAtom)
+      for (int kk = 0; kk < wl::kKB; ++kk)
+        REQUIRE(wl::desc_step(wl::sw128_desc(wl::desc_start(cta | stage, 0)), kk) ==
+                wl::sw128_desc(wl::desc_start(cta | stage, kk)));
   // The mma.sync B order {f0, f1, f2, f3} in place of {f0, f2, f1, f3} mixes columns c and c + 8 with
   // k 2t+8..; an unswizzled activation row hands wgmma the wrong k chunks. Both must fail the check.
   std::mt19937 rng(kSeed + 1);
