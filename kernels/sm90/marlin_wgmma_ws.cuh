@@ -58,7 +58,7 @@ struct WsShape : WgShape<NT> {
   // tile's first batch. Two batches in flight (4 groups) therefore overwrote fragments still being read:
   // [wgmma] failed on the H100 (mean relative error 15-16 at m = 256, k = 1024, n = 768).
   // Deeper queues measured no better: one step per batch with three groups pending (four register sets)
-  // ran 1-4% slower at m = 64-512 (docs/PERF.md, thirteenth session).
+  // ran 2-4% slower on most sets at m = 64-512 (docs/PERF.md, thirteenth session).
   static constexpr int kPending = kBatch;
   // After the wait of the batch from step kRelease on, every wgmma of the previous tile has retired.
   static constexpr int kRelease = (kPending - 1) / kBatch * kBatch;

@@ -470,6 +470,15 @@ TEST_CASE("marlin: Hopper wgmma kernel, producer warpgroup", "[gpu][marlin][wgmm
     return;
   }
   std::mt19937_64 rng(kSeed + 13);
+  auto producer = [](int rows, int sms, int ref_rows) {
+    RunOpts o;
+    o.path = MarlinPath::Wgmma;
+    o.wgmma_rows = rows;
+    o.wgmma_pipeline = 2;
+    o.num_sms = sms;
+    o.max_ref_rows = ref_rows;
+    return o;
+  };
   for (ActType act : {ActType::F16, ActType::BF16})
     for (int64_t g : kGroups) {
       const Layer L = make_layer(rng, 1024, 768, g, act);
@@ -477,28 +486,14 @@ TEST_CASE("marlin: Hopper wgmma kernel, producer warpgroup", "[gpu][marlin][wgmm
         for (int sms : {0, 3})
           for (int64_t m : kMs) {
             if (act == ActType::BF16 && m != 100 && m != 1000) continue;
-            RunOpts o;
-            o.path = MarlinPath::Wgmma;
-            o.wgmma_rows = rows;
-            o.wgmma_pipeline = 2;
-            o.num_sms = sms;
-            o.max_ref_rows = 48;
-            run_case(L, m, rng, o);
+            run_case(L, m, rng, producer(rows, sms, 48));
           }
     }
-  // A long stripe over many slices and row chunks: the ring's phases wrap many times per block (both
-  // tiles: their consumer warpgroups differ).
+  // A long stripe over many slices and row chunks: the ring's phases wrap many times per block, on both
+  // tiles.
   const Layer big = make_layer(rng, 4096, 1024, 128, ActType::F16);
   for (int rows : {64, 128})
-    for (int sms : {1, 5}) {
-      RunOpts o;
-      o.path = MarlinPath::Wgmma;
-      o.wgmma_rows = rows;
-      o.wgmma_pipeline = 2;
-      o.num_sms = sms;
-      o.max_ref_rows = 16;
-      run_case(big, 300, rng, o);
-    }
+    for (int sms : {1, 5}) run_case(big, 300, rng, producer(rows, sms, 16));
 }
 
 // The operand maps under the Hopper kernel, alone on the device: small integers make every product and
