@@ -185,10 +185,12 @@ __device__ __forceinline__ void wait_deposits(const int* counter, int expected, 
 
 // ---- host side of both kernels -----------------------------------------------------------------
 
-// Raises the dynamic shared-memory limit of a kernel's per-channel and grouped variants and reports the
-// smaller occupancy (one grid size serves both).
+// Raises the dynamic shared-memory limit of a kernel's per-channel and grouped variants to `smem` and reports
+// it, with the smaller occupancy (one grid size serves both).
 template <typename Kernel>
-cudaError_t prepare_variants(Kernel per_channel, Kernel grouped, int threads, int smem, int* blocks_per_sm) {
+cudaError_t prepare_variants(Kernel per_channel, Kernel grouped, int threads, int smem, int* blocks_per_sm,
+                             int* smem_bytes) {
+  *smem_bytes = smem;
   int occ[2] = {0, 0};
   const Kernel kerns[2] = {per_channel, grouped};
   for (int i = 0; i < 2; ++i) {
@@ -216,11 +218,11 @@ cudaError_t launch_kernel(Kernel kernel, int threads, const LaunchOpts& o, cudaS
   return cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 
-// Launches the variant that matches a.groups.
-template <typename Kernel>
+// Launches the variant that matches a.groups, with a and any further kernel arguments (the TMA kernels' maps).
+template <typename Kernel, typename... Extra>
 cudaError_t launch_variant(Kernel per_channel, Kernel grouped, int threads, const KernelArgs& a, const LaunchOpts& o,
-                           cudaStream_t stream) {
-  return launch_kernel(a.groups > 1 ? grouped : per_channel, threads, o, stream, a);
+                           cudaStream_t stream, const Extra&... extra) {
+  return launch_kernel(a.groups > 1 ? grouped : per_channel, threads, o, stream, a, extra...);
 }
 
 }  // namespace marlinc::kernels::detail

@@ -416,10 +416,8 @@ __global__ void __launch_bounds__(kThreads, Shape<MB, TN, TK>::kBlocksPerSm) mar
 
 template <int DT, int MB, int TN, int TK>
 cudaError_t marlin_prepare(int* blocks_per_sm, int* smem_bytes) {
-  using S = Shape<MB, TN, TK>;
-  *smem_bytes = S::kSmemBytes;
   return prepare_variants(marlin_kernel<DT, false, MB, TN, TK>, marlin_kernel<DT, true, MB, TN, TK>, kThreads,
-                          S::kSmemBytes, blocks_per_sm);
+                          Shape<MB, TN, TK>::kSmemBytes, blocks_per_sm, smem_bytes);
 }
 
 template <int DT, int MB, int TN, int TK>

@@ -222,15 +222,14 @@ __global__ void __launch_bounds__(StreamShape<TN>::kThreads, 1)
 template <int DT, int TN>
 cudaError_t stream_prepare(int* blocks_per_sm, int* smem_bytes) {
   using S = StreamShape<TN>;
-  *smem_bytes = S::kSmemBytes;
   return prepare_variants(marlin_stream_kernel<DT, false, TN>, marlin_stream_kernel<DT, true, TN>, S::kThreads,
-                          S::kSmemBytes, blocks_per_sm);
+                          S::kSmemBytes, blocks_per_sm, smem_bytes);
 }
 
 template <int DT, int TN>
 cudaError_t stream_launch(const KernelArgs& a, const TmaMaps& maps, const LaunchOpts& o, cudaStream_t stream) {
-  return launch_kernel(a.groups > 1 ? marlin_stream_kernel<DT, true, TN> : marlin_stream_kernel<DT, false, TN>,
-                       StreamShape<TN>::kThreads, o, stream, a, maps);
+  return launch_variant(marlin_stream_kernel<DT, false, TN>, marlin_stream_kernel<DT, true, TN>,
+                        StreamShape<TN>::kThreads, a, o, stream, maps);
 }
 
 #define MARLINC_INSTANTIATE_STREAM(DT, TN)                    \

@@ -371,9 +371,8 @@ __global__ void __launch_bounds__(256, NT <= 64 ? 2 : 1) marlin_wgmma_kernel(con
 
 template <int DT, int NT>
 cudaError_t wgmma_prepare(int* blocks_per_sm, int* smem_bytes) {
-  *smem_bytes = WgShape<NT>::kSmemBytes;
   return prepare_variants(marlin_wgmma_kernel<DT, false, NT>, marlin_wgmma_kernel<DT, true, NT>, WgShape<NT>::kThreads,
-                          WgShape<NT>::kSmemBytes, blocks_per_sm);
+                          WgShape<NT>::kSmemBytes, blocks_per_sm, smem_bytes);
 }
 
 template <int DT, int NT>

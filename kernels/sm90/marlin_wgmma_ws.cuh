@@ -284,16 +284,14 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS)
 template <int DT, int NT, int BPS>
 cudaError_t wgmma_ws_prepare(int* blocks_per_sm, int* smem_bytes) {
   using S = WsShape<NT, BPS>;
-  *smem_bytes = S::kSmemBytes;
   return prepare_variants(marlin_wgmma_ws_kernel<DT, false, NT, BPS>, marlin_wgmma_ws_kernel<DT, true, NT, BPS>,
-                          S::kThreads, S::kSmemBytes, blocks_per_sm);
+                          S::kThreads, S::kSmemBytes, blocks_per_sm, smem_bytes);
 }
 
 template <int DT, int NT, int BPS>
 cudaError_t wgmma_ws_launch(const KernelArgs& a, const TmaMaps& maps, const LaunchOpts& o, cudaStream_t stream) {
-  return launch_kernel(
-      a.groups > 1 ? marlin_wgmma_ws_kernel<DT, true, NT, BPS> : marlin_wgmma_ws_kernel<DT, false, NT, BPS>,
-      WsShape<NT, BPS>::kThreads, o, stream, a, maps);
+  return launch_variant(marlin_wgmma_ws_kernel<DT, false, NT, BPS>, marlin_wgmma_ws_kernel<DT, true, NT, BPS>,
+                        WsShape<NT, BPS>::kThreads, a, o, stream, maps);
 }
 
 #define MARLINC_INSTANTIATE_WGMMA_WS(DT, NT, BPS)                    \
