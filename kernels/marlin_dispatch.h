@@ -106,10 +106,12 @@ constexpr bool stream_auto(int m, int n, int k, int sms) {
 // a block computes, (sms / T - 1) / (T (k / 64) / sms); 64 rows from kWgmmaRows64Pct / 100 up. H100
 // (docs/PERF.md, twelfth session), one call, µs per layer, 128 against 64 rows (ratio in brackets):
 // 64 rows faster on 8B o at m = 128 (0.93: 25.1 against 16.2), 8B q/k/v at 128 (0.39: 25.7 against 20.0),
-// 8B down at 128 (0.27: 38.3 against 35.0), 8B o at 256 (0.20: 25.5 against 22.6); slower on 70B o at 128
-// (0.10: 35.4 against 37.9), 8B q/k/v at 256 (0.075: 30.2 against 30.9), 70B q/k/v at 128 (0.059: 42.8
-// against 45.4), 8B down at 256 (0.058: 56.1 against 65.7) and every larger layer.
-constexpr int kWgmmaRows64Pct = 15;
+// 8B down at 128 (0.27: 38.3 against 35.0), 8B o at 256 (0.20: 25.5 against 22.6); slower on 70B q/k/v at
+// 128 (0.059: 42.8 against 45.4), 8B down at 256 (0.058: 56.1 against 65.7) and every larger layer. The
+// thirteenth session's leaner consumer loop sped the 64-row tile up more than the 128-row one, and moved
+// two layers (same call, two runs each): 8B q/k/v at 256 (0.075) 30.5-30.6 -> 26.7-27.0 with 64 rows, and
+// 70B o at 128 (0.10) level, 35.0 against 34.9-35.1 (it was 35.4 against 37.9).
+constexpr int kWgmmaRows64Pct = 7;
 constexpr bool wgmma_prefer_64_rows(int m, int n, int k, int sms) {
   if (m <= 64 || n < 256 || k < 64 || sms < 1) return false;
   const int64_t tiles = int64_t(n / 256) * ((m + 127) / 128), kt = k / 64;

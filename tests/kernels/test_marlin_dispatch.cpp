@@ -179,19 +179,20 @@ TEST_CASE("dispatch: Auto takes the streaming kernel on large layers at m <= 16"
 TEST_CASE("dispatch: 64-row Hopper tiles above m = 64 where 128-row tiles leave few output tiles",
           "[kernels][dispatch]") {
   constexpr int kSms = 132;
-  // Measured faster with 64 rows (docs/PERF.md, twelfth session).
-  for (const Layer& L : {kO8B, kQkv8B, kDown8B}) {
+  // Measured faster with 64 rows (docs/PERF.md, twelfth and thirteenth sessions; 70B o at 128 level).
+  for (const Layer& L : {kO8B, kQkv8B, kDown8B, kO70B}) {
     INFO(L.name);
     CHECK(wgmma_prefer_64_rows(128, L.n, L.k, kSms));
     CHECK(wgmma_prefer_64_rows(100, L.n, L.k, kSms));  // one 128-row chunk, as at 128
   }
   CHECK(wgmma_prefer_64_rows(256, kO8B.n, kO8B.k, kSms));
+  CHECK(wgmma_prefer_64_rows(256, kQkv8B.n, kQkv8B.k, kSms));
   // Measured faster with 128 rows.
-  for (const Layer& L : {kO70B, kQkv70B, kGateUp70B, kDown70B, kGateUp8B, kLarge}) {
+  for (const Layer& L : {kQkv70B, kGateUp70B, kDown70B, kGateUp8B, kLarge}) {
     INFO(L.name);
     CHECK_FALSE(wgmma_prefer_64_rows(128, L.n, L.k, kSms));
   }
-  for (const Layer& L : {kQkv8B, kDown8B, kGateUp8B, kO70B}) {
+  for (const Layer& L : {kDown8B, kGateUp8B, kO70B}) {
     INFO(L.name);
     CHECK_FALSE(wgmma_prefer_64_rows(256, L.n, L.k, kSms));
   }
