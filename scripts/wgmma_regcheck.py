@@ -53,7 +53,7 @@ def main():
             dst = regs(args.split(',')[0].strip()) if ',' in args else None
             if dst is None or op.startswith(('ST', 'SYNCS', 'BAR', 'ISETP', 'HGMMA')):
                 continue
-            width = 2 if op.endswith('.64') else 4 if op.endswith('.128') else 1
+            width = 2 if op.endswith('.64') or '.WIDE' in op else 4 if op.endswith('.128') else 1
             hit = [r for r in range(dst, dst + width) if any(r in g for g in groups + [open_g])]
             if hit and it == 1:
                 bad += 1
