@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "packer/gptq.h"
+
 namespace marlinc::fmt {
 
 std::string shape_str(const std::vector<int64_t>& shape) {
@@ -72,6 +74,26 @@ std::vector<uint8_t> real_zeros(const QuantizedLinear& q) {
 bool all_mid(const std::vector<uint8_t>& z, int bits) {
   const uint8_t mid = uint8_t(1u << (bits - 1));
   return std::all_of(z.begin(), z.end(), [&](uint8_t v) { return v == mid; });
+}
+
+QuantizedLinear layer_of(const ModuleDesc& d) {
+  QuantizedLinear q;
+  q.name = d.prefix;
+  q.k = d.k;
+  q.n = d.n;
+  q.bits = d.bits;
+  q.group_size = d.group_size;
+  q.scale_type = d.scale_type;
+  return q;
+}
+
+void describe_g_idx(const Checkpoint& ck, const TensorInfo& g, ModuleDesc& d) {
+  if (g.shape[0] != d.k)
+    bad_data(g.name + ": " + std::to_string(g.shape[0]) + " entries, expected k = " + std::to_string(d.k));
+  auto gi = copy_as<int32_t>(ck, g.name);
+  gptq::validate_g_idx(gi.data(), d.k, d.groups);
+  d.act_order = !gptq::is_trivial_g_idx(gi.data(), d.k, d.group_size);
+  d.tensors.push_back(g.name);
 }
 
 }  // namespace marlinc::fmt

@@ -89,6 +89,13 @@ uint64_t tensor_bytes(const Checkpoint& ck, const std::vector<std::string>& name
 // Group size implied by G scale rows over k input rows: -1 for one row, else k / G (must divide).
 int group_size_from_rows(int64_t k, int64_t groups, const std::string& what);
 
+// A layer carrying module d's name, sizes, bits, group size and scale type, before its tensors are read.
+QuantizedLinear layer_of(const ModuleDesc& d);
+
+// The module's g_idx tensor g (I32, rank 1): k entries, each a group of d (gptq::validate_g_idx). Sets
+// d.act_order when it is not the trivial row / group_size order, and lists the tensor in d.tensors.
+void describe_g_idx(const Checkpoint& ck, const TensorInfo& g, ModuleDesc& d);
+
 // Zero points [G, n] from a layer: real zeros, or 2^(bits-1) everywhere when symmetric.
 std::vector<uint8_t> real_zeros(const QuantizedLinear& q);
 // True when every entry is 2^(bits-1) (the layer is symmetric).

@@ -64,28 +64,14 @@ ModuleDesc describe_compressed_tensors(const Checkpoint& ck, const std::string& 
     d.tensors.push_back(zname);
   }
   const std::string gname = tname(prefix, "weight_g_idx");
-  if (ck.contains(gname)) {
-    const TensorInfo& g = need(ck, gname, DType::I32, 1, f);
-    if (g.shape[0] != d.k)
-      bad_data(gname + ": " + std::to_string(g.shape[0]) + " entries, expected k = " + std::to_string(d.k));
-    auto gi = fmt::copy_as<int32_t>(ck, gname);
-    gptq::validate_g_idx(gi.data(), d.k, d.groups);
-    d.act_order = !gptq::is_trivial_g_idx(gi.data(), d.k, d.group_size);
-    d.tensors.push_back(gname);
-  }
+  if (ck.contains(gname)) fmt::describe_g_idx(ck, need(ck, gname, DType::I32, 1, f), d);
   d.stored_bytes = fmt::tensor_bytes(ck, d.tensors);
   return d;
 }
 
 QuantizedLinear read_compressed_tensors(const Checkpoint& ck, const std::string& prefix, const FormatInfo& fi) {
   ModuleDesc d = describe_compressed_tensors(ck, prefix, fi);
-  QuantizedLinear q;
-  q.name = prefix;
-  q.k = d.k;
-  q.n = d.n;
-  q.bits = d.bits;
-  q.group_size = d.group_size;
-  q.scale_type = d.scale_type;
+  QuantizedLinear q = fmt::layer_of(d);
   fmt::TensorData<int32_t> wp(ck, tname(prefix, "weight_packed"));  // [n, ceil(k/pf)]
   q.codes = ct::unpack_weight(wp.data(), d.k, d.n, d.bits);
   auto ws = fmt::copy_as<uint16_t>(ck, tname(prefix, "weight_scale"));  // [n, G]

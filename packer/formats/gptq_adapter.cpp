@@ -78,27 +78,14 @@ ModuleDesc describe_gptq(const Checkpoint& ck, const std::string& prefix, const 
   d.sym = fmt::all_mid(z.z, d.bits);
   if (!d.sym) d.min_zero = *std::min_element(z.z.begin(), z.z.end());
   d.tensors = {qw.name, qz.name, s.name};
-  if (g) {
-    if (g->shape[0] != d.k)
-      bad_data(g->name + ": " + std::to_string(g->shape[0]) + " entries, expected k = " + std::to_string(d.k));
-    auto gi = fmt::copy_as<int32_t>(ck, g->name);
-    gptq::validate_g_idx(gi.data(), d.k, d.groups);
-    d.act_order = !gptq::is_trivial_g_idx(gi.data(), d.k, d.group_size);
-    d.tensors.push_back(g->name);
-  }
+  if (g) fmt::describe_g_idx(ck, *g, d);
   d.stored_bytes = fmt::tensor_bytes(ck, d.tensors);
   return d;
 }
 
 QuantizedLinear read_gptq(const Checkpoint& ck, const std::string& prefix, const FormatInfo& fi) {
   ModuleDesc d = describe_gptq(ck, prefix, fi);
-  QuantizedLinear q;
-  q.name = prefix;
-  q.k = d.k;
-  q.n = d.n;
-  q.bits = d.bits;
-  q.group_size = d.group_size;
-  q.scale_type = d.scale_type;
+  QuantizedLinear q = fmt::layer_of(d);
   fmt::TensorData<int32_t> qw(ck, tname(prefix, "qweight"));  // [k*bits/32, n]
   q.codes = gptq::unpack_qweight(qw.data(), d.k, d.n, d.bits);
   q.scales = fmt::copy_as<uint16_t>(ck, tname(prefix, "scales"));  // [G, n]
@@ -163,13 +150,7 @@ ModuleDesc describe_awq(const Checkpoint& ck, const std::string& prefix, const F
 
 QuantizedLinear read_awq(const Checkpoint& ck, const std::string& prefix, const FormatInfo& fi) {
   ModuleDesc d = describe_awq(ck, prefix, fi);
-  QuantizedLinear q;
-  q.name = prefix;
-  q.k = d.k;
-  q.n = d.n;
-  q.bits = d.bits;
-  q.group_size = d.group_size;
-  q.scale_type = d.scale_type;
+  QuantizedLinear q = fmt::layer_of(d);
   fmt::TensorData<int32_t> qw(ck, tname(prefix, "qweight"));  // [k, n/8]
   q.codes = awq::unpack_qweight(qw.data(), d.k, d.n, d.bits);
   q.scales = fmt::copy_as<uint16_t>(ck, tname(prefix, "scales"));

@@ -98,13 +98,7 @@ ModuleDesc describe_marlin(const Checkpoint& ck, const std::string& prefix) {
 
 QuantizedLinear read_marlin(const Checkpoint& ck, const std::string& prefix, const FormatInfo&) {
   ModuleDesc d = describe_marlin(ck, prefix);
-  QuantizedLinear q;
-  q.name = prefix;
-  q.k = d.k;
-  q.n = d.n;
-  q.bits = d.bits;
-  q.group_size = d.group_size;
-  q.scale_type = d.scale_type;
+  QuantizedLinear q = fmt::layer_of(d);
   fmt::TensorData<int32_t> B(ck, tname(prefix, "B"));  // [k/16, n*bits/2]
   q.codes = marlin::unpack_weights(B.data(), d.k, d.n, d.bits);
   auto s = fmt::copy_as<uint16_t>(ck, tname(prefix, "s"));  // [G, n] permuted
@@ -212,13 +206,7 @@ ModuleDesc describe_24(const Checkpoint& ck, const std::string& prefix, bool ct)
 QuantizedLinear read_24(const Checkpoint& ck, const std::string& prefix, bool ct) {
   ModuleDesc d = describe_24(ck, prefix, ct);
   Names24 nm = names_24(ck, prefix, ct);
-  QuantizedLinear q;
-  q.name = prefix;
-  q.k = d.k;
-  q.n = d.n;
-  q.bits = d.bits;
-  q.group_size = d.group_size;
-  q.scale_type = d.scale_type;
+  QuantizedLinear q = fmt::layer_of(d);
   auto B = fmt::copy_as<int32_t>(ck, nm.B);     // [k/32, n*bits/2]
   auto meta = fmt::copy_as<int16_t>(ck, nm.meta);  // [k/32, 2n]
   q.codes.resize(size_t(d.k * d.n));
