@@ -77,14 +77,9 @@ bool all_mid(const std::vector<uint8_t>& z, int bits) {
 }
 
 QuantizedLinear layer_of(const ModuleDesc& d) {
-  QuantizedLinear q;
-  q.name = d.prefix;
-  q.k = d.k;
-  q.n = d.n;
-  q.bits = d.bits;
-  q.group_size = d.group_size;
-  q.scale_type = d.scale_type;
-  return q;
+  return QuantizedLinear{.name = d.prefix, .k = d.k, .n = d.n, .bits = d.bits, .group_size = d.group_size,
+                         .sym = true, .codes = {}, .scales = {}, .scale_type = d.scale_type, .zeros = {},
+                         .g_idx = {}, .mask = {}};
 }
 
 void describe_g_idx(const Checkpoint& ck, const TensorInfo& g, ModuleDesc& d) {
