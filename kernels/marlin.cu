@@ -420,8 +420,8 @@ KernelArgs kernel_args(const MarlinGemm& g, int groups, int shift, int sms, cons
 }
 
 #if MARLINC_HAVE_SM90A
-// Group rows of scales one tile of depth tk spans (per-channel: the single row, which the kernels skip).
-int tile_scale_rows(int groups, int shift, int tk) { return groups > 1 ? std::max(1, tk >> shift) : 1; }
+// The TMA kernels' scale box height (per-channel: the single row, which the kernels do not copy).
+int scale_box_rows(int groups, int shift, int tk) { return groups > 1 ? tile_scale_rows(tk, shift) : 1; }
 #endif
 
 MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int dev) {
@@ -455,7 +455,7 @@ MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int 
   const KernelArgs a = kernel_args(g, groups, shift, sms, P);
   if (pipeline == 2) {
     TmaMaps maps;
-    const TmaBoxes box{t.tn, t.tk / 16, rows, tile_scale_rows(groups, shift, t.tk)};
+    const TmaBoxes box{t.tn, t.tk / 16, rows, scale_box_rows(groups, shift, t.tk)};
     if (!tma_maps(g.A, g.B, g.s, g.m, g.n, g.k, groups, box, &maps)) return MarlinStatus::CudaError;
     return kWsTable[dt][wi].launch(a, maps, o, g.stream) == cudaSuccess ? MarlinStatus::Ok : MarlinStatus::CudaError;
   }
@@ -481,7 +481,7 @@ MarlinStatus run_stream(const MarlinGemm& g, int groups, int shift, int sms, int
   a.prewait = kStreamPrewait;
   a.split = plan.split;
   TmaMaps maps;
-  const TmaBoxes box{plan.tn, t.tk / 16, kStreamMaxM, tile_scale_rows(groups, shift, t.tk)};
+  const TmaBoxes box{plan.tn, t.tk / 16, kStreamMaxM, scale_box_rows(groups, shift, t.tk)};
   if (!tma_maps(g.A, g.B, g.s, g.m, g.n, g.k, groups, box, &maps)) return MarlinStatus::CudaError;
   LaunchOpts o;
   o.grid = plan.split > 0 ? (g.n / plan.tn) * plan.split : P.grid;

@@ -280,7 +280,7 @@ __global__ void __launch_bounds__(kThreads, Shape<MB, TN, TK>::kBlocksPerSm) mar
         }
         if constexpr (GROUPED) {
           const int g0 = (kt * TK) >> p.group_shift;
-          const int rows = (TK >> p.group_shift) > 1 ? (TK >> p.group_shift) : 1;
+          const int rows = tile_scale_rows(TK, p.group_shift);
           for (int i = tid; i < rows * S::kSRow; i += kThreads) {
             const int r = i / S::kSRow, c = i % S::kSRow;
             cp_async16(sS + i, Sc + size_t(g0 + r) * s_row + ncol * S::kSRow + c, true);

@@ -15,6 +15,12 @@ namespace marlinc::kernels::detail {
 constexpr int kThreads = 256;  // 8 warps: warps split n (64 columns each) and then k inside a tile
 // Workspace slot sizes and the Hopper kernel's tiles: kernels/marlin_partition.h.
 
+// Group rows of scales that one tile of depth tk spans, groups of 2^group_shift (at least one: a group
+// deeper than the tile still needs its row). Every kernel's scale copy and the TMA boxes use it.
+__host__ __device__ constexpr int tile_scale_rows(int tk, int group_shift) {
+  return (tk >> group_shift) > 1 ? (tk >> group_shift) : 1;
+}
+
 struct KernelArgs {
   const void* A;        // [m, k] 16-bit activations
   const int32_t* B;     // [k/16, 2n] packed codes
@@ -58,7 +64,7 @@ template <int DT, int NT>
 cudaError_t wgmma_prepare(int* blocks_per_sm, int* smem_bytes);
 template <int DT, int NT>
 cudaError_t wgmma_launch(const KernelArgs& a, const LaunchOpts& o, cudaStream_t stream);
-// The kernels fed by TMA take three tensor maps (kernels/marlin.cu, encode_tma_maps): B as [k / 16, n]
+// The kernels fed by TMA take three tensor maps (kernels/tma_maps.h, tma_maps): B as [k / 16, n]
 // 8-byte units, A as [m, k] 16-bit (128B swizzle, rows past m zero-filled), s as [G, n] 16-bit; the box
 // sizes are the kernel's stage.
 struct TmaMaps {

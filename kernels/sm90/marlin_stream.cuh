@@ -108,7 +108,7 @@ __global__ void __launch_bounds__(StreamShape<TN>::kThreads, 1)
     // tiles go out before the wait for the previous kernel, their activations after it (A may be that
     // kernel's output).
     if (lane != 0) return;
-    const int s_rows = GROUPED ? ((S::kTK >> p.group_shift) > 1 ? (S::kTK >> p.group_shift) : 1) : 0;
+    const int s_rows = GROUPED ? tile_scale_rows(S::kTK, p.group_shift) : 0;
     const uint32_t tx = S::kBBytes + S::kABytes + s_rows * TN * 2;
     auto issue = [&](uint32_t stage, uint32_t bar, int it, int what) {  // what: 1 weights + scales, 2 A
       const int slice = it / k_tiles, kt = it - slice * k_tiles;

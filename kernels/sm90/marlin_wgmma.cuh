@@ -249,7 +249,7 @@ __global__ void __launch_bounds__(256, NT <= 64 ? 2 : 1) marlin_wgmma_kernel(con
         const int i = j * S::kThreads + tid;
         b_off[j] = wl::weight_int4_row(i) * b_row + slice * (S::kFeat / 2) + wl::weight_int4_col(i);
       }
-      const int s_rows = (S::kTK >> p.group_shift) > 1 ? (S::kTK >> p.group_shift) : 1;
+      const int s_rows = tile_scale_rows(S::kTK, p.group_shift);
       const bool s_in = tid < s_rows * (S::kFeat / 8);
       const int s_off = (tid / (S::kFeat / 8)) * s_row + slice * (S::kFeat / 8) + tid % (S::kFeat / 8);
 
@@ -294,7 +294,7 @@ __global__ void __launch_bounds__(256, NT <= 64 ? 2 : 1) marlin_wgmma_kernel(con
           if constexpr (GROUPED) {
             int4* sS = sB + S::kBBytes / 16;
             const int g0 = (kt * S::kTK) >> p.group_shift;
-            const int rows = (S::kTK >> p.group_shift) > 1 ? (S::kTK >> p.group_shift) : 1;
+            const int rows = tile_scale_rows(S::kTK, p.group_shift);
             if (tid < rows * (S::kFeat / 8)) {
               const int r = tid / (S::kFeat / 8), c = tid % (S::kFeat / 8);
               cp_async16(sS + tid, Sc + size_t(g0 + r) * s_row + slice * (S::kFeat / 8) + c, true);

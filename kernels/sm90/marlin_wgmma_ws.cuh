@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS)
     // previous kernel (see marlin_kernel), their activations only after it (A may be that kernel's output).
     regs_dec<S::kProducerRegs>();
     if (tid != 0) return;
-    const int s_rows = GROUPED ? ((S::kTK >> p.group_shift) > 1 ? (S::kTK >> p.group_shift) : 1) : 0;
+    const int s_rows = GROUPED ? tile_scale_rows(S::kTK, p.group_shift) : 0;
     const uint32_t tx = S::kABytes + S::kBBytes + s_rows * wl::kScaleRowBytes;
     auto issue = [&](const RingPos& w, int row0, int slice, int kt, int what) {  // what: 1 weights + scales, 2 A
       const uint32_t stage = sbase + w.st * S::kStage, bar = full0 + 8 * w.st;
