@@ -35,9 +35,14 @@ struct WsShape : WgShape<NT> {
   // block, and at most 227 KB per block); every stage of the ring may be in flight.
   static constexpr int kSmemPerBlock = BPS == 1 ? 227 * 1024 : (228 * 1024) / BPS - 1024;
   static constexpr int kMaxStages = 8;
-  static constexpr int kFitStages = (kSmemPerBlock - Base::kAlign - 16 * kMaxStages) / Base::kStage;
+  // After the ring: the full/empty barriers (16 bytes per stage, padded to 128), then each consumer warp's
+  // epilogue buffer (wgmma_layout.h, kEpiWarpBytes).
+  static constexpr int kBarBytes = 128;
+  static constexpr int kEpiBytes = (wl::kThreads / 32) * wl::kEpiWarpBytes;
+  static constexpr int kFitStages = (kSmemPerBlock - Base::kAlign - kBarBytes - kEpiBytes) / Base::kStage;
   static constexpr int kStages = kFitStages < kMaxStages ? kFitStages : kMaxStages;
-  static constexpr int kSmemBytes = kStages * Base::kStage + 16 * kStages + Base::kAlign;  // + full/empty
+  static constexpr int kEpiOffset = kStages * Base::kStage + kBarBytes;
+  static constexpr int kSmemBytes = kEpiOffset + kEpiBytes + Base::kAlign;
   // Registers: the launch gives every thread kLaunchRegs; the producer gives back all but kProducerRegs,
   // and the consumers take them (setmaxnreg counts are multiples of 8 in 24..256). At BPS = 1 that is
   // 224 for the consumers and 56 for the producer (40 made it spill); BPS = 2 would leave the consumers
@@ -68,6 +73,7 @@ struct WsShape : WgShape<NT> {
   static_assert(kPending >= kBatch && kPending <= Base::kKB, "the previous tile retires within the next one");
   static_assert(kPending <= Base::kKB - kBatch, "a batch is expanded into registers no wgmma in flight reads");
   static_assert(kStages >= 3, "the ring needs stages in flight on both sides of the one being read");
+  static_assert(16 * kMaxStages <= kBarBytes, "the barriers fit before the epilogue buffers");
   static_assert(kSmemBytes <= kSmemPerBlock, "the ring fits the block's shared memory");
   static_assert(kConsumerRegs <= 256 && kProducerRegs >= 24, "setmaxnreg bounds");
   static_assert(Base::kABytes % 128 == 0 && Base::kBBytes % 128 == 0,
@@ -225,6 +231,7 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS)
   uint32_t cbase = sbase;
   asm volatile("" : "+r"(cbase));  // opaque: kept in a register, not re-derived from the CTA id per stage
   const uint32_t cfull0 = cbase + S::kStages * S::kStage, cempty0 = cfull0 + 8 * S::kStages;
+  const uint32_t cepi = cbase + S::kEpiOffset + cw * wl::kEpiWarpBytes;  // this warp's epilogue buffer
   RingPos r;
   for (int pc = group; pc < p.par; pc += p.chunk_groups) {
     int it = local * p.iters;
@@ -271,7 +278,8 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS)
       mbar_arrive_if(cempty0 + 8 * prev, true);
       tl_mark(p, kTlComputed, tl0);
       tl_first = false;
-      wg_finish_slice<DT, GROUPED, NT, 1, wl::kThreads>(p, acc, slice, pc * NT, base_b, k_tiles, cw, lane, ctid);
+      wg_finish_slice<DT, GROUPED, NT, 1, wl::kThreads, true>(p, acc, slice, pc * NT, base_b, k_tiles, cw, lane, ctid,
+                                                             cepi);
       it += cnt;
     }
   }

@@ -96,6 +96,30 @@ MARLINC_HD constexpr int pair_send_e(int lane) { return pair_even(lane) ? 1 : 0;
 MARLINC_HD constexpr int pair_token(int i, int lane) { return acc_token(i, lane, pair_even(lane) ? 0 : 1); }
 MARLINC_HD constexpr int pair_col(int col, int lane) { return pair_even(lane) ? col : col - 1; }
 
+// Staged epilogue of the producer-fed kernel: a warp's C values pass through a private shared-memory
+// buffer of kEpiTokens token rows x the warp's kEpiCols columns, so that each lane then stores 16
+// contiguous bytes and every 32-byte sector of C is written whole by one instruction. The direct pair
+// stores above write 4 bytes per lane, half sectors on 8 rows per instruction; with them the C write of
+// a 128-token tile took ~9 us after the last product (docs/PERF.md, fourteenth session).
+constexpr int kEpiCols = 32;    // a warp's columns: its two 16-column subblocks, contiguous in C
+constexpr int kEpiTokens = 32;  // token rows per round
+constexpr int kEpiWarpBytes = kEpiTokens * kEpiCols * 2;
+constexpr int kEpiChunks = kEpiCols * 2 / 16;  // 16-byte chunks per token row
+// Warp-relative column (0..31) of accumulator (j, lane, h): acc_col less the warp's first column.
+MARLINC_HD constexpr int epi_col(int j, int lane, int h) { return acc_col(0, 0, j, lane, h); }
+// Byte of (token lt, warp column col) in the buffer: two tokens per 128-byte row, the 16-byte chunks XORed
+// with the row index, so that a pair-store instruction (8 tokens, one chunk) and each 8-lane phase of a
+// 16-byte read (one row) touch 32 distinct banks (checked in tests/kernels/test_wgmma_model.cpp).
+MARLINC_HD constexpr int epi_byte(int lt, int col) {
+  return (lt >> 1) * 128 + ((((lt & 1) * kEpiChunks + col / 8) ^ ((lt >> 1) & 7)) << 4) + (col % 8) * 2;
+}
+// The read phase: instruction s, lane l reads chunk epi_read_chunk of token epi_read_token.
+MARLINC_HD constexpr int epi_read_token(int s, int lane) { return (32 * s + lane) / kEpiChunks; }
+MARLINC_HD constexpr int epi_read_chunk(int s, int lane) { return (32 * s + lane) % kEpiChunks; }
+constexpr int kEpiReads = kEpiTokens * kEpiChunks / 32;  // 16-byte reads per lane per round
+static_assert(2 * kEpiChunks * 16 == 128, "two token rows fill one 128-byte bank row");
+static_assert(kEpiTokens % 8 == 0 && kEpiTokens * kEpiChunks % 32 == 0, "whole pair-store and read instructions");
+
 // Position of column c's per-channel scale in the permuted scale row (§1.6: the single permutation,
 // inside each 32-column chunk).
 MARLINC_HD constexpr int channel_scale_pos(int c) {

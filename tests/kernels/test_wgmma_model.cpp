@@ -99,7 +99,9 @@ enum class Mutation { None, MmaSyncAOrder, NoSwizzle };
 
 // Replays the kernel for every (row chunk of NT rows, 256-column slice) with the whole k in one block
 // (the cross-block reduction only adds partial tiles). Returns C in double; `writes` counts stores.
-std::vector<double> replay(const Problem& p, int NT, std::vector<int>& writes, Mutation mu = Mutation::None) {
+// `staged`: the producer-fed kernel's epilogue through the warps' buffers (its tiles, NT = 64 and 128).
+std::vector<double> replay(const Problem& p, int NT, std::vector<int>& writes, Mutation mu = Mutation::None,
+                           bool staged = false) {
   const int m = int(p.m), k = int(p.k), n = int(p.n);
   const bool grouped = p.group != -1 && p.group != p.k;
   const int shift = p.group == 32 ? 5 : p.group == 64 ? 6 : 7;
@@ -185,26 +187,65 @@ std::vector<double> replay(const Problem& p, int NT, std::vector<int>& writes, M
         const double sc = grouped ? 1.0 : half_to_float(p.s[size_t(wl::channel_scale_pos(c))]);
         return acc[(size_t(32 * warp + lane) * 2 + j) * accs + 4 * i + 2 * h + e] * sc;
       };
-      for (int warp = 0; warp < 8; ++warp)
+      // The pair lane `lane` stores for (j, h, i): token, column and the two values (from itself and from
+      // lane ^ 4), as the kernel forms it before either store path.
+      struct Pair { int tok, col; double v0, v1; };
+      auto pair_of = [&](int warp, int lane, int j, int h, int i) {
+        const int c = slice * wl::kFeat + wl::acc_col(wl::warp_tile(warp), wl::warp_sub0(warp), j, lane, h);
+        const int partner = lane ^ 4;
+        const double other = value(warp, partner, j, h, i, wl::pair_send_e(partner));
+        const bool even = wl::pair_even(lane);
+        return Pair{row0 + wl::pair_token(i, lane), wl::pair_col(c, lane),
+                    even ? value(warp, lane, j, h, i, 0) : other, even ? other : value(warp, lane, j, h, i, 1)};
+      };
+      auto store = [&](int tok, int col, double v) {
+        if (tok >= m) return;
+        C[size_t(tok) * n + col] = v;
+        ++writes[size_t(tok) * n + col];
+      };
+      for (int warp = 0; warp < 8; ++warp) {
+        if (staged) {
+          // Producer-fed kernel: per round, every lane's pairs into the warp's buffer, then each lane's
+          // 16-byte rows out; every buffer half written exactly once per round before it is read.
+          const int wc0 = slice * wl::kFeat + wl::acc_col(wl::warp_tile(warp), wl::warp_sub0(warp), 0, 0, 0);
+          constexpr int kI = wl::kEpiTokens / 8;
+          for (int r = 0; r < NT / wl::kEpiTokens; ++r) {
+            std::vector<double> buf(wl::kEpiWarpBytes / 2, 0.0);
+            std::vector<int> filled(wl::kEpiWarpBytes / 2, 0);
+            for (int lane = 0; lane < 32; ++lane)
+              for (int j = 0; j < 2; ++j)
+                for (int h = 0; h < 2; ++h)
+                  for (int ii = 0; ii < kI; ++ii) {
+                    const Pair q = pair_of(warp, lane, j, h, r * kI + ii);
+                    if (q.col - wc0 != wl::pair_col(wl::epi_col(j, lane, h), lane)) FAIL("epilogue column map");
+                    const int byte = wl::epi_byte(wl::pair_token(ii, lane), q.col - wc0);
+                    if (byte % 4 != 0 || byte < 0 || byte + 4 > wl::kEpiWarpBytes) FAIL("staging pair at byte " << byte);
+                    buf[size_t(byte / 2)] = q.v0, buf[size_t(byte / 2 + 1)] = q.v1;
+                    ++filled[size_t(byte / 2)], ++filled[size_t(byte / 2 + 1)];
+                  }
+            int bad = 0;
+            for (int f : filled) bad += f == 1 ? 0 : 1;
+            REQUIRE(bad == 0);
+            for (int sr = 0; sr < wl::kEpiReads; ++sr)
+              for (int lane = 0; lane < 32; ++lane) {
+                const int lt = wl::epi_read_token(sr, lane), x = wl::epi_read_chunk(sr, lane);
+                const int byte = wl::epi_byte(lt, 8 * x);
+                if (byte % 16 != 0) FAIL("staging read at byte " << byte);
+                for (int e = 0; e < 8; ++e) store(row0 + r * wl::kEpiTokens + lt, wc0 + 8 * x + e, buf[size_t(byte / 2 + e)]);
+              }
+          }
+          continue;
+        }
         for (int lane = 0; lane < 32; ++lane)
           for (int j = 0; j < 2; ++j)
             for (int h = 0; h < 2; ++h)
               for (int i = 0; i < NT / 8; ++i) {
-                const int c = slice * wl::kFeat + wl::acc_col(wl::warp_tile(warp), wl::warp_sub0(warp), j, lane, h);
-                const int partner = lane ^ 4;
-                const double other = value(warp, partner, j, h, i, wl::pair_send_e(partner));
-                const int tok = row0 + wl::pair_token(i, lane);
-                if (tok >= m) continue;
-                const int col = wl::pair_col(c, lane);
-                if (col % 2 != 0) FAIL("epilogue pair at odd column " << col);  // 4-byte stores
-                const bool even = wl::pair_even(lane);
-                const double v0 = even ? value(warp, lane, j, h, i, 0) : other;
-                const double v1 = even ? other : value(warp, lane, j, h, i, 1);
-                C[size_t(tok) * n + col] = v0;
-                C[size_t(tok) * n + col + 1] = v1;
-                ++writes[size_t(tok) * n + col];
-                ++writes[size_t(tok) * n + col + 1];
+                const Pair q = pair_of(warp, lane, j, h, i);
+                if (q.col % 2 != 0) FAIL("epilogue pair at odd column " << q.col);  // 4-byte stores
+                store(q.tok, q.col, q.v0);
+                store(q.tok, q.col + 1, q.v1);
               }
+      }
     }
   return C;
 }
@@ -225,13 +266,13 @@ std::vector<double> reference(const Problem& p) {
   return C;
 }
 
-void check(const Problem& p, int NT) {
+void check(const Problem& p, int NT, bool staged = false) {
   std::vector<int> writes;
-  const std::vector<double> C = replay(p, NT, writes);
+  const std::vector<double> C = replay(p, NT, writes, Mutation::None, staged);
   const std::vector<double> ref = reference(p);
   size_t bad_writes = 0;
   for (int w : writes) bad_writes += w == 1 ? 0 : 1;
-  INFO("m " << p.m << " k " << p.k << " n " << p.n << " group " << p.group << " NT " << NT);
+  INFO("m " << p.m << " k " << p.k << " n " << p.n << " group " << p.group << " NT " << NT << " staged " << staged);
   REQUIRE(bad_writes == 0);
   double err = 0, mag = 0;
   for (size_t i = 0; i < C.size(); ++i) {
@@ -250,6 +291,37 @@ TEST_CASE("wgmma model: the Hopper kernel's index maps reproduce the reference G
     for (int64_t m : {int64_t(1), int64_t(37), int64_t(130)}) {
       const Problem p = make_problem(rng, m, 256, 512, group);
       for (int NT : {8, 16, 32, 64, 128}) check(p, NT);
+      for (int NT : {64, 128}) check(p, NT, true);
+    }
+}
+
+TEST_CASE("wgmma model: the staged epilogue's buffer map is a bijection without bank conflicts", "[kernels][wgmma]") {
+  // Every (token, even column) pair slot once, every (token, chunk) read slot once, inside the buffer.
+  std::vector<int> pair_hits(wl::kEpiWarpBytes / 4, 0), read_hits(wl::kEpiWarpBytes / 16, 0);
+  for (int lt = 0; lt < wl::kEpiTokens; ++lt)
+    for (int col = 0; col < wl::kEpiCols; col += 2) ++pair_hits[size_t(wl::epi_byte(lt, col) / 4)];
+  for (int s = 0; s < wl::kEpiReads; ++s)
+    for (int lane = 0; lane < 32; ++lane)
+      ++read_hits[size_t(wl::epi_byte(wl::epi_read_token(s, lane), 8 * wl::epi_read_chunk(s, lane)) / 16)];
+  for (int h : pair_hits) REQUIRE(h == 1);
+  for (int h : read_hits) REQUIRE(h == 1);
+  // Banks (4-byte words mod 32): a pair store (j, h, ii) puts 32 lanes on 32 banks; a 16-byte read is served
+  // in four 8-lane phases, each of which must cover 32 distinct banks.
+  for (int j = 0; j < 2; ++j)
+    for (int h = 0; h < 2; ++h)
+      for (int ii = 0; ii < wl::kEpiTokens / 8; ++ii) {
+        std::vector<int> bank(32, 0);
+        for (int lane = 0; lane < 32; ++lane)
+          ++bank[size_t(wl::epi_byte(wl::pair_token(ii, lane), wl::pair_col(wl::epi_col(j, lane, h), lane)) / 4 % 32)];
+        for (int b : bank) REQUIRE(b == 1);
+      }
+  for (int s = 0; s < wl::kEpiReads; ++s)
+    for (int phase = 0; phase < 4; ++phase) {
+      std::vector<int> bank(32, 0);
+      for (int lane = 8 * phase; lane < 8 * phase + 8; ++lane)
+        for (int w = 0; w < 4; ++w)
+          ++bank[size_t((wl::epi_byte(wl::epi_read_token(s, lane), 8 * wl::epi_read_chunk(s, lane)) / 4 + w) % 32)];
+      for (int b : bank) REQUIRE(b == 1);
     }
 }
 
