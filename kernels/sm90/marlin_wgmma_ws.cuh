@@ -102,6 +102,20 @@ __device__ __forceinline__ void tma_2d(uint32_t dst, const CUtensorMap* map, int
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
       ::"r"(dst), "l"(map), "r"(x), "r"(y), "r"(bar) : "memory");
 }
+// The same with an L2 eviction-priority policy (createpolicy below) on the lines it reads.
+__device__ __forceinline__ void tma_2d_hint(uint32_t dst, const CUtensorMap* map, int x, int y, uint32_t bar,
+                                            uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%2, %3}], [%4], %5;\n"
+      ::"r"(dst), "l"(map), "r"(x), "r"(y), "r"(bar), "l"(policy) : "memory");
+}
+// An L2 policy that evicts the lines it tags before any others.
+__device__ __forceinline__ uint64_t l2_evict_first() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
 // This thread's arrival, which also raises the bytes the current phase waits for.
 __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n"
@@ -166,10 +180,13 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS)
     if (tid != 0) return;
     const int s_rows = GROUPED ? tile_scale_rows(S::kTK, p.group_shift) : 0;
     const uint32_t tx = S::kABytes + S::kBBytes + s_rows * wl::kScaleRowBytes;
+    // The weights stream through L2 once per row-chunk group that runs side by side; tagged evict-first,
+    // they no longer push out the partial tiles deposited for the finishers and the activations.
+    const uint64_t weights_policy = l2_evict_first();
     auto issue = [&](const RingPos& w, int row0, int slice, int kt, int what) {  // what: 1 weights + scales, 2 A
       const uint32_t stage = sbase + w.st * S::kStage, bar = full0 + 8 * w.st;
       if (what & 1) {
-        tma_2d(stage + S::kABytes, &maps.b, slice * S::kFeat, kt * S::kKB, bar);
+        tma_2d_hint(stage + S::kABytes, &maps.b, slice * S::kFeat, kt * S::kKB, bar, weights_policy);
         if constexpr (GROUPED)
           tma_2d(stage + S::kABytes + S::kBBytes, &maps.s, slice * S::kFeat, (kt * S::kTK) >> p.group_shift, bar);
       }
