@@ -110,10 +110,11 @@ __global__ void __launch_bounds__(StreamShape<TN>::kThreads, 1)
     if (lane != 0) return;
     const int s_rows = GROUPED ? tile_scale_rows(S::kTK, p.group_shift) : 0;
     const uint32_t tx = S::kBBytes + S::kABytes + s_rows * TN * 2;
+    const uint64_t weights_policy = l2_evict_first();  // read once: keep L2 for activations and partials
     auto issue = [&](uint32_t stage, uint32_t bar, int it, int what) {  // what: 1 weights + scales, 2 A
       const int slice = it / k_tiles, kt = it - slice * k_tiles;
       if (what & 1) {
-        tma_2d(stage, &maps.b, slice * TN, kt * S::kKRows, bar);
+        tma_2d_hint(stage, &maps.b, slice * TN, kt * S::kKRows, bar, weights_policy);
         if constexpr (GROUPED)
           tma_2d(stage + S::kBBytes + S::kABytes, &maps.s, slice * TN, (kt * S::kTK) >> p.group_shift, bar);
       }
