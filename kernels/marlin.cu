@@ -480,11 +480,12 @@ MarlinStatus run_stream(const MarlinGemm& g, int groups, int shift, int sms, int
   KernelArgs a = kernel_args(g, groups, shift, sms, P);
   a.prewait = kStreamPrewait;
   a.split = plan.split;
+  a.rounds = plan.rounds;
   TmaMaps maps;
   const TmaBoxes box{plan.tn, t.tk / 16, kStreamMaxM, scale_box_rows(groups, shift, t.tk)};
   if (!tma_maps(g.A, g.B, g.s, g.m, g.n, g.k, groups, box, &maps)) return MarlinStatus::CudaError;
   LaunchOpts o;
-  o.grid = plan.split > 0 ? (g.n / plan.tn) * plan.split : P.grid;
+  o.grid = plan.rounds > 0 ? sms : plan.split > 0 ? (g.n / plan.tn) * plan.split : P.grid;
   o.smem_bytes = pr.smem;
   o.pdl = use_pdl(g, dev);
   if (kStreamTable[dt][ti].launch(a, maps, o, g.stream) != cudaSuccess) return MarlinStatus::CudaError;

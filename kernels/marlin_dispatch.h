@@ -51,38 +51,60 @@ constexpr bool whole_k_stripes(int m, int n, int k, int slots) {
 // m <= 16 on the Hopper device: the streaming kernel (kernels/sm90/marlin_stream.cuh, one block per SM fed
 // by TMA). stream_plan picks its slice width and k-split: blocks = slices x split at most one per SM, the
 // split that keeps the most SMs busy, the narrower slice on ties (fewer partial tiles); split 0 (stripes
-// of the stripe partition) where no split fills 75% of the SMs. Blocks of one part index then read the
+// of the stripe partition) where no plan fills 75% of the SMs. Blocks of one part index then read the
 // same k16 rows of every slice at about the same time, which staggered stripes do not (2D TMA over one
 // block per SM: 3.05 TB/s with aligned fronts, 2.74 TB/s staggered; scripts/experiments/stream_copy.cu).
+// With more slices than SMs, a plan in rounds keeps the fronts aligned too: `rounds` rounds in which every
+// block owns one whole slice, then the remaining slices split `split` ways (stream_ranges). It is taken only
+// where it fills the SMs strictly better than every plan without rounds (70B gate/up: 448 slices of 128 on
+// 132 SMs, 3 rounds and 52 slices in halves, 97%; its 224 slices of 256 had only stripes). H100 (docs/PERF.md,
+// fourteenth session), same call, two runs each: 70B gate/up on it against the mma.sync stripes Auto took
+// before, 85.9-86.3 -> 84.0-85.3 us at m = 1, 88-90 -> 85-87 at m = 4-8, 95-96 -> 88-90 at m = 16.
 constexpr int kStreamMaxM = 16;
 constexpr int kStreamTn[2] = {128, 256};
 constexpr int kStreamMinFillPct = 75;
 // A stage holds 32 packed 16x64 blocks (two per consumer warp): 256 deep at 128 columns, 128 at 256.
 constexpr int stream_tk(int tn) { return 32768 / tn; }
-struct StreamPlan { int tn = 0, split = 0; };  // tn 0: no width fits n and k
+struct StreamPlan { int tn = 0, split = 0, rounds = 0; };  // tn 0: no width fits n and k
 constexpr StreamPlan stream_plan(int n, int k, int sms, int tn_forced) {
   StreamPlan best;
-  int best_blocks = 0;
-  for (int tn : kStreamTn) {
-    if ((tn_forced != 0 && tn != tn_forced) || n % tn != 0 || k % stream_tk(tn) != 0) continue;
-    if (best.tn == 0) best.tn = tn;
-    const int slices = n / tn;
-    if (slices > sms) continue;
-    const int per = sms / slices, deep = k / stream_tk(tn);
-    const int split = per < deep ? per : deep;
-    if (slices * split > best_blocks) best_blocks = slices * split, best = {tn, split};
-  }
-  if (int64_t(best_blocks) * 100 < int64_t(sms) * kStreamMinFillPct) {
-    best.split = 0;
+  // Fill as a fraction num / den of the SMs' time: slices x split / (sms x (rounds x split + 1)) in rounds,
+  // slices x split / sms without.
+  int64_t best_num = 0, best_den = 1;
+  for (int pass = 0; pass < 2; ++pass)  // plans without rounds first: rounds must beat them strictly
+    for (int tn : kStreamTn) {
+      if ((tn_forced != 0 && tn != tn_forced) || n % tn != 0 || k % stream_tk(tn) != 0 || sms < 1) continue;
+      if (best.tn == 0) best.tn = tn;
+      const int slices = n / tn, deep = k / stream_tk(tn);
+      if ((slices > sms) != (pass == 1)) continue;
+      const int rounds = pass == 1 ? slices / sms : 0, rest = slices - rounds * sms;
+      const int per = rest > 0 ? sms / rest : 1, split = per < deep ? per : deep;
+      const int64_t num = int64_t(slices) * split, den = int64_t(rounds) * split + (rest > 0 ? 1 : 0);
+      if (num * best_den > best_num * den) best_num = num, best_den = den, best = {tn, split, rounds};
+    }
+  if (best_num * 100 < int64_t(sms) * kStreamMinFillPct * best_den) {
+    best.split = 0, best.rounds = 0;
     if (tn_forced == 0 && n % 256 == 0 && k % stream_tk(256) == 0) best.tn = 256;  // stripes: fewer slices
   }
   return best;
+}
+// A block's tiles in the streaming kernel (slice-major tile index), as ranges: `rounds` whole slices
+// r x grid + b (r < rounds), then [t0, t1): part b % split of slice rounds x grid + b / split (empty where
+// that slice does not exist), or with split 0 the block's stripe of `iters` tiles (t1 < t0: none).
+struct StreamRanges { int rounds, t0, t1; };
+constexpr StreamRanges stream_ranges(int b, int grid, int rounds, int split, int iters, int n_tiles, int k_tiles) {
+  if (split <= 0) {
+    const int t0 = b * iters, nk = n_tiles * k_tiles;
+    return {0, t0, t0 + iters < nk ? t0 + iters : nk};
+  }
+  const int tail = rounds * grid + b / split, part = b % split, t0 = tail * k_tiles + part * k_tiles / split;
+  return {rounds, t0, tail < n_tiles ? tail * k_tiles + (part + 1) * k_tiles / split : t0};
 }
 
 // Where Auto takes the streaming kernel (H100, docs/PERF.md, eleventh session; per layer, two runs each,
 // against the kernels Auto took before): on layers of at least kStreamSmallMLayer weights at m <= 8 and
 // kStream16Layer at m = 9..16, where stream_plan splits (stripes lost everywhere they were timed, e.g. 70B
-// gate/up 89.6 against 85.9 us at m = 1). Faster: 8B gate/up at m <= 4 (23.4-23.7 against 24.1-24.3 us),
+// gate/up 89.6 against 85.9 us at m = 1; in rounds it now splits, above). Faster: 8B gate/up at m <= 4 (23.4-23.7 against 24.1-24.3 us),
 // 8B down at m = 16 (16.0 against 17.0), 70B o at m = 16 (16.0 against 17.1), 70B down at m = 2..16
 // (45.9-46.4 against 46.6-49.9), 32768^2 g128 at m = 4..16 (181-187 against 197-221); level on 70B down at
 // m = 1, 70B q/k/v at m = 16 and 32768^2 at m <= 2 and per-channel. Slower on the smaller layers the

@@ -83,7 +83,6 @@ __global__ void __launch_bounds__(StreamShape<TN>::kThreads, 1)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int k_tiles = p.k / S::kTK, n_tiles = p.n / TN;
-  const int nk = n_tiles * k_tiles;
   if (tid == 0)
     for (int s = 0; s < S::kStages; ++s) {
       mbar_init(full0 + 8 * s, 1);                     // the producer's arrive.expect_tx
@@ -94,13 +93,16 @@ __global__ void __launch_bounds__(StreamShape<TN>::kThreads, 1)
   tl_mark(p, kTlEntry, tid == 0);
   tl_mark(p, kTlSm, tid == 0);
 
-  // The block's tiles (slice-major tile index): a stripe of p.iters tiles, or with p.split part
-  // blockIdx % split of slice blockIdx / split, so that the blocks of one part index read the same k16 rows
-  // of every slice at about the same time (whole rows of B: DRAM locality that staggered stripes lose).
-  const int b = blockIdx.x;
-  const int split_slice = p.split > 0 ? b / p.split : 0, part = p.split > 0 ? b % p.split : 0;
-  const int it0 = p.split > 0 ? split_slice * k_tiles + part * k_tiles / p.split : b * p.iters;
-  const int it_end = p.split > 0 ? split_slice * k_tiles + (part + 1) * k_tiles / p.split : min(it0 + p.iters, nk);
+  // The block's tiles (slice-major tile index): a stripe of p.iters tiles, or with p.split p.rounds whole
+  // slices and then part blockIdx % split of a slice, so that the blocks read the same k16 rows of their
+  // slices at about the same time (whole rows of B: DRAM locality that staggered stripes lose). As ranges
+  // (marlin_dispatch.h, stream_ranges): nr whole slices q * grid + b, then [t0, t1). Walked with running
+  // counters: a division per tile cost every streaming layer 7-14% (docs/PERF.md, fourteenth session).
+  const int b = blockIdx.x, grid = gridDim.x;
+  const StreamRanges ranges = stream_ranges(b, grid, p.rounds, p.split, p.iters, n_tiles, k_tiles);
+  const int nr = ranges.rounds, t0 = ranges.t0, t1 = ranges.t1;
+  const int tiles = nr * k_tiles + max(t1 - t0, 0);
+  const int whole = nr * grid;  // slices that rounds give one block whole
 
   if (warp == S::kConsumerWarps) {
     // Producer (lane 0 of the last warp): the block's tiles in stripe order, one stage each: one box of
@@ -123,24 +125,34 @@ __global__ void __launch_bounds__(StreamShape<TN>::kThreads, 1)
         for (int j = 0; j < S::kABoxes; ++j)
           tma_2d(stage + S::kBBytes + j * S::kABox, &maps.a, kt * S::kTK + 64 * j, 0, bar);
     };
-    const int pre = min(p.prewait, min(S::kStages, it_end - it0));
+    const int pre = min(p.prewait, min(S::kStages, tiles));
+    // The tile sequence: `it` within range q (whole slice q * grid + b for q < nr, then [t0, t1)).
+    int q = 0, it = 0, end = 0;
+    auto restart = [&]() { q = 0, it = nr > 0 ? b * k_tiles : t0, end = nr > 0 ? it + k_tiles : t1; };
+    auto step = [&]() {
+      if (++it == end) {
+        ++q;
+        it = q < nr ? (q * grid + b) * k_tiles : t0;
+        end = q < nr ? it + k_tiles : t1;
+      }
+    };
     RingPos w;
-    for (int i = 0; i < pre; ++i) {  // fresh ring: no stage to wait for
+    restart();
+    for (int i = 0; i < pre; ++i, step()) {  // fresh ring: no stage to wait for
       mbar_expect_tx(full0 + 8 * w.st, tx);
-      issue(ring0 + w.st * S::kStage, full0 + 8 * w.st, it0 + i, 1);
+      issue(ring0 + w.st * S::kStage, full0 + 8 * w.st, it, 1);
       w.next<S::kStages>();
     }
     wait_previous_grid();
     tl_mark(p, kTlWaited, true);
     w = RingPos{};
-    for (int i = 0; i < pre; ++i) {
-      issue(ring0 + w.st * S::kStage, full0 + 8 * w.st, it0 + i, 2);
-      w.next<S::kStages>();
-    }
-    for (int it = it0 + pre; it < it_end; ++it) {
-      mbar_wait(empty0 + 8 * w.st, w.phase ^ 1u);  // a fresh barrier counts its previous phase as done
-      mbar_expect_tx(full0 + 8 * w.st, tx);
-      issue(ring0 + w.st * S::kStage, full0 + 8 * w.st, it, 3);
+    restart();
+    for (int i = 0; i < tiles; ++i, step()) {
+      if (i >= pre) {
+        mbar_wait(empty0 + 8 * w.st, w.phase ^ 1u);  // a fresh barrier counts its previous phase as done
+        mbar_expect_tx(full0 + 8 * w.st, tx);
+      }
+      issue(ring0 + w.st * S::kStage, full0 + 8 * w.st, it, i < pre ? 2 : 3);
       w.next<S::kStages>();
     }
     return;  // every copy lands before the consumers, which wait for each one, let the block exit
@@ -162,57 +174,64 @@ __global__ void __launch_bounds__(StreamShape<TN>::kThreads, 1)
     s_row[u] = S::kBBytes + S::kABytes + ((kr * 16) >> p.group_shift) * (TN * 2) + (wn * 8 + (lane >> 2)) * 16;
   }
   RingPos r;
-  int it = it0;
-  while (it < it_end) {
-    const int slice = it / k_tiles;
-    const int cnt = min(it_end, (slice + 1) * k_tiles) - it;
-    float acc[S::kAcc][4];
+  for (int q = 0; q <= nr; ++q) {
+    int it = q < nr ? (q * grid + b) * k_tiles : t0;
+    const int it_end = q < nr ? it + k_tiles : t1;
+    while (it < it_end) {
+      const int slice = it / k_tiles;
+      const int cnt = min(it_end, (slice + 1) * k_tiles) - it;
+      float acc[S::kAcc][4];
 #pragma unroll
-    for (int a = 0; a < S::kAcc; ++a) acc[a][0] = acc[a][1] = acc[a][2] = acc[a][3] = 0.f;
-    for (int t = 0; t < cnt; ++t) {
-      mbar_wait(full0 + 8 * r.st, r.phase);
-      tl_mark(p, kTlFirstData, tl_first);
-      tl_first = false;
-      const unsigned char* stage = sh + r.st * S::kStage;
-      uint32_t fa[U][4];
-      int4 fb[U], fs[U];
+      for (int a = 0; a < S::kAcc; ++a) acc[a][0] = acc[a][1] = acc[a][2] = acc[a][3] = 0.f;
+      for (int t = 0; t < cnt; ++t) {
+        mbar_wait(full0 + 8 * r.st, r.phase);
+        tl_mark(p, kTlFirstData, tl_first);
+        tl_first = false;
+        const unsigned char* stage = sh + r.st * S::kStage;
+        uint32_t fa[U][4];
+        int4 fb[U], fs[U];
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        ldmatrix_x4(fa[u], stage + a_off[u]);
-        fb[u] = *reinterpret_cast<const int4*>(stage + b_off[u]);
-        if constexpr (GROUPED) fs[u] = *reinterpret_cast<const int4*>(stage + s_row[u]);
-      }
-      mbar_arrive(empty0 + 8 * r.st);
-      r.next<S::kStages>();
+        for (int u = 0; u < U; ++u) {
+          ldmatrix_x4(fa[u], stage + a_off[u]);
+          fb[u] = *reinterpret_cast<const int4*>(stage + b_off[u]);
+          if constexpr (GROUPED) fs[u] = *reinterpret_cast<const int4*>(stage + s_row[u]);
+        }
+        mbar_arrive(empty0 + 8 * r.st);
+        r.next<S::kStages>();
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const uint32_t words[4] = {uint32_t(fb[u].x), uint32_t(fb[u].y), uint32_t(fb[u].z), uint32_t(fb[u].w)};
+        for (int u = 0; u < U; ++u) {
+          const uint32_t words[4] = {uint32_t(fb[u].x), uint32_t(fb[u].y), uint32_t(fb[u].z), uint32_t(fb[u].w)};
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          uint32_t v[4];
-          dequant8<DT>(words[j], v);
-          if constexpr (GROUPED) {
-            const uint32_t sw = uint32_t(j == 0 ? fs[u].x : j == 1 ? fs[u].y : j == 2 ? fs[u].z : fs[u].w);
-            scale2<DT, false>(v[0], v[1], sw);
-            scale2<DT, true>(v[2], v[3], sw);
+          for (int j = 0; j < 4; ++j) {
+            uint32_t v[4];
+            dequant8<DT>(words[j], v);
+            if constexpr (GROUPED) {
+              const uint32_t sw = uint32_t(j == 0 ? fs[u].x : j == 1 ? fs[u].y : j == 2 ? fs[u].z : fs[u].w);
+              scale2<DT, false>(v[0], v[1], sw);
+              scale2<DT, true>(v[2], v[3], sw);
+            }
+            mma_16816<DT>(fa[u], v[0], v[1], acc[2 * j]);
+            mma_16816<DT>(fa[u], v[2], v[3], acc[2 * j + 1]);
           }
-          mma_16816<DT>(fa[u], v[0], v[1], acc[2 * j]);
-          mma_16816<DT>(fa[u], v[2], v[3], acc[2 * j + 1]);
         }
       }
+      tl_mark(p, kTlComputed, lead);
+
+      // The k-groups of each column block, summed in a fixed tree through shared memory.
+      reduce_kgroups<S::kKG, S::kNB, S::kAcc, S::kBar, S::kConsumerThreads>(reinterpret_cast<float4*>(red_raw), acc, wk,
+                                                                             wn, lane);
+
+      // The reduction across the blocks that share the slice and the output, as in marlin_kernel.
+      const int first_b = slice < whole  ? b
+                          : p.split > 0 ? (slice - whole) * p.split
+                                        : slice_first_block(0, slice, k_tiles, p.iters);
+      const int last_b = slice < whole  ? b
+                         : p.split > 0 ? first_b + p.split - 1
+                                       : slice_last_block(0, slice, k_tiles, p.iters);
+      finish_slice_frags<DT, GROUPED, 1, S::kRows, TN, S::kBar, S::kConsumerThreads>(p, acc, slice, first_b, last_b, 0,
+                                                                                      0, p.m, wk == 0, wn, lane);
+      it += cnt;
     }
-    tl_mark(p, kTlComputed, lead);
-
-    // The k-groups of each column block, summed in a fixed tree through shared memory.
-    reduce_kgroups<S::kKG, S::kNB, S::kAcc, S::kBar, S::kConsumerThreads>(reinterpret_cast<float4*>(red_raw), acc, wk,
-                                                                           wn, lane);
-
-    // The reduction across the blocks that share the slice and the output, as in marlin_kernel.
-    const int first_b = p.split > 0 ? slice * p.split : slice_first_block(0, slice, k_tiles, p.iters);
-    const int last_b = p.split > 0 ? first_b + p.split - 1 : slice_last_block(0, slice, k_tiles, p.iters);
-    finish_slice_frags<DT, GROUPED, 1, S::kRows, TN, S::kBar, S::kConsumerThreads>(p, acc, slice, first_b, last_b, 0,
-                                                                                    0, p.m, wk == 0, wn, lane);
-    it += cnt;
   }
   tl_mark(p, kTlExit, lead);
 #else

@@ -586,10 +586,13 @@ TEST_CASE("marlin: streaming kernel for m <= 16", "[gpu][marlin][stream]") {
     }
   // Whole-k slices and k-split slices (kernels/marlin_dispatch.h, stream_plan): three 256-wide slices on
   // three SMs, two slices split in two on five SMs, two 128-wide slices split in two on four, and the
-  // chosen width (four whole-k slices of 128 on five SMs).
+  // chosen width (four whole-k slices of 128 on five SMs). Rounds (more slices than SMs): ten slices of 128
+  // on three SMs (three rounds, then one slice in three parts), and the loop above on one and three SMs.
+  // Stripes: six one-stage slices of 128 on five SMs, where rounds would fill 60%.
   const struct { int64_t k, n; int sms, tn; ActType act; int64_t g; } splits[] = {
       {1024, 768, 3, 256, ActType::F16, 128}, {1024, 512, 5, 256, ActType::F16, -1},
-      {2048, 256, 4, 128, ActType::BF16, 32}, {1024, 512, 5, 0, ActType::F16, 64}};
+      {2048, 256, 4, 128, ActType::BF16, 32}, {1024, 512, 5, 0, ActType::F16, 64},
+      {2048, 1280, 3, 128, ActType::F16, 128}, {256, 768, 5, 128, ActType::F16, 32}};
   for (const auto& c : splits) {
     const Layer Ls = make_layer(rng, c.k, c.n, c.g, c.act);
     for (int64_t m : {int64_t(1), int64_t(16)}) {

@@ -1,6 +1,7 @@
 // MarlinPath::Auto's choice on a Hopper device (kernels/marlin_dispatch.h), on the layers whose H100
 // timings set it (docs/PERF.md): a change of the rule that moves one of these layers to the kernel that
 // measured slower fails here.
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -120,22 +121,30 @@ TEST_CASE("dispatch: whole-k stripes at m <= 16 where 128-wide slices fill 75-10
 
 TEST_CASE("dispatch: the streaming kernel's slice width and k-split per layer", "[kernels][dispatch]") {
   constexpr int kSms = 132;  // one block per SM
-  struct Want { Layer L; int tn, split; };
+  struct Want { Layer L; int tn, split, rounds; };
   const Want wants[] = {
-      {kQkv8B, 256, 5},  // 24 x 5 = 120 blocks beat 48 x 2 = 96
-      {kO8B, 128, 4},    // 32 x 4 = 16 x 8 = 128: the narrower slice (fewer partial tiles)
-      {kGateUp8B, 256, 1}, {kDown8B, 128, 4}, {kQkv70B, 256, 3}, {kO70B, 128, 2},
-      {kGateUp70B, 256, 0},  // 224 slices of 256 > 132 SMs: stripes
-      {kDown70B, 128, 2}, {kLarge, 256, 1}};
+      {kQkv8B, 256, 5, 0},  // 24 x 5 = 120 blocks beat 48 x 2 = 96
+      {kO8B, 128, 4, 0},    // 32 x 4 = 16 x 8 = 128: the narrower slice (fewer partial tiles)
+      {kGateUp8B, 256, 1, 0},  // 112 of 132; 224 slices of 128 in rounds (1 + 92 whole) fill no better
+      {kDown8B, 128, 4, 0}, {kQkv70B, 256, 3, 0}, {kO70B, 128, 2, 0},
+      {kGateUp70B, 128, 2, 3},  // 448 slices of 128: 3 rounds of 132, then 52 in halves (97%)
+      {kDown70B, 128, 2, 0}, {kLarge, 256, 1, 0}};  // 128 of 132; 256 of 128 in rounds tie
   for (const Want& w : wants) {
     INFO(w.L.name);
     const StreamPlan p = stream_plan(w.L.n, w.L.k, kSms, 0);
     CHECK(p.tn == w.tn);
     CHECK(p.split == w.split);
+    CHECK(p.rounds == w.rounds);
   }
-  // The fill bound: 99 slices of 256 on 132 SMs is exactly 75%, 98 below it (stripes).
-  CHECK(stream_plan(99 * 256, 4096, kSms, 0).split == 1);
-  CHECK(stream_plan(98 * 256, 4096, kSms, 0).split == 0);
+  // The fill bound: 99 slices of 256 on 132 SMs is exactly 75%, 98 below it (stripes). Left free to take
+  // 128 columns, the same layers go to rounds (198 slices: 1 round, 66 in halves, 100%).
+  CHECK(stream_plan(99 * 256, 4096, kSms, 256).split == 1);
+  CHECK(stream_plan(98 * 256, 4096, kSms, 256).split == 0);
+  CHECK(stream_plan(99 * 256, 4096, kSms, 0).rounds == 1);
+  // Rounds below the bound fall back to stripes: 6 slices of 128, one 256-deep stage each, on 5 SMs take
+  // 2 rounds' time for 1.2 rounds' work (60%).
+  CHECK(stream_plan(768, 256, 5, 128).split == 0);
+  CHECK(stream_plan(768, 256, 5, 128).rounds == 0);
   // A forced width keeps its slices (stripes where its split fills too few SMs); widths that do not
   // divide n, or stages that do not divide k, are not offered.
   CHECK(stream_plan(kQkv8B.n, kQkv8B.k, kSms, 128).tn == 128);
@@ -152,22 +161,22 @@ TEST_CASE("dispatch: Auto takes the streaming kernel on large layers at m <= 16"
   constexpr int kSms = 132;
   for (int m : {1, 2, 4, 8}) {
     INFO("m " << m);
-    for (const Layer& L : {kGateUp8B, kDown70B, kLarge}) {
+    for (const Layer& L : {kGateUp8B, kDown70B, kLarge, kGateUp70B}) {
       INFO(L.name);
       CHECK(stream_auto(m, L.n, L.k, kSms));
     }
-    for (const Layer& L : {kQkv8B, kO8B, kDown8B, kQkv70B, kO70B, kGateUp70B}) {
+    for (const Layer& L : {kQkv8B, kO8B, kDown8B, kQkv70B, kO70B}) {
       INFO(L.name);
       CHECK_FALSE(stream_auto(m, L.n, L.k, kSms));
     }
   }
   for (int m : {9, 12, 16}) {
     INFO("m " << m);
-    for (const Layer& L : {kGateUp8B, kDown8B, kQkv70B, kO70B, kDown70B, kLarge}) {
+    for (const Layer& L : {kGateUp8B, kDown8B, kQkv70B, kO70B, kDown70B, kLarge, kGateUp70B}) {
       INFO(L.name);
       CHECK(stream_auto(m, L.n, L.k, kSms));
     }
-    for (const Layer& L : {kQkv8B, kO8B, kGateUp70B}) {  // small, or stripes (measured slower)
+    for (const Layer& L : {kQkv8B, kO8B}) {  // small
       INFO(L.name);
       CHECK_FALSE(stream_auto(m, L.n, L.k, kSms));
     }
@@ -228,4 +237,47 @@ TEST_CASE("dispatch: Hopper launches take one block per column slice where the s
   // More row chunks than blocks: the partition already gives blocks whole chunks.
   CHECK(wgmma_whole_slice_blocks(100000, kO8B.n, 128, kSms) == kSms);
   CHECK(wgmma_whole_slice_blocks(128, 128, 128, kSms) == kSms);  // no 256-wide slice
+}
+
+// The streaming kernel's tile sequences (stream_ranges, walked as the kernel walks them): every (slice,
+// k tile) once; the blocks that share a slice are the contiguous split blocks the kernel names as its
+// first/last block, and round slices have one block each.
+TEST_CASE("dispatch: the streaming kernel's rounds cover every tile once", "[kernels][dispatch]") {
+  struct Case { int n, k, sms, tn; };
+  const Case cases[] = {{57344, 8192, 132, 0}, {768, 1024, 1, 128}, {768, 1024, 5, 128}, {1280, 2048, 3, 128},
+                        {2048, 512, 7, 256}, {99 * 256, 4096, 132, 0}, {512, 1024, 5, 256}, {768, 256, 5, 128}};
+  for (const Case& c : cases) {
+    INFO("n " << c.n << " k " << c.k << " sms " << c.sms << " tn " << c.tn);
+    const StreamPlan pl = stream_plan(c.n, c.k, c.sms, c.tn);
+    REQUIRE(pl.tn != 0);
+    const int n_tiles = c.n / pl.tn, k_tiles = c.k / stream_tk(pl.tn), nk = n_tiles * k_tiles;
+    // The launcher's grid and stripe length (marlin.cu, run_stream; stripes: one block per SM).
+    const int iters = (nk + c.sms - 1) / c.sms;
+    const int grid = pl.rounds > 0 ? c.sms : pl.split > 0 ? n_tiles * pl.split : (nk + iters - 1) / iters;
+    REQUIRE(grid <= c.sms);
+    std::vector<int> seen(size_t(nk), 0), owner_lo(size_t(n_tiles), 1 << 30), owner_hi(size_t(n_tiles), -1);
+    for (int b = 0; b < grid; ++b) {
+      const StreamRanges r = stream_ranges(b, grid, pl.rounds, pl.split, iters, n_tiles, k_tiles);
+      for (int q = 0; q <= r.rounds; ++q) {
+        const int lo = q < r.rounds ? (q * grid + b) * k_tiles : r.t0, hi = q < r.rounds ? lo + k_tiles : r.t1;
+        for (int it = lo; it < hi; ++it) {
+          REQUIRE(it >= 0);
+          REQUIRE(it < nk);
+          ++seen[size_t(it)];
+          owner_lo[size_t(it / k_tiles)] = std::min(owner_lo[size_t(it / k_tiles)], b);
+          owner_hi[size_t(it / k_tiles)] = std::max(owner_hi[size_t(it / k_tiles)], b);
+        }
+      }
+    }
+    for (int v : seen) REQUIRE(v == 1);
+    if (pl.split == 0) continue;  // stripes: the partition replay (test_marlin_partition.cpp) covers them
+    // The kernel's first/last block of each slice (marlin_stream.cuh) are the blocks that computed it.
+    const int whole = pl.rounds * grid;
+    for (int slice = 0; slice < n_tiles; ++slice) {
+      const int first = slice < whole ? slice % grid : (slice - whole) * pl.split;
+      const int last = slice < whole ? first : first + pl.split - 1;
+      REQUIRE(owner_lo[size_t(slice)] == first);
+      REQUIRE(owner_hi[size_t(slice)] == last);
+    }
+  }
 }
