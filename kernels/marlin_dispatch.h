@@ -104,13 +104,13 @@ constexpr StreamRanges stream_ranges(int b, int grid, int rounds, int split, int
 // Where Auto takes the streaming kernel (H100, docs/PERF.md, eleventh session; per layer, two runs each,
 // against the kernels Auto took before): on layers of at least kStreamSmallMLayer weights at m <= 8 and
 // kStream16Layer at m = 9..16, where stream_plan splits (stripes lost everywhere they were timed, e.g. 70B
-// gate/up 89.6 against 85.9 us at m = 1; in rounds it now splits, above). Faster: 8B gate/up at m <= 4 (23.4-23.7 against 24.1-24.3 us),
-// 8B down at m = 16 (16.0 against 17.0), 70B o at m = 16 (16.0 against 17.1), 70B down at m = 2..16
-// (45.9-46.4 against 46.6-49.9), 32768^2 g128 at m = 4..16 (181-187 against 197-221); level on 70B down at
-// m = 1, 70B q/k/v at m = 16 and 32768^2 at m <= 2 and per-channel. Slower on the smaller layers the
-// thresholds leave out (8B q/k/v 10.6-12.0 against 9.4-10.8, 8B o 8.9-9.4 against 7.5-8.0, 70B o at m <= 8
-// 16.0-16.3 against 15.7-15.9, 70B q/k/v at m <= 8 19.5-19.8 against 19.0-19.2, 8B down at m = 1 and 4
-// 15.6 against 15.2).
+// gate/up 89.6 against 85.9 us at m = 1; in rounds it now splits, above). Faster: 8B gate/up at m <= 4
+// (23.4-23.7 against 24.1-24.3 us), 8B down at m = 16 (16.0 against 17.0), 70B o at m = 16 (16.0 against
+// 17.1), 70B down at m = 2..16 (45.9-46.4 against 46.6-49.9), 32768^2 g128 at m = 4..16 (181-187 against
+// 197-221); level on 70B down at m = 1, 70B q/k/v at m = 16 and 32768^2 at m <= 2 and per-channel. Slower
+// on the smaller layers the thresholds leave out (8B q/k/v 10.6-12.0 against 9.4-10.8, 8B o 8.9-9.4
+// against 7.5-8.0, 70B o at m <= 8 16.0-16.3 against 15.7-15.9, 70B q/k/v at m <= 8 19.5-19.8 against
+// 19.0-19.2, 8B down at m = 1 and 4 15.6 against 15.2).
 constexpr int kStreamSmallMaxM = 8;
 constexpr int64_t kStreamSmallMLayer = int64_t(3) << 25;  // 2^26.6 (8B gate/up 2^26.8 in, 70B q/k/v 2^26.3 out)
 constexpr int64_t kStream16Layer = int64_t(3) << 24;      // 2^25.6 (8B down 2^25.8 in, 8B q/k/v 2^24.6 out)

@@ -219,7 +219,8 @@ std::vector<double> replay(const Problem& p, int NT, std::vector<int>& writes, M
                     const Pair q = pair_of(warp, lane, j, h, r * kI + ii);
                     if (q.col - wc0 != wl::pair_col(wl::epi_col(j, lane, h), lane)) FAIL("epilogue column map");
                     const int byte = wl::epi_byte(wl::pair_token(ii, lane), q.col - wc0);
-                    if (byte % 4 != 0 || byte < 0 || byte + 4 > wl::kEpiWarpBytes) FAIL("staging pair at byte " << byte);
+                    if (byte % 4 != 0 || byte < 0 || byte + 4 > wl::kEpiWarpBytes)
+                      FAIL("staging pair at byte " << byte);
                     buf[size_t(byte / 2)] = q.v0, buf[size_t(byte / 2 + 1)] = q.v1;
                     ++filled[size_t(byte / 2)], ++filled[size_t(byte / 2 + 1)];
                   }
@@ -231,7 +232,8 @@ std::vector<double> replay(const Problem& p, int NT, std::vector<int>& writes, M
                 const int lt = wl::epi_read_token(sr, lane), x = wl::epi_read_chunk(sr, lane);
                 const int byte = wl::epi_byte(lt, 8 * x);
                 if (byte % 16 != 0) FAIL("staging read at byte " << byte);
-                for (int e = 0; e < 8; ++e) store(row0 + r * wl::kEpiTokens + lt, wc0 + 8 * x + e, buf[size_t(byte / 2 + e)]);
+                for (int e = 0; e < 8; ++e)
+                  store(row0 + r * wl::kEpiTokens + lt, wc0 + 8 * x + e, buf[size_t(byte / 2 + e)]);
               }
           }
           continue;
