@@ -40,7 +40,7 @@ struct KernelArgs {
   int split;            // streaming kernel: 0 stripes of `iters` tiles, else block b owns part b % split of
                         // slice b / split (k-split, kernels/marlin_dispatch.h stream_plan)
   int rounds;           // streaming kernel: with split > 0, rounds of one whole slice per block before the
-                        // split slices (marlin_dispatch.h, stream_tile)
+                        // split slices (marlin_dispatch.h, stream_ranges)
 };
 
 // The per-block timeline record layout (kTlEntry ...): kernels/marlin.h, marlin_timeline.

@@ -17,7 +17,8 @@
 // (wn, wk) expands k16 rows 2 wk and 2 wk + 1 of 64-column block wn in every stage; the kKG warps of a
 // column block sum their partial products through shared memory at the end of each slice. The
 // cross-block reduction (fp32 deposits, the in-order finisher) and the output are the mma.sync kernel's
-// (KernelArgs, marlin_partition.h), over either the stripe partition or the k-split (KernelArgs::split).
+// (KernelArgs, marlin_partition.h), over the stripe partition, the k-split (KernelArgs::split) or rounds of
+// whole slices before a k-split (KernelArgs::rounds, for layers with more slices than SMs).
 #pragma once
 #include <cstdint>
 
