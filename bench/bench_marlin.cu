@@ -16,6 +16,9 @@
 // one-layer sets "KxN" or "KxNgG" (for ncu on one shape), and --ms any m >= 1 (buffers sized to the max).
 // --host-us prints the host time of one eager marlin_gemm call per kernel path (no graph: what a caller
 // that launches layer by layer pays on the CPU), first call on new arguments and repeated calls.
+// --auto-only times only cuBLAS and the kernel Auto picks (A/B runs); --sms N plans and launches our
+// kernels as if the device had N SMs (partition experiments); with
+// --explore, m <= 16 also times the streaming kernel at each slice width its plan accepts.
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -31,6 +34,7 @@
 #include <vector>
 
 #include "kernels/marlin.h"
+#include "kernels/marlin_dispatch.h"
 
 using namespace marlinc::kernels;
 
@@ -83,6 +87,8 @@ __global__ void copy_int4(const int4* __restrict__ x, int4* __restrict__ y, size
 }
 
 struct Stats { double us, spread; };
+// Speedup of a column over cuBLAS; 0 where the column was not timed (--auto-only).
+double ratio(double cublas_us, double us) { return us > 0 ? cublas_us / us : 0.0; }
 
 Stats time_graph(cudaStream_t st, const std::function<void(int)>& call) {
   for (int i = 0; i < kCalls; ++i) call(i);  // eager warm-up (module load, cuBLAS heuristics)
@@ -274,6 +280,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> sets_wanted = {"llama3-8b", "llama3-70b", "large"};
   std::vector<int> ms = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024};
   bool explore = false;
+  int sms_arg = 0;
+  bool auto_only = false;
   bool time_wgmma = false;
   int wgmma_rows = 0;  // 0: the kernel's own pick for m
   int wgmma_pipeline = 0;  // 0: the kernel's own pick per tile (MarlinGemm::wgmma_pipeline)
@@ -289,6 +297,8 @@ int main(int argc, char** argv) {
     else if (a == "--json" && i + 1 < argc) json_path = argv[++i];
     else if (a == "--timeline") timeline = true;
     else if (a == "--host-us") host_us = true;
+    else if (a == "--sms" && i + 1 < argc) sms_arg = std::atoi(argv[++i]);
+    else if (a == "--auto-only") auto_only = true;
     else if (a == "--timeline-dump" && i + 1 < argc) timeline = true, timeline_dump = argv[++i];
     else if (a == "--sets" && i + 1 < argc) {
       sets_wanted.clear();
@@ -311,7 +321,8 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: bench_marlin [--sets llama3-8b,llama3-70b,large,KxN[gG]] [--ms 1,16,...] [--explore]"
-                   " [--wgmma] [--wgmma-rows 8|16|32|64|128] [--wgmma-pipeline 1|2] [--timeline] [--timeline-dump DIR] [--host-us] [--json PATH]\n");
+                   " [--wgmma] [--wgmma-rows 8|16|32|64|128] [--wgmma-pipeline 1|2] [--timeline]"
+                   " [--timeline-dump DIR] [--host-us] [--sms N] [--auto-only] [--json PATH]\n");
       return 2;
     }
   }
@@ -331,8 +342,11 @@ int main(int argc, char** argv) {
   cublasHandle_t cub;
   CB(cublasCreate(&cub));
   CB(cublasSetStream(cub, st));
-  const int sms = prop.multiProcessorCount;
-  std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, sms, prop.l2CacheSize >> 20);
+  // --sms N: our kernels plan and launch as if the device had N SMs (a partition experiment); cuBLAS and the
+  // copy keep the whole device.
+  const int sms = sms_arg > 0 && sms_arg < prop.multiProcessorCount ? sms_arg : prop.multiProcessorCount;
+  std::printf("device: %s, %d SMs, L2 %d MB%s\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20,
+              sms != prop.multiProcessorCount ? (", our kernels on " + std::to_string(sms)).c_str() : "");
 
   // Copy bandwidth (read + write counted) and dense fp16 GEMM rate, both in this run.
   double copy_bw = 0, gemm_flops = 0;
@@ -344,7 +358,8 @@ int main(int argc, char** argv) {
     CK(cudaMemset(x, 1, bytes));
     const Stats s = time_graph(st, [&](int) { CK(cudaMemcpyAsync(y, x, bytes, cudaMemcpyDeviceToDevice, st)); });
     const Stats k = time_graph(st, [&](int) {
-      copy_int4<<<sms * 8, 256, 0, st>>>(static_cast<const int4*>(x), static_cast<int4*>(y), bytes / 16);
+      copy_int4<<<prop.multiProcessorCount * 8, 256, 0, st>>>(static_cast<const int4*>(x), static_cast<int4*>(y),
+                                                            bytes / 16);
     });
     copy_bw = 2.0 * bytes / (std::min(s.us, k.us) * 1e-6);
     CK(cudaFree(x));
@@ -450,12 +465,16 @@ int main(int argc, char** argv) {
             }
           };
         };
-        const Stats sf = time_graph(st, marlin_call(MarlinPath::Marlin, 0, 0));
-        const Stats ss = time_graph(st, marlin_call(MarlinPath::Marlin, 0, 0, false));
-        double dq = 0, wg = 0;
-        if (m >= 64) dq = time_graph(st, marlin_call(MarlinPath::DequantCublas, 0, 0)).us;
-        const bool wg_runs = marlin_wgmma_available() && L.n % 256 == 0;
         const MarlinPath ap = marlin_auto_path(m, L.n, L.k);
+        // --auto-only: only the kernel Auto picks (and cuBLAS); the other columns read 0.
+        const bool all = !auto_only;
+        const Stats sf =
+            all || ap == MarlinPath::Marlin ? time_graph(st, marlin_call(MarlinPath::Marlin, 0, 0)) : Stats{};
+        const Stats ss = all ? time_graph(st, marlin_call(MarlinPath::Marlin, 0, 0, false)) : Stats{};
+        double dq = 0, wg = 0;
+        if (m >= 64 && (all || ap == MarlinPath::DequantCublas))
+          dq = time_graph(st, marlin_call(MarlinPath::DequantCublas, 0, 0)).us;
+        const bool wg_runs = marlin_wgmma_available() && L.n % 256 == 0;
         // Timed whenever Auto takes it, so that the auto column is always a measured time.
         if (time_wgmma || ap == MarlinPath::Wgmma)
           wg = wg_runs ? time_graph(st, marlin_call(MarlinPath::Wgmma, 0, 0, true, 0, wgmma_rows)).us : sf.us;
@@ -508,6 +527,15 @@ int main(int argc, char** argv) {
               explore_log += line;
             }
           }
+          // The streaming kernel at each slice width its plan accepts (the width Auto's plan picks is one).
+          if (marlin_wgmma_available() && m <= kStreamMaxM)
+            for (int tn : kStreamTn) {
+              const StreamPlan pl = stream_plan(L.n, L.k, sms, tn);
+              if (pl.tn != tn) continue;
+              const Stats sx = time_graph(st, marlin_call(MarlinPath::Stream, 0, tn));
+              std::snprintf(line, sizeof line, " | st%d(split %d rounds %d) %.1f", tn, pl.split, pl.rounds, sx.us);
+              explore_log += line;
+            }
           explore_log += "\n";
         }
       }
@@ -548,8 +576,8 @@ int main(int argc, char** argv) {
   for (const Row& r : rows) {
     const double t_ideal = std::max(r.bytes / copy_bw, r.flops / gemm_flops) * 1e6;
     std::printf("%-10s %3d %4d | %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f | %5.2f %5.2f %5.2f | %5.0f %5.2f %5.2f | %5.3f | %s\n",
-                r.set.c_str(), r.group, r.m, r.cublas, r.serial, r.fused, r.dq, r.wg, r.autop, r.cublas / r.serial,
-                r.cublas / r.fused, r.cublas / r.autop, r.bytes / (r.autop * 1e-6) / 1e9,
+                r.set.c_str(), r.group, r.m, r.cublas, r.serial, r.fused, r.dq, r.wg, r.autop,
+                ratio(r.cublas, r.serial), ratio(r.cublas, r.fused), r.cublas / r.autop, r.bytes / (r.autop * 1e-6) / 1e9,
                 r.bytes / (r.autop * 1e-6) / copy_bw, t_ideal / r.autop, r.spread, r.configs.c_str());
   }
   std::printf("times in µs per call, summed over the set's layers; ");
