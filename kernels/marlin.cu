@@ -192,8 +192,8 @@ int m_blocks_for(int m, int n, int k) {
   return std::min(kMaxMBlocks, ceil_div(m, 16));
 }
 
-Partition partition(int m, int n, int k, int rows, TileShape t, int max_blocks) {
-  return marlin_partition(m, n / t.tn, k / t.tk, rows, max_blocks);
+Partition partition(int m, int n, int k, int rows, TileShape t, int max_blocks, int whole_slices = 0) {
+  return marlin_partition(m, n / t.tn, k / t.tk, rows, max_blocks, whole_slices);
 }
 
 // Blocks per SM that the model assumes (Shape::kBlocksPerSm): two where a warp's share of the m tile
@@ -446,8 +446,8 @@ MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int 
   if (int64_t(ceil_div(g.m, rows)) * (g.n / t.tn) * (g.k / t.tk) > std::numeric_limits<int>::max() / 2)
     return MarlinStatus::BadShape;
   const int bps = wgmma_blocks_per_sm(pr.blocks_per_sm, rows), max_blocks = sms * bps;
-  const int blocks = bps == 1 ? wgmma_whole_slice_blocks(g.m, g.n, rows, max_blocks) : max_blocks;
-  const Partition P = partition(g.m, g.n, g.k, rows, t, blocks);
+  const int whole = bps == 1 ? wgmma_whole_slices(g.m, g.n, rows, max_blocks) : 0;
+  const Partition P = partition(g.m, g.n, g.k, rows, t, max_blocks, whole);
   LaunchOpts o;
   o.grid = P.grid;
   o.smem_bytes = pr.smem;

@@ -142,21 +142,33 @@ constexpr bool wgmma_prefer_64_rows(int m, int n, int k, int sms) {
   return 100 * (sms - tiles) * int64_t(sms) >= int64_t(kWgmmaRows64Pct) * tiles * tiles * kt;
 }
 
-// The Hopper kernel's blocks for one launch at one block per SM: where a row chunk's column slices fill at
-// least kWgmmaWholeMinFillPct of the blocks the chunk would get, one block per slice (whole k, no partial
-// tiles) instead of stripes cut across slices. Returns the block count to partition over. H100 (docs/PERF.md,
-// twelfth session), per layer, same call, two runs each: 70B down at m = 512 397-400 -> 367-371 us, 70B o
-// at 512 120-123 -> 105-107, 8B gate/up at 128 55.7-62.6 -> 50.9-51.7, 32768^2 at 128 433 -> 407-419 (g128)
-// and 397-417 -> 379-396 (per-channel). At two blocks per SM it would load the SMs unevenly (70B gate/up
-// at m = 32, 224 blocks on 264 slots: 116-118 -> 120-121), so the launcher applies it at one only.
+// The Hopper kernel's partition at one block per SM: where whole column slices load the blocks evenly
+// enough, each block of a row chunk's group owns `each` whole slices (whole k, no partial tiles) instead
+// of a stripe cut across slices. `each` is the fewest slices per block that the chunk's blocks can hold,
+// ceil(slices / per_chunk); the fill is slices / (each x per_chunk), an even split's share of the busiest
+// block's. Taken from kWgmmaWholeMinFillPct at one slice per block and kWgmmaWholeMultiMinFillPct at
+// several (m > 64 only). Returns each, or 0 for stripes. H100 (docs/PERF.md), per layer, same call, two
+// runs each:
+// - one slice (twelfth session): 70B down at m = 512 397-400 -> 367-371 us, 70B o at 512 120-123 ->
+//   105-107, 8B gate/up at 128 55.7-62.6 -> 50.9-51.7, 32768^2 at 128 433 -> 407-419 (g128) and 397-417
+//   -> 379-396 (per-channel);
+// - several (fifteenth session): at a 97% fill 32768^2 at m = 512 1628-1644 -> 1593-1599 (g128) and
+//   1559-1566 -> 1505-1527 (per-channel), level at 256 and on 70B gate/up at 512 (712-720 -> 712-713); at
+//   85% or less they lost or were level: 70B gate/up at 256 375 -> 390, 8B q/k/v at 1024 (75%) 77-79 ->
+//   95-98, 70B q/k/v at 1024 (83%) 245-251 -> 271-274, 8B gate/up at 256 and 512 +1-2%.
+// At two blocks per SM it would load the SMs unevenly (70B gate/up at m = 32, 224 blocks on 264 slots:
+// 116-118 -> 120-121), so the launcher applies it at one only.
 constexpr int kWgmmaWholeMinFillPct = 75;
-constexpr int wgmma_whole_slice_blocks(int m, int n, int rows, int max_blocks) {
-  if (m < 1 || rows < 1 || n < 256 || max_blocks < 1) return max_blocks;
+constexpr int kWgmmaWholeMultiMinFillPct = 95;
+constexpr int kWgmmaWholeMultiMinM = 65;
+constexpr int wgmma_whole_slices(int m, int n, int rows, int max_blocks) {
+  if (m < 1 || rows < 1 || n < 256 || max_blocks < 1) return 0;
   const int64_t par = (int64_t(m) + rows - 1) / rows, slices = n / 256;
-  if (par > max_blocks) return max_blocks;
-  const int64_t per_chunk = max_blocks / par;
-  if (slices > per_chunk || slices * 100 < per_chunk * kWgmmaWholeMinFillPct) return max_blocks;
-  return int(par * slices);
+  if (par > max_blocks) return 0;
+  const int64_t per_chunk = max_blocks / par, each = (slices + per_chunk - 1) / per_chunk;
+  if (each > 1 && m < kWgmmaWholeMultiMinM) return 0;
+  const int64_t pct = each > 1 ? kWgmmaWholeMultiMinFillPct : kWgmmaWholeMinFillPct;
+  return slices * 100 >= each * per_chunk * pct ? int(each) : 0;
 }
 
 enum class HopperAutoPick { MmaSync, Hopper, DequantCublas };

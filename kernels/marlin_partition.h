@@ -47,11 +47,18 @@ struct Partition { int par, iters, chunk_blocks, chunk_groups, grid; };
 inline int ceil_div_int(int64_t a, int64_t b) { return int((a + b - 1) / b); }
 
 // Caller guarantees par * n_tiles * k_tiles fits an int (marlin.cu checks against INT_MAX / 2).
-inline Partition marlin_partition(int m, int n_tiles, int k_tiles, int rows, int max_blocks) {
+// whole_slices > 0 (where every chunk gets a group): each block of a group owns that many consecutive
+// column slices for the whole depth (the group's last block fewer), so no slice is shared; the caller
+// keeps the grid within max_blocks (kernels/marlin_dispatch.h, wgmma_whole_slices).
+inline Partition marlin_partition(int m, int n_tiles, int k_tiles, int rows, int max_blocks, int whole_slices = 0) {
   Partition P{};
   P.par = ceil_div_int(m, rows);
   const int64_t nk = int64_t(n_tiles) * k_tiles;
-  if (P.par <= max_blocks) {
+  if (whole_slices > 0 && P.par <= max_blocks) {
+    P.iters = whole_slices * k_tiles;
+    P.chunk_blocks = ceil_div_int(n_tiles, whole_slices);
+    P.chunk_groups = P.par;
+  } else if (P.par <= max_blocks) {
     P.iters = ceil_div_int(nk, max_blocks / P.par);
     P.chunk_blocks = ceil_div_int(nk, P.iters);
     P.chunk_groups = P.par;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/marlin_dispatch.h"
+#include "kernels/marlin_partition.h"
 #include "tests/common.h"
 
 using namespace marlinc::kernels;
@@ -217,26 +218,51 @@ TEST_CASE("dispatch: 64-row Hopper tiles above m = 64 where 128-row tiles leave 
   CHECK_FALSE(wgmma_prefer_64_rows(128, 0, kO8B.k, kSms));
 }
 
-TEST_CASE("dispatch: Hopper launches take one block per column slice where the slices fill 75% of a chunk's blocks",
+TEST_CASE("dispatch: Hopper launches give blocks whole column slices where those fill a chunk's blocks evenly",
           "[kernels][dispatch]") {
   constexpr int kSms = 132;
-  // 70B down and o at m = 512: 4 row chunks of 128 rows, 33 blocks each, 32 slices.
-  CHECK(wgmma_whole_slice_blocks(512, kDown70B.n, 128, kSms) == 128);
-  CHECK(wgmma_whole_slice_blocks(512, kO70B.n, 128, kSms) == 128);
+  // One slice per block. 70B down and o at m = 512: 4 row chunks of 128 rows, 33 blocks each, 32 slices.
+  CHECK(wgmma_whole_slices(512, kDown70B.n, 128, kSms) == 1);
+  CHECK(wgmma_whole_slices(512, kO70B.n, 128, kSms) == 1);
   // 8B gate/up at m = 128 (112 slices of 132 blocks) and 32768^2 at m = 64 and 128 (128 of 132).
-  CHECK(wgmma_whole_slice_blocks(128, kGateUp8B.n, 128, kSms) == 112);
-  CHECK(wgmma_whole_slice_blocks(64, kLarge.n, 64, kSms) == 128);
+  CHECK(wgmma_whole_slices(128, kGateUp8B.n, 128, kSms) == 1);
+  CHECK(wgmma_whole_slices(64, kLarge.n, 64, kSms) == 1);
   // The rule itself knows no blocks per SM (the launcher applies it at one): 224 slices of 264 blocks.
-  CHECK(wgmma_whole_slice_blocks(32, kGateUp70B.n, 32, 2 * kSms) == 224);
-  // Stripes where the slices fill less than 75% (8B o at m = 512: 16 of 33) or more than a chunk has
-  // blocks (70B q/k/v at m = 512: 40 of 33; 70B gate/up at m = 64: 224 of 132).
-  CHECK(wgmma_whole_slice_blocks(512, kO8B.n, 128, kSms) == kSms);
-  CHECK(wgmma_whole_slice_blocks(512, kQkv70B.n, 128, kSms) == kSms);
-  CHECK(wgmma_whole_slice_blocks(64, kGateUp70B.n, 64, kSms) == kSms);
-  CHECK(wgmma_whole_slice_blocks(128, kO8B.n, 64, kSms) == kSms);
+  CHECK(wgmma_whole_slices(32, kGateUp70B.n, 32, 2 * kSms) == 1);
+  // Several slices per block from m = 65 where they fill 95%: 70B gate/up at 512 (7 each of 33 blocks, 97%),
+  // 32768^2 at 256 and 512 (97%), and where stripes were whole slices already (8B gate/up at 1024: 7 x 16).
+  CHECK(wgmma_whole_slices(512, kGateUp70B.n, 128, kSms) == 7);
+  CHECK(wgmma_whole_slices(256, kLarge.n, 128, kSms) == 2);
+  CHECK(wgmma_whole_slices(512, kLarge.n, 128, kSms) == 4);
+  CHECK(wgmma_whole_slices(1024, kGateUp8B.n, 128, kSms) == 7);
+  // Stripes where the slices fill less: 8B o at m = 512 (16 of 33 blocks), 70B q/k/v at 512 (40 of 2 x 33),
+  // 8B gate/up at 256 and 512 and 70B gate/up at 128 and 256 (85%), 8B q/k/v at 1024 (2 x 16: 75%), 70B
+  // q/k/v at 1024 (3 x 16: 83%); and at m <= 64 where a block would need several (70B gate/up at m = 64:
+  // 224 slices of 132 blocks).
+  CHECK(wgmma_whole_slices(512, kO8B.n, 128, kSms) == 0);
+  CHECK(wgmma_whole_slices(512, kQkv70B.n, 128, kSms) == 0);
+  for (int m : {256, 512}) CHECK(wgmma_whole_slices(m, kGateUp8B.n, 128, kSms) == 0);
+  for (int m : {128, 256}) CHECK(wgmma_whole_slices(m, kGateUp70B.n, 128, kSms) == 0);
+  CHECK(wgmma_whole_slices(1024, kQkv8B.n, 128, kSms) == 0);
+  CHECK(wgmma_whole_slices(1024, kQkv70B.n, 128, kSms) == 0);
+  CHECK(wgmma_whole_slices(64, kGateUp70B.n, 64, kSms) == 0);
+  CHECK(wgmma_whole_slices(128, kO8B.n, 64, kSms) == 0);
   // More row chunks than blocks: the partition already gives blocks whole chunks.
-  CHECK(wgmma_whole_slice_blocks(100000, kO8B.n, 128, kSms) == kSms);
-  CHECK(wgmma_whole_slice_blocks(128, 128, 128, kSms) == kSms);  // no 256-wide slice
+  CHECK(wgmma_whole_slices(100000, kO8B.n, 128, kSms) == 0);
+  CHECK(wgmma_whole_slices(128, 128, 128, kSms) == 0);  // no 256-wide slice
+  // The partition it asks for: whole slices, the grid within the blocks, the last block fewer.
+  for (int m : {128, 256, 512, 1024})
+    for (int64_t n : {kGateUp8B.n, kGateUp70B.n, kQkv8B.n, kQkv70B.n, kLarge.n}) {
+      const int each = wgmma_whole_slices(m, int(n), 128, kSms);
+      if (each == 0) continue;
+      INFO("m " << m << " n " << n << " each " << each);
+      const int slices = int(n / 256), k_tiles = 64;
+      const Partition P = marlin_partition(m, slices, k_tiles, 128, kSms, each);
+      CHECK(P.grid <= kSms);
+      CHECK(P.iters == each * k_tiles);
+      CHECK(P.chunk_blocks == (slices + each - 1) / each);
+      CHECK(slice_first_block(0, slices - 1, k_tiles, P.iters) == slice_last_block(0, slices - 1, k_tiles, P.iters));
+    }
 }
 
 // The streaming kernel's tile sequences (stream_ranges, walked as the kernel walks them): every (slice,

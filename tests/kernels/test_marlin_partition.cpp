@@ -9,6 +9,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/marlin_dispatch.h"
 #include "kernels/marlin_partition.h"
 #include "tests/common.h"
 
@@ -24,11 +25,12 @@ struct Launch {
 
 struct Seg { int pc, slice, kt0, cnt, first_b, last_b; };
 
-void replay(const Launch& L) {
+// whole: slices per block of a whole-slice partition (0: stripes).
+void replay(const Launch& L, int whole = 0) {
   INFO("m " << L.m << " n " << L.n << " k " << L.k << " rows " << L.rows << " tile " << L.tk << "x" << L.tn << " sms "
-            << L.sms << " max_blocks " << L.max_blocks);
+            << L.sms << " max_blocks " << L.max_blocks << " whole slices " << whole);
   const int n_tiles = L.n / L.tn, k_tiles = L.k / L.tk;
-  const Partition P = marlin_partition(L.m, n_tiles, k_tiles, L.rows, L.max_blocks);
+  const Partition P = marlin_partition(L.m, n_tiles, k_tiles, L.rows, L.max_blocks, whole);
   REQUIRE(P.grid >= 1);
   REQUIRE(P.grid <= L.max_blocks);  // co-residency of the whole launch
   REQUIRE(P.grid <= L.sms * kMaxBlocksPerSm);  // one lock per block
@@ -76,6 +78,11 @@ void replay(const Launch& L) {
       ++bad_slices;
   }
   REQUIRE(bad_slices == 0);
+  if (whole > 0) {  // whole slices: none shared
+    size_t shared = 0;
+    for (const auto& [key, blocks] : who) shared += blocks.size() == 1 ? 0 : 1;
+    REQUIRE(shared == 0);
+  }
 
   // The hand-off: a depositor never waits; a finisher waits for count - 1 deposits. Blocks run their
   // segments in order; every block must get through (no cycle of finishers waiting on each other).
@@ -135,6 +142,13 @@ TEST_CASE("partition: Hopper kernel launches stay inside the workspace and finis
             const Launch L{m, s.n, s.k, rows, kWgmmaTileN, kWgmmaTileK, sms, sms * wgmma_blocks_per_sm(occ, rows),
                            size_t(kWgmmaTileN) * rows, kWgmmaPartFloats};
             replay(L);
+            // Whole slices, as the launcher asks for them and with 1-3 slices per block wherever the grid
+            // fits the blocks (no slice shared: nothing deposited or waited for).
+            const int picked = wgmma_whole_slices(m, s.n, rows, L.max_blocks);
+            if (picked > 0) replay(L, picked);
+            const int64_t par = (m + rows - 1) / rows, slices = s.n / kWgmmaTileN;
+            for (int each = 1; each <= 3; ++each)
+              if (par * ((slices + each - 1) / each) <= L.max_blocks) replay(L, each);
           }
   }
   // The slot bound itself: 128-row tiles fill a whole SM's slots, so one block per SM whatever the
