@@ -17,8 +17,8 @@
 // --host-us prints the host time of one eager marlin_gemm call per kernel path (no graph: what a caller
 // that launches layer by layer pays on the CPU), first call on new arguments and repeated calls.
 // --auto-only times only cuBLAS and the kernel Auto picks (A/B runs); --sms N plans and launches our
-// kernels as if the device had N SMs (partition experiments); with
-// --explore, m <= 16 also times the streaming kernel at each slice width its plan accepts.
+// kernels as if the device had N SMs (partition experiments). With --explore, m <= 16 also times the
+// streaming kernel at each slice width its plan accepts.
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
