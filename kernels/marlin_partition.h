@@ -54,12 +54,8 @@ inline Partition marlin_partition(int m, int n_tiles, int k_tiles, int rows, int
   Partition P{};
   P.par = ceil_div_int(m, rows);
   const int64_t nk = int64_t(n_tiles) * k_tiles;
-  if (whole_slices > 0 && P.par <= max_blocks) {
-    P.iters = whole_slices * k_tiles;
-    P.chunk_blocks = ceil_div_int(n_tiles, whole_slices);
-    P.chunk_groups = P.par;
-  } else if (P.par <= max_blocks) {
-    P.iters = ceil_div_int(nk, max_blocks / P.par);
+  if (P.par <= max_blocks) {
+    P.iters = whole_slices > 0 ? whole_slices * k_tiles : ceil_div_int(nk, max_blocks / P.par);
     P.chunk_blocks = ceil_div_int(nk, P.iters);
     P.chunk_groups = P.par;
   } else {

@@ -252,11 +252,11 @@ TEST_CASE("dispatch: Hopper launches give blocks whole column slices where those
   CHECK(wgmma_whole_slices(128, 128, 128, kSms) == 0);  // no 256-wide slice
   // The partition it asks for: whole slices, the grid within the blocks, the last block fewer.
   for (int m : {128, 256, 512, 1024})
-    for (int64_t n : {kGateUp8B.n, kGateUp70B.n, kQkv8B.n, kQkv70B.n, kLarge.n}) {
-      const int each = wgmma_whole_slices(m, int(n), 128, kSms);
+    for (int n : {kGateUp8B.n, kGateUp70B.n, kQkv8B.n, kQkv70B.n, kLarge.n}) {
+      const int each = wgmma_whole_slices(m, n, 128, kSms);
       if (each == 0) continue;
       INFO("m " << m << " n " << n << " each " << each);
-      const int slices = int(n / 256), k_tiles = 64;
+      const int slices = n / 256, k_tiles = 64;
       const Partition P = marlin_partition(m, slices, k_tiles, 128, kSms, each);
       CHECK(P.grid <= kSms);
       CHECK(P.iters == each * k_tiles);
