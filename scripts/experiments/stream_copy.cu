@@ -4,8 +4,11 @@
 // mode 3: the same plus one 128-byte copy per stage from a small shared source (an activation row);
 // mode 1: one 2D TMA box (cp.async.bulk.tensor) per stage; mode 2: cp.async 16 B per lane from one
 // producer warp. stagger 1 starts block b b / grid of the way down its rows (stripe partitions), 0 all at
-// row 0. Consumers (16 warps) wait for each stage, read one int4 per thread and release it. Build:
+// row 0. Consumers (16 warps) wait for each stage, read one int4 per thread and release it. With an
+// argument, the sixteenth session's probe instead (see probe() below: the streaming kernel's 16 KB stages,
+// part-row coverage, extra small activation boxes per stage, ring depth). Build and run:
 //   nvcc -std=c++17 -O3 -arch=sm_90a scripts/experiments/stream_copy.cu -o /tmp/sc -lcuda
+//   /tmp/sc; /tmp/sc probe; /tmp/sc probe stages
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <cstdio>
@@ -21,12 +24,16 @@ __device__ __forceinline__ void mbar_wait(uint32_t b, uint32_t ph) {
 __device__ __forceinline__ void mbar_arrive(uint32_t b) { asm volatile("{ .reg .b64 s; mbarrier.arrive.shared::cta.b64 s, [%0]; }" ::"r"(b) : "memory"); }
 __device__ __forceinline__ void mbar_expect(uint32_t b, uint32_t n) { asm volatile("{ .reg .b64 s; mbarrier.arrive.expect_tx.shared::cta.b64 s, [%0], %1; }" ::"r"(b), "r"(n) : "memory"); }
 
-struct P { const char* src; long long pitch; int rows_total; int chunk; int stage; int stages; int mode; int stages_per_block; int stagger; };
+// extra (mode 1 only): that many more 2D copies per stage, each a 16 x 64 16-bit box with the 128B swizzle
+// from a small hot tensor `ta` (an activation box; rows past its height read as zeros), after the stage's
+// bytes in its ring slot. slot = stage + extra * 2048.
+struct P { const char* src; long long pitch; int rows_total; int chunk; int stage; int stages; int mode; int stages_per_block; int stagger; int extra; int slot; };
 
-__global__ void __launch_bounds__(544, 1) k(const P p, const __grid_constant__ CUtensorMap tm, int* sink) {
+__global__ void __launch_bounds__(544, 1) k(const P p, const __grid_constant__ CUtensorMap tm,
+                                            const __grid_constant__ CUtensorMap ta, int* sink) {
   extern __shared__ __align__(1024) unsigned char sh[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const uint32_t ring = sa(sh), full = ring + p.stages * p.stage, empty = full + 8 * p.stages;
+  const uint32_t ring = (sa(sh) + 1023) & ~1023u, full = ring + p.stages * p.slot, empty = full + 8 * p.stages;
   if (tid == 0) for (int s = 0; s < p.stages; ++s) { mbar_init(full + 8 * s, p.mode == 2 ? 32 : 1); mbar_init(empty + 8 * s, 512); }
   __syncthreads();
   const int rows_per_stage = p.stage / p.chunk;
@@ -36,7 +43,7 @@ __global__ void __launch_bounds__(544, 1) k(const P p, const __grid_constant__ C
     int st = 0; uint32_t ph = 0;
     for (int i = 0; i < p.stages_per_block; ++i) {
       mbar_wait(empty + 8 * st, ph ^ 1);
-      const uint32_t bar = full + 8 * st, dst = ring + st * p.stage;
+      const uint32_t bar = full + 8 * st, dst = ring + st * p.slot;
       // stagger: block b starts b / gridDim of the way down its column (stream-K-like stripes), wrapping
       const int si = p.stagger ? (i + int((long long)blockIdx.x * p.stages_per_block / gridDim.x)) % p.stages_per_block : i;
       const int row0 = si * rows_per_stage;
@@ -52,9 +59,14 @@ __global__ void __launch_bounds__(544, 1) k(const P p, const __grid_constant__ C
                        ::"r"(dst + r * p.chunk), "l"(p.src + (row0 + r) * p.pitch + col), "r"(p.chunk), "r"(bar) : "memory");
       } else if (p.mode == 1) {
         if (lane == 0) {
-          mbar_expect(bar, p.stage);
-          asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
-                       ::"r"(dst), "l"(&tm), "r"(int(col / 8)), "r"(row0), "r"(bar) : "memory");
+          mbar_expect(bar, p.stage + p.extra * 2048);
+          const int nbox = p.chunk > 2048 ? p.chunk / 2048 : 1;  // rows wider than one box (256 x 8 bytes)
+          for (int j = 0; j < nbox; ++j)
+            asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+                         ::"r"(dst + j * (p.stage / nbox)), "l"(&tm), "r"(int(col / 8) + 256 * j), "r"(row0), "r"(bar) : "memory");
+          for (int e = 0; e < p.extra; ++e)
+            asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+                         ::"r"(dst + p.stage + e * 2048), "l"(&ta), "r"(((i * p.extra + e) % 64) * 64), "r"(0), "r"(bar) : "memory");
         }
       } else {
         const int per_row = p.chunk / 16;
@@ -72,7 +84,7 @@ __global__ void __launch_bounds__(544, 1) k(const P p, const __grid_constant__ C
   int st = 0; uint32_t ph = 0, acc = 0;
   for (int i = 0; i < p.stages_per_block; ++i) {
     mbar_wait(full + 8 * st, ph);
-    const int4 v = *reinterpret_cast<const int4*>(sh + st * p.stage + (tid * 16) % p.stage);
+    const int4 v = *reinterpret_cast<const int4*>(sh + (ring - sa(sh)) + st * p.slot + (tid * 16) % p.stage);
     acc ^= v.x ^ v.w;
     mbar_arrive(empty + 8 * st);
     if (++st == p.stages) st = 0, ph ^= 1;
@@ -80,7 +92,17 @@ __global__ void __launch_bounds__(544, 1) k(const P p, const __grid_constant__ C
   if (acc == 0x12345678) sink[0] = acc;
 }
 
-int main() {
+// Probe (any argument): mode 1 only, 16 KB stages (the streaming kernel's), 8 stages, chunk 1 or 2 KB,
+// aligned fronts; `cover` = the fraction of each row the blocks' columns span together (1, 1/2, 132/448:
+// one round of slices over a wider layer), `extra` small copies per stage from a 4096-wide activation
+// tensor of `arows` rows (1: only row 0 in bounds, the rest zero-filled; 16: all read).
+// `stages` as the second argument instead: the ring depth at the streaming kernel's stage shapes (1 KB
+// rows with four activation boxes, 2 KB rows with two), every row whole. `runs`: longer contiguous runs per
+// block and row (1-16 KB; 2D boxes of at most 2 KB side by side, or one 1D bulk copy per row), whole rows.
+int probe(int sms, char* src, long long bytes, int* sink, void* fn, bool stages);
+int probe_runs(int sms, char* src, long long bytes, int* sink, void* fn);
+
+int main(int argc, char** argv) {
   int sms = 0; cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
   const long long bytes = 1ll << 30;  // 1 GiB of "weights"
   char* src; cudaMalloc(&src, bytes); cudaMemset(src, 1, bytes);
@@ -92,6 +114,9 @@ int main() {
   void* fn = nullptr; cudaDriverEntryPointQueryResult q;
   cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q);
   Enc enc = (Enc)fn;
+  if (argc > 2 && argv[2][0] == 'r') return probe_runs(sms, src, bytes, sink, fn);
+  if (argc > 1) return probe(sms, src, bytes, sink, fn, argc > 2 && argv[2][0] == 's');
+  CUtensorMap none{};
   cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
   printf("mode chunk stage stages blocks | us GB/s\n");
   for (int stagger : {0, 1})
@@ -104,17 +129,17 @@ int main() {
           const int blocks = sms;
           const long long pitch = (long long)chunk * blocks;  // rows of all blocks' columns
           const int rows = int(bytes / pitch);
-          P p{src, pitch, rows, chunk, stage, stages, mode, int((long long)rows * chunk / stage), stagger};
+          P p{src, pitch, rows, chunk, stage, stages, mode, int((long long)rows * chunk / stage), stagger, 0, stage};
           CUtensorMap tm{};
           cuuint64_t dims[2] = {cuuint64_t(pitch / 8), cuuint64_t(rows)}, strides[1] = {cuuint64_t(pitch)};
           cuuint32_t box[2] = {cuuint32_t(chunk / 8), cuuint32_t(stage / chunk)}, es[2] = {1, 1};
           CUresult r = enc(&tm, CU_TENSOR_MAP_DATA_TYPE_UINT64, 2, src, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
                            CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
           if (mode == 1 && r != CUDA_SUCCESS) { printf("%d %d %d %d encode failed %d\n", mode, chunk, stage, stages, int(r)); continue; }
-          const int smem = stages * stage + 16 * stages + 128 * stages;
-          k<<<blocks, 544, smem>>>(p, tm, sink);
+          const int smem = 1024 + stages * stage + 16 * stages + 128 * stages;
+          k<<<blocks, 544, smem>>>(p, tm, none, sink);
           cudaEventRecord(e0);
-          for (int it = 0; it < 3; ++it) k<<<blocks, 544, smem>>>(p, tm, sink);
+          for (int it = 0; it < 3; ++it) k<<<blocks, 544, smem>>>(p, tm, none, sink);
           cudaEventRecord(e1); cudaEventSynchronize(e1);
           float ms; cudaEventElapsedTime(&ms, e0, e1);
           cudaError_t err = cudaGetLastError();
@@ -122,5 +147,98 @@ int main() {
           printf("stagger %d mode %d %5d %6d %3d %4d | %8.1f %7.1f %s\n", stagger, mode, chunk, stage, stages, blocks, ms * 1000 / 3,
                  moved / (ms / 3 * 1e-3) / 1e9, err ? cudaGetErrorString(err) : "");
         }
+  return 0;
+}
+
+int probe(int sms, char* src, long long bytes, int* sink, void* fn, bool sweep_stages) {
+  typedef CUresult (*Enc)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,
+                          const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                          CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+  Enc enc = (Enc)fn;
+  const int stage = 16384;
+  unsigned short* a; cudaMalloc(&a, 16 * 4096 * 2); cudaMemset(a, 0x3c, 16 * 4096 * 2);
+  cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
+  printf("chunk cover(blocks/row-slices) extra arows stages | us GB/s\n");
+  for (int chunk : {1024, 2048})
+    for (int slices : {sms, 2 * sms, 448})  // slices per row; the blocks read the first sms of them
+      for (int extra : {0, 1, 2, 4})
+        for (int arows : {1, 16})
+          for (int stages : {5, 6, 7, 8, 9, 10}) {
+          if (extra == 0 && arows == 16) continue;
+          if (sweep_stages != (slices == sms && arows == 1 && extra == (chunk == 1024 ? 4 : 2))) continue;
+          if (!sweep_stages && stages != 8) continue;
+          const long long pitch = (long long)chunk * slices;
+          const int rows = int(bytes / pitch) / (stage / chunk) * (stage / chunk);
+          P p{src, pitch, rows, chunk, stage, stages, 1, int((long long)rows * chunk / stage), 0, extra, stage + extra * 2048};
+          CUtensorMap tm{}, ta{};
+          cuuint64_t dims[2] = {cuuint64_t(pitch / 8), cuuint64_t(rows)}, strides[1] = {cuuint64_t(pitch)};
+          cuuint32_t box[2] = {cuuint32_t(chunk / 8), cuuint32_t(stage / chunk)}, es[2] = {1, 1};
+          CUresult r = enc(&tm, CU_TENSOR_MAP_DATA_TYPE_UINT64, 2, src, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                           CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+          cuuint64_t adims[2] = {4096, cuuint64_t(arows)}, astr[1] = {4096 * 2};
+          cuuint32_t abox[2] = {64, 16};
+          CUresult r2 = enc(&ta, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, a, adims, astr, abox, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+          if (r != CUDA_SUCCESS || r2 != CUDA_SUCCESS) { printf("encode failed %d %d\n", int(r), int(r2)); continue; }
+          const int smem = 1024 + stages * p.slot + 16 * stages;
+          cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+          k<<<sms, 544, smem>>>(p, tm, ta, sink);
+          float best = 1e30f;
+          for (int rep = 0; rep < 3; ++rep) {
+            cudaEventRecord(e0);
+            for (int it = 0; it < 3; ++it) k<<<sms, 544, smem>>>(p, tm, ta, sink);
+            cudaEventRecord(e1); cudaEventSynchronize(e1);
+            float ms; cudaEventElapsedTime(&ms, e0, e1);
+            best = ms < best ? ms : best;
+          }
+          cudaError_t err = cudaGetLastError();
+          const double moved = double(p.stages_per_block) * stage * sms;  // weights only
+          printf("%5d %4d/%4d %d %2d %2d | %8.1f %7.1f %s\n", chunk, sms, slices, extra, arows, stages, best * 1000 / 3,
+                 moved / (best / 3 * 1e-3) / 1e9, err ? cudaGetErrorString(err) : "");
+        }
+  return 0;
+}
+
+int probe_runs(int sms, char* src, long long bytes, int* sink, void* fn) {
+  typedef CUresult (*Enc)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,
+                          const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                          CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+  Enc enc = (Enc)fn;
+  cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
+  CUtensorMap none{};
+  printf("mode chunk stage stages | us GB/s\n");
+  for (int stage : {16384, 32768})
+    for (int mode : {1, 0})
+      for (int chunk : {1024, 2048, 4096, 8192, 16384}) {
+        if (chunk > stage || (mode == 0 && stage / chunk > 32)) continue;
+        const int stages = stage == 16384 ? 8 : 5;
+        const long long pitch = (long long)chunk * sms;
+        const int rows = int(bytes / pitch) / (stage / chunk) * (stage / chunk);
+        P p{src, pitch, rows, chunk, stage, stages, mode, int((long long)rows * chunk / stage), 0, 0, stage};
+        CUtensorMap tm{};
+        const int inner = chunk > 2048 ? 2048 : chunk;
+        cuuint64_t dims[2] = {cuuint64_t(pitch / 8), cuuint64_t(rows)}, strides[1] = {cuuint64_t(pitch)};
+        cuuint32_t box[2] = {cuuint32_t(inner / 8), cuuint32_t(stage / chunk)}, es[2] = {1, 1};
+        if (enc(&tm, CU_TENSOR_MAP_DATA_TYPE_UINT64, 2, src, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
+          printf("encode failed\n");
+          continue;
+        }
+        const int smem = 1024 + stages * p.slot + 16 * stages + 128 * stages;
+        cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        k<<<sms, 544, smem>>>(p, tm, none, sink);
+        float best = 1e30f;
+        for (int rep = 0; rep < 3; ++rep) {
+          cudaEventRecord(e0);
+          for (int it = 0; it < 3; ++it) k<<<sms, 544, smem>>>(p, tm, none, sink);
+          cudaEventRecord(e1); cudaEventSynchronize(e1);
+          float ms; cudaEventElapsedTime(&ms, e0, e1);
+          best = ms < best ? ms : best;
+        }
+        cudaError_t err = cudaGetLastError();
+        const double moved = double(p.stages_per_block) * stage * sms;
+        printf("%d %5d %5d %d | %8.1f %7.1f %s\n", mode, chunk, stage, stages, best * 1000 / 3,
+               moved / (best / 3 * 1e-3) / 1e9, err ? cudaGetErrorString(err) : "");
+      }
   return 0;
 }
