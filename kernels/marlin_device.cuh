@@ -210,11 +210,18 @@ cudaError_t launch_kernel(Kernel kernel, int threads, const LaunchOpts& o, cudaS
   cfg.blockDim = dim3(threads);
   cfg.dynamicSmemBytes = size_t(o.smem_bytes);
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (o.pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (o.cluster > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n++].val.clusterDim = {unsigned(o.cluster), 1, 1};
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = o.pdl ? 1 : 0;
+  cfg.numAttrs = n;
   return cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 

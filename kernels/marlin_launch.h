@@ -49,6 +49,7 @@ struct KernelArgs {
 struct LaunchOpts {
   int grid = 0, smem_bytes = 0;
   bool pdl = false;  // cudaLaunchAttributeProgrammaticStreamSerialization (MarlinGemm::overlap_previous)
+  int cluster = 0;   // > 1: cudaLaunchAttributeClusterDimension (cluster x 1 x 1; grid % cluster == 0)
 };
 
 // Dynamic shared memory bytes and occupancy (blocks per SM) of one configuration; also raises the
@@ -77,10 +78,14 @@ template <int DT, int NT, int BPS>
 cudaError_t wgmma_ws_prepare(int* blocks_per_sm, int* smem_bytes);
 template <int DT, int NT, int BPS>
 cudaError_t wgmma_ws_launch(const KernelArgs& a, const TmaMaps& maps, const LaunchOpts& o, cudaStream_t stream);
-// The streaming m <= 16 kernel (kernels/sm90/marlin_stream.cuh): TN-column slices, one block per SM.
-template <int DT, int TN>
+// The streaming m <= 16 kernel (kernels/sm90/marlin_stream.cuh): TN-column slices, one block per SM; CL: its
+// form for launches whose slices are split in two, each pair one cluster (LaunchOpts::cluster = 2).
+template <int DT, int TN, bool CL>
 cudaError_t stream_prepare(int* blocks_per_sm, int* smem_bytes);
-template <int DT, int TN>
+template <int DT, int TN, bool CL>
 cudaError_t stream_launch(const KernelArgs& a, const TmaMaps& maps, const LaunchOpts& o, cudaStream_t stream);
+// How many clusters of `size` blocks of the CL form (o.smem_bytes each) the device runs at once.
+template <int DT, int TN>
+cudaError_t stream_max_clusters(int size, const LaunchOpts& o, int* clusters);
 
 }  // namespace marlinc::kernels::detail

@@ -18,7 +18,9 @@
 // column block sum their partial products through shared memory at the end of each slice. The
 // cross-block reduction (fp32 deposits, the in-order finisher) and the output are the mma.sync kernel's
 // (KernelArgs, marlin_partition.h), over the stripe partition, the k-split (KernelArgs::split) or rounds of
-// whole slices before a k-split (KernelArgs::rounds, for layers with more slices than SMs).
+// whole slices before a k-split (KernelArgs::rounds, for layers with more slices than SMs). Where slices are
+// split in two, the CLUSTER form runs each pair as a thread-block cluster and adds the partner's sums
+// through the finisher's shared memory instead (no global-memory deposit, fence or counter).
 #pragma once
 #include <cstdint>
 
@@ -28,7 +30,7 @@
 
 namespace marlinc::kernels::detail {
 
-template <int TN>
+template <int TN, bool CLUSTER = false>
 struct StreamShape {
   static constexpr int U = 2;  // packed 16x64 blocks per consumer warp and stage
   static constexpr int kNB = TN / 64;                     // 64-column packed blocks per slice
@@ -50,9 +52,18 @@ struct StreamShape {
   static constexpr int kAlign = 1024;                     // 128B-swizzled boxes start on 1 KB
   static constexpr int kSmemLimit = 227 * 1024;
   static constexpr int kMaxStages = 16;
-  static constexpr int kFit = (kSmemLimit - kAlign - kRedBytes) / (kStage + 16);
+  // CLUSTER: a slice split in two runs as a cluster of its two blocks (LaunchOpts::cluster): the partner
+  // sends its sums into the finisher's shared memory, one 16 x TN fp32 tile as [column block][n8 tile][lane].
+  // Room for one partner keeps the ring's stages (7 at 128 columns, 8 at 256); clusters of three and four
+  // measured slower (kernels/marlin.cu, kStreamClusterSplit).
+  static constexpr int kMaxCluster = CLUSTER ? 2 : 1;
+  static constexpr int kPartBytes = kRows * TN * 4;
+  static constexpr int kRecvBytes = (kMaxCluster - 1) * kPartBytes;
+  static constexpr int kFit = (kSmemLimit - kAlign - kRedBytes - kRecvBytes - (CLUSTER ? 16 : 0)) / (kStage + 16);
   static constexpr int kStages = kFit < kMaxStages ? kFit : kMaxStages;
-  static constexpr int kSmemBytes = kAlign + kStages * kStage + kRedBytes + 16 * kStages;  // + full/empty
+  // [ring | k-group reduction | partner sums | full/empty barriers | the sums' barrier]
+  static constexpr int kSmemBytes =
+      kAlign + kStages * kStage + kRedBytes + kRecvBytes + 16 * kStages + (CLUSTER ? 16 : 0);
   static constexpr int kBar = 1;                          // named barrier of the consumer warps
 
   static_assert(TN == 128 || TN == 256, "slices of two or four packed 64-column blocks (64-deep A boxes)");
@@ -62,6 +73,7 @@ struct StreamShape {
   static_assert((kTK / 32 > 1 ? kTK / 32 : 1) * TN * 2 <= kSBytes, "a stage's group rows fit the scale area");
   static_assert(kStage % kAlign == 0, "every stage's activation boxes stay 1 KB aligned");
   static_assert(kStages >= 4, "the ring keeps several stages in flight");
+  static_assert(kPartBytes == kNB * kAcc * 32 * 16, "a partner's sums: every holder lane's acc as float4");
   static_assert(kSmemBytes <= kSmemLimit, "one block per SM");
 };
 
@@ -69,27 +81,35 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
 }
 
-template <int DT, bool GROUPED, int TN>
+template <int DT, bool GROUPED, int TN, bool CLUSTER>
 __global__ void __launch_bounds__(StreamShape<TN>::kThreads, 1)
     marlin_stream_kernel(const KernelArgs p, const __grid_constant__ TmaMaps maps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using S = StreamShape<TN>;
+  using S = StreamShape<TN, CLUSTER>;
   constexpr int U = S::U;
   extern __shared__ __align__(16) unsigned char sh_raw[];
   const uint32_t raw = smem_addr(sh_raw);
   unsigned char* sh = sh_raw + (((raw + S::kAlign - 1) & ~uint32_t(S::kAlign - 1)) - raw);
-  const uint32_t ring0 = smem_addr(sh);  // [ring | reduction | barriers]
+  const uint32_t ring0 = smem_addr(sh);  // [ring | reduction | partner sums | barriers]
   unsigned char* red_raw = sh + S::kStages * S::kStage;
-  const uint32_t full0 = ring0 + S::kStages * S::kStage + S::kRedBytes, empty0 = full0 + 8 * S::kStages;
+  constexpr int kRecvOff = S::kStages * S::kStage + S::kRedBytes;  // from ring0; also recv_bar's, below
+  constexpr int kRecvBarOff = kRecvOff + S::kRecvBytes + 16 * S::kStages;
+  const uint32_t full0 = ring0 + kRecvOff + S::kRecvBytes, empty0 = full0 + 8 * S::kStages;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int k_tiles = p.k / S::kTK, n_tiles = p.n / TN;
-  if (tid == 0)
+  if (tid == 0) {
     for (int s = 0; s < S::kStages; ++s) {
       mbar_init(full0 + 8 * s, 1);                     // the producer's arrive.expect_tx
       mbar_init(empty0 + 8 * s, S::kConsumerThreads);  // each consumer thread once its reads are done
     }
+    if constexpr (CLUSTER) {
+      mbar_init(ring0 + kRecvBarOff, 1);  // the finisher's arrive.expect_tx of its partner's bytes
+      fence_mbarrier_init_cluster();
+    }
+  }
   __syncthreads();  // barriers initialized before anyone waits on or arrives at them
+  if constexpr (CLUSTER) cluster_arrive();  // waited for before the first send into a partner's shared memory
   allow_next_grid();
   tl_mark(p, kTlEntry, tid == 0);
   tl_mark(p, kTlSm, tid == 0);
@@ -229,8 +249,41 @@ __global__ void __launch_bounds__(StreamShape<TN>::kThreads, 1)
       const int last_b = slice < whole  ? b
                          : p.split > 0 ? first_b + p.split - 1
                                        : slice_last_block(0, slice, k_tiles, p.iters);
-      finish_slice_frags<DT, GROUPED, 1, S::kRows, TN, S::kBar, S::kConsumerThreads>(p, acc, slice, first_b, last_b, 0,
-                                                                                      0, p.m, wk == 0, wn, lane);
+      // CLUSTER: a split slice's blocks are one cluster (rank b - first_b): the partner sends its sums into the
+      // finisher's shared memory (st.async, counted on its recv_bar) and is done; the finisher adds them in
+      // rank order, as the deposits in finish_slice_frags in block order, and writes C alone. No global-memory
+      // round trip, fence or counter (docs/PERF.md, sixteenth session).
+      const bool clustered = CLUSTER && last_b > first_b;
+      if (clustered) cluster_wait();  // every block of the cluster has initialized its barriers
+      if (clustered && b > first_b) {
+        if (wk == 0) {
+          const uint32_t base = smem_addr(sh);
+          const uint32_t dst = map_to_rank(base + kRecvOff + ((b - first_b - 1) * S::kNB + wn) * S::kAcc * 512 + lane * 16, 0);
+          const uint32_t bar = map_to_rank(base + kRecvBarOff, 0);
+#pragma unroll
+          for (int a = 0; a < S::kAcc; ++a) st_async_f4(dst + a * 512, acc[a], bar);
+        }
+      } else {
+        if (clustered) {
+          const uint32_t recv_bar = smem_addr(sh) + kRecvBarOff;
+          if (tid == 0) mbar_expect_tx(recv_bar, uint32_t(last_b - first_b) * S::kPartBytes);
+          if (wk == 0) {
+            const float4* recv = reinterpret_cast<const float4*>(sh + kRecvOff);
+            mbar_wait(recv_bar, 0);  // one split slice per block and launch: the barrier's first phase
+#pragma unroll
+            for (int q = 0; q < S::kMaxCluster - 1; ++q)  // unrolled: a loop of unknown count spilled acc
+              if (q < last_b - first_b)
+#pragma unroll
+                for (int a = 0; a < S::kAcc; ++a) {
+                  const float4 v = recv[((q * S::kNB + wn) * S::kAcc + a) * 32 + lane];
+                  acc[a][0] += v.x, acc[a][1] += v.y, acc[a][2] += v.z, acc[a][3] += v.w;
+                }
+          }
+          tl_mark(p, kTlReduced, lead);
+        }
+        finish_slice_frags<DT, GROUPED, 1, S::kRows, TN, S::kBar, S::kConsumerThreads>(
+            p, acc, slice, clustered ? b : first_b, clustered ? b : last_b, 0, 0, p.m, wk == 0, wn, lane);
+      }
       it += cnt;
     }
   }
@@ -240,21 +293,44 @@ __global__ void __launch_bounds__(StreamShape<TN>::kThreads, 1)
 #endif
 }
 
-template <int DT, int TN>
+template <int DT, int TN, bool CL>
 cudaError_t stream_prepare(int* blocks_per_sm, int* smem_bytes) {
-  using S = StreamShape<TN>;
-  return prepare_variants(marlin_stream_kernel<DT, false, TN>, marlin_stream_kernel<DT, true, TN>, S::kThreads,
+  using S = StreamShape<TN, CL>;
+  return prepare_variants(marlin_stream_kernel<DT, false, TN, CL>, marlin_stream_kernel<DT, true, TN, CL>, S::kThreads,
                           S::kSmemBytes, blocks_per_sm, smem_bytes);
 }
 
-template <int DT, int TN>
+template <int DT, int TN, bool CL>
 cudaError_t stream_launch(const KernelArgs& a, const TmaMaps& maps, const LaunchOpts& o, cudaStream_t stream) {
-  return launch_variant(marlin_stream_kernel<DT, false, TN>, marlin_stream_kernel<DT, true, TN>,
-                        StreamShape<TN>::kThreads, a, o, stream, maps);
+  return launch_variant(marlin_stream_kernel<DT, false, TN, CL>, marlin_stream_kernel<DT, true, TN, CL>,
+                        StreamShape<TN, CL>::kThreads, a, o, stream, maps);
 }
 
-#define MARLINC_INSTANTIATE_STREAM(DT, TN)                    \
-  template cudaError_t stream_prepare<DT, TN>(int*, int*); \
-  template cudaError_t stream_launch<DT, TN>(const KernelArgs&, const TmaMaps&, const LaunchOpts&, cudaStream_t);
+template <int DT, int TN>
+cudaError_t stream_max_clusters(int size, const LaunchOpts& o, int* clusters) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(o.grid);
+  cfg.blockDim = dim3(StreamShape<TN, true>::kThreads);
+  cfg.dynamicSmemBytes = size_t(o.smem_bytes);
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim = {unsigned(size), 1, 1};
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  int n[2] = {0, 0};  // both variants take the same resources; the smaller count holds for either
+  cudaError_t e = cudaOccupancyMaxActiveClusters(&n[0], marlin_stream_kernel<DT, false, TN, true>, &cfg);
+  if (e == cudaSuccess) e = cudaOccupancyMaxActiveClusters(&n[1], marlin_stream_kernel<DT, true, TN, true>, &cfg);
+  *clusters = n[0] < n[1] ? n[0] : n[1];
+  return e;
+}
+
+#define MARLINC_INSTANTIATE_STREAM(DT, TN)                                                                     \
+  template cudaError_t stream_prepare<DT, TN, false>(int*, int*);                                           \
+  template cudaError_t stream_prepare<DT, TN, true>(int*, int*);                                            \
+  template cudaError_t stream_launch<DT, TN, false>(const KernelArgs&, const TmaMaps&, const LaunchOpts&,     \
+                                                    cudaStream_t);                                          \
+  template cudaError_t stream_launch<DT, TN, true>(const KernelArgs&, const TmaMaps&, const LaunchOpts&,      \
+                                                   cudaStream_t);                                           \
+  template cudaError_t stream_max_clusters<DT, TN>(int, const LaunchOpts&, int*);
 
 }  // namespace marlinc::kernels::detail

@@ -604,7 +604,9 @@ TEST_CASE("marlin: streaming kernel for m <= 16", "[gpu][marlin][stream]") {
   // three SMs, two slices split in two on five SMs, two 128-wide slices split in two on four, and the
   // chosen width (four whole-k slices of 128 on five SMs). Rounds (more slices than SMs): ten slices of 128
   // on three SMs (three rounds, then one slice in three parts), and the loop above on one and three SMs.
-  // Stripes: six one-stage slices of 128 on five SMs, where rounds would fill 60%.
+  // Stripes: six one-stage slices of 128 on five SMs, where rounds would fill 60%. The slices split in two
+  // (on five and four SMs) run as clusters whose partner adds its sums through the finisher's shared memory
+  // (the CLUSTER form, kernels/marlin.cu kStreamClusterSplit); the other splits deposit in the workspace.
   const struct { int64_t k, n; int sms, tn; ActType act; int64_t g; } splits[] = {
       {1024, 768, 3, 256, ActType::F16, 128}, {1024, 512, 5, 256, ActType::F16, -1},
       {2048, 256, 4, 128, ActType::BF16, 32}, {1024, 512, 5, 0, ActType::F16, 64},
@@ -648,7 +650,7 @@ TEST_CASE("marlin: streaming kernel under the sanitizers", "[gpu][marlin][stream
           run_case(L, m, rng, o);
         }
   }
-  const Layer Ls = make_layer(rng, 1024, 512, 128, ActType::F16);  // two slices split in two on four SMs
+  const Layer Ls = make_layer(rng, 1024, 512, 128, ActType::F16);  // two slices split in two on four SMs: clusters
   RunOpts o;
   o.path = MarlinPath::Stream;
   o.thread_n = 256;
