@@ -150,6 +150,28 @@ int main(int argc, char** argv) {
   return 0;
 }
 
+// The probes' timing: one warm-up launch, then the fastest of three runs of three launches (ms per run).
+float best_of_3(const P& p, const CUtensorMap& tm, const CUtensorMap& ta, int* sink, int sms, int smem) {
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  k<<<sms, 544, smem>>>(p, tm, ta, sink);
+  float best = 1e30f;
+  for (int rep = 0; rep < 3; ++rep) {
+    cudaEventRecord(e0);
+    for (int it = 0; it < 3; ++it) k<<<sms, 544, smem>>>(p, tm, ta, sink);
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float ms;
+    cudaEventElapsedTime(&ms, e0, e1);
+    best = ms < best ? ms : best;
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return best;
+}
+
 int probe(int sms, char* src, long long bytes, int* sink, void* fn, bool sweep_stages) {
   typedef CUresult (*Enc)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,
                           const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
@@ -157,7 +179,6 @@ int probe(int sms, char* src, long long bytes, int* sink, void* fn, bool sweep_s
   Enc enc = (Enc)fn;
   const int stage = 16384;
   unsigned short* a; cudaMalloc(&a, 16 * 4096 * 2); cudaMemset(a, 0x3c, 16 * 4096 * 2);
-  cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
   printf("chunk cover(blocks/row-slices) extra arows stages | us GB/s\n");
   for (int chunk : {1024, 2048})
     for (int slices : {sms, 2 * sms, 448})  // slices per row; the blocks read the first sms of them
@@ -180,17 +201,7 @@ int probe(int sms, char* src, long long bytes, int* sink, void* fn, bool sweep_s
           CUresult r2 = enc(&ta, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, a, adims, astr, abox, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
                             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
           if (r != CUDA_SUCCESS || r2 != CUDA_SUCCESS) { printf("encode failed %d %d\n", int(r), int(r2)); continue; }
-          const int smem = 1024 + stages * p.slot + 16 * stages;
-          cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-          k<<<sms, 544, smem>>>(p, tm, ta, sink);
-          float best = 1e30f;
-          for (int rep = 0; rep < 3; ++rep) {
-            cudaEventRecord(e0);
-            for (int it = 0; it < 3; ++it) k<<<sms, 544, smem>>>(p, tm, ta, sink);
-            cudaEventRecord(e1); cudaEventSynchronize(e1);
-            float ms; cudaEventElapsedTime(&ms, e0, e1);
-            best = ms < best ? ms : best;
-          }
+          const float best = best_of_3(p, tm, ta, sink, sms, 1024 + stages * p.slot + 16 * stages);
           cudaError_t err = cudaGetLastError();
           const double moved = double(p.stages_per_block) * stage * sms;  // weights only
           printf("%5d %4d/%4d %d %2d %2d | %8.1f %7.1f %s\n", chunk, sms, slices, extra, arows, stages, best * 1000 / 3,
@@ -204,7 +215,6 @@ int probe_runs(int sms, char* src, long long bytes, int* sink, void* fn) {
                           const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
                           CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
   Enc enc = (Enc)fn;
-  cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
   CUtensorMap none{};
   printf("mode chunk stage stages | us GB/s\n");
   for (int stage : {16384, 32768})
@@ -224,17 +234,7 @@ int probe_runs(int sms, char* src, long long bytes, int* sink, void* fn) {
           printf("encode failed\n");
           continue;
         }
-        const int smem = 1024 + stages * p.slot + 16 * stages + 128 * stages;
-        cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-        k<<<sms, 544, smem>>>(p, tm, none, sink);
-        float best = 1e30f;
-        for (int rep = 0; rep < 3; ++rep) {
-          cudaEventRecord(e0);
-          for (int it = 0; it < 3; ++it) k<<<sms, 544, smem>>>(p, tm, none, sink);
-          cudaEventRecord(e1); cudaEventSynchronize(e1);
-          float ms; cudaEventElapsedTime(&ms, e0, e1);
-          best = ms < best ? ms : best;
-        }
+        const float best = best_of_3(p, tm, none, sink, sms, 1024 + stages * p.slot + 16 * stages + 128 * stages);
         cudaError_t err = cudaGetLastError();
         const double moved = double(p.stages_per_block) * stage * sms;
         printf("%d %5d %5d %d | %8.1f %7.1f %s\n", mode, chunk, stage, stages, best * 1000 / 3,
