@@ -478,13 +478,12 @@ MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int 
 }
 
 #if MARLINC_HAVE_SM90A
-// Slices split in two run as clusters of their two blocks, which add their sums through shared memory
-// (kernels/sm90/marlin_stream.cuh, CLUSTER). H100 (docs/PERF.md, sixteenth session), same call, two runs
-// each, µs per layer: 70B down 42.1-42.8 -> 41.3-41.7 at m = 1-8, 70B gate/up (its last slices in halves)
-// 84.3-85.8 -> 83.0-85.3 at m = 1-8, 70B o at m = 16 15.3 -> 14.9; the 70B set at m = 1-8 161.5-162.9 ->
-// 159.9-161.6; the other streaming layers level. Clusters of three and four were slower in an earlier form
-// (70B q/k/v at m = 16 20.0-20.1 -> 20.2, 8B down at m = 16 16.2-16.3 -> 16.6-16.7).
-constexpr int kStreamClusterSplit = 2;
+// Slices split in two (kStreamClusterSplit, kernels/marlin_dispatch.h) run as clusters of their two blocks,
+// which add their sums through shared memory (kernels/sm90/marlin_stream.cuh, CLUSTER). H100 (docs/PERF.md,
+// sixteenth session), same call, two runs each, µs per layer: 70B down 42.1-42.8 -> 41.3-41.7 at m = 1-8, 70B
+// gate/up (its last slices in halves) 84.3-85.8 -> 83.0-85.3 at m = 1-8, 70B o at m = 16 15.3 -> 14.9; the 70B
+// set at m = 1-8 161.5-162.9 -> 159.9-161.6; the other streaming layers level. Clusters of three and four were
+// slower in an earlier form (70B q/k/v at m = 16 20.0-20.1 -> 20.2, 8B down at m = 16 16.2-16.3 -> 16.6-16.7).
 // Whether the device holds the whole grid's clusters at once (a launch in two waves of clusters would idle
 // half the SMs), queried once per (device, kernel).
 int g_st_clusters[kMaxDevices][2][2];  // clusters + 1; 0: not queried yet

@@ -111,15 +111,23 @@ constexpr StreamRanges stream_ranges(int b, int grid, int rounds, int split, int
 // on the smaller layers the thresholds leave out (8B q/k/v 10.6-12.0 against 9.4-10.8, 8B o 8.9-9.4
 // against 7.5-8.0, 70B o at m <= 8 16.0-16.3 against 15.7-15.9, 70B q/k/v at m <= 8 19.5-19.8 against
 // 19.0-19.2, 8B down at m = 1 and 4 15.6 against 15.2).
+// At m <= 8 also from kStreamPairLayer weights where the plan splits the slices in two: the launcher runs
+// those as two-block clusters (kernels/marlin.cu; kStreamClusterSplit), whose tail is short. H100 (docs/PERF.md,
+// sixteenth session), one call, two runs, µs: 70B o (2^26, 64 slices of 128 in halves) 16.3-16.8 / 15.7-15.9 /
+// 15.8 on the Hopper kernel against 15.0 / 14.8-14.9 / 14.8 at m = 1 / 4 / 8; 70B q/k/v (in thirds: no
+// cluster) stays, 19.0-19.1 against 18.9-19.2.
 constexpr int kStreamSmallMaxM = 8;
 constexpr int64_t kStreamSmallMLayer = int64_t(3) << 25;  // 2^26.6 (8B gate/up 2^26.8 in, 70B q/k/v 2^26.3 out)
 constexpr int64_t kStream16Layer = int64_t(3) << 24;      // 2^25.6 (8B down 2^25.8 in, 8B q/k/v 2^24.6 out)
+constexpr int64_t kStreamPairLayer = int64_t(1) << 26;    // 70B o in, 8B down 2^25.8 out
+constexpr int kStreamClusterSplit = 2;                    // slices split this many ways run as clusters
 constexpr bool stream_auto(int m, int n, int k, int sms) {
   if (m < 1 || m > kStreamMaxM) return false;
   const int64_t weights = int64_t(n) * k;
-  if (weights < (m <= kStreamSmallMaxM ? kStreamSmallMLayer : kStream16Layer)) return false;
   const StreamPlan p = stream_plan(n, k, sms, 0);
-  return p.tn != 0 && p.split > 0;
+  if (p.tn == 0 || p.split <= 0) return false;
+  if (weights >= (m <= kStreamSmallMaxM ? kStreamSmallMLayer : kStream16Layer)) return true;
+  return m <= kStreamSmallMaxM && weights >= kStreamPairLayer && p.split == kStreamClusterSplit;
 }
 
 // m > 64 on the Hopper kernel: 128-row token tiles, or 64-row ones where the 128-row partition leaves so

@@ -162,11 +162,13 @@ TEST_CASE("dispatch: Auto takes the streaming kernel on large layers at m <= 16"
   constexpr int kSms = 132;
   for (int m : {1, 2, 4, 8}) {
     INFO("m " << m);
-    for (const Layer& L : {kGateUp8B, kDown70B, kLarge, kGateUp70B}) {
+    // 70B o (2^26): its plan splits 64 slices of 128 in two, which run as clusters (kStreamClusterSplit).
+    for (const Layer& L : {kGateUp8B, kDown70B, kLarge, kGateUp70B, kO70B}) {
       INFO(L.name);
       CHECK(stream_auto(m, L.n, L.k, kSms));
     }
-    for (const Layer& L : {kQkv8B, kO8B, kDown8B, kQkv70B, kO70B}) {
+    // 70B q/k/v (2^26.3) splits 40 slices of 256 in three; 8B down (2^25.8) is below 2^26.
+    for (const Layer& L : {kQkv8B, kO8B, kDown8B, kQkv70B}) {
       INFO(L.name);
       CHECK_FALSE(stream_auto(m, L.n, L.k, kSms));
     }
@@ -182,6 +184,8 @@ TEST_CASE("dispatch: Auto takes the streaming kernel on large layers at m <= 16"
       CHECK_FALSE(stream_auto(m, L.n, L.k, kSms));
     }
   }
+  CHECK(stream_plan(kO70B.n, kO70B.k, kSms, 0).split == kStreamClusterSplit);
+  CHECK(stream_plan(kQkv70B.n, kQkv70B.k, kSms, 0).split == 3);
   CHECK_FALSE(stream_auto(17, kLarge.n, kLarge.k, kSms));
   CHECK_FALSE(stream_auto(0, kLarge.n, kLarge.k, kSms));
 }
