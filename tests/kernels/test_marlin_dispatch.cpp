@@ -271,11 +271,15 @@ TEST_CASE("dispatch: Hopper launches give blocks whole column slices where those
 
 // The streaming kernel's tile sequences (stream_ranges, walked as the kernel walks them): every (slice,
 // k tile) once; the blocks that share a slice are the contiguous split blocks the kernel names as its
-// first/last block, and round slices have one block each.
+// first/last block, and round slices have one block each. Where the launcher runs slices split in two as
+// two-block clusters, each slice's blocks are one cluster with the finisher at rank 0, which the CLUSTER form
+// assumes when its partner maps the finisher's shared memory (marlin_stream.cuh, map_to_rank(..., 0)).
 TEST_CASE("dispatch: the streaming kernel's rounds cover every tile once", "[kernels][dispatch]") {
   struct Case { int n, k, sms, tn; };
   const Case cases[] = {{57344, 8192, 132, 0}, {768, 1024, 1, 128}, {768, 1024, 5, 128}, {1280, 2048, 3, 128},
-                        {2048, 512, 7, 256}, {99 * 256, 4096, 132, 0}, {512, 1024, 5, 256}, {768, 256, 5, 128}};
+                        {2048, 512, 7, 256}, {99 * 256, 4096, 132, 0}, {512, 1024, 5, 256}, {768, 256, 5, 128},
+                        {8192, 8192, 132, 0}, {8192, 28672, 132, 0}, {256, 2048, 4, 128}};
+  int clustered_cases = 0;
   for (const Case& c : cases) {
     INFO("n " << c.n << " k " << c.k << " sms " << c.sms << " tn " << c.tn);
     const StreamPlan pl = stream_plan(c.n, c.k, c.sms, c.tn);
@@ -309,5 +313,14 @@ TEST_CASE("dispatch: the streaming kernel's rounds cover every tile once", "[ker
       REQUIRE(owner_lo[size_t(slice)] == first);
       REQUIRE(owner_hi[size_t(slice)] == last);
     }
+    // The launcher's cluster condition (marlin.cu, run_stream): split in two and an even grid, so that the
+    // clusters of blockIdx.x / 2 tile it.
+    if (pl.split != kStreamClusterSplit || grid % kStreamClusterSplit != 0) continue;
+    ++clustered_cases;
+    for (int slice = whole; slice < n_tiles; ++slice) {
+      REQUIRE(owner_lo[size_t(slice)] % kStreamClusterSplit == 0);  // the finisher is its cluster's rank 0
+      REQUIRE(owner_hi[size_t(slice)] / kStreamClusterSplit == owner_lo[size_t(slice)] / kStreamClusterSplit);
+    }
   }
+  CHECK(clustered_cases >= 3);  // 70B gate/up (rounds, then halves), 70B o and down, the [stream] GPU shapes
 }
