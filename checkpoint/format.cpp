@@ -426,7 +426,10 @@ FormatInfo detect_format(const Checkpoint& ck) {
     fi.notes.push_back("config label \"" + fi.label_in_config + "\" but the tensors are " + format_name(fi.format));
   fi.bits = bits.value_or(0);
   fi.group_size = group.value_or(0);
-  fi.sym = marlin_kind ? true : sym.value_or(true);
+  // Dense Marlin may carry zero points (`<p>.qzeros`, docs/FORMATS.md): its config's sym counts. The 2:4
+  // formats have none.
+  const bool sparse_kind = kind == Kind::Marlin24 || kind == Kind::CtMarlin24;
+  fi.sym = sparse_kind ? true : sym.value_or(true);
   fi.desc_act = marlin_kind ? false : desc.value_or(false);
 
   auto mods = quantized_module_shapes(ck, fi);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <ctime>
 #include <future>
 #include <map>
@@ -76,7 +77,9 @@ CheckResult check_structure(const ModuleDesc& d, const FormatInfo& fi, const Qua
   if (fi.group_size && fi.group_size != d.group_size && !(d.groups == 1 && (fi.group_size == -1 || fi.group_size == d.k)))
     fail("config says group_size " + std::to_string(fi.group_size) + " but the scales have " + std::to_string(d.groups) +
          " rows for k = " + std::to_string(d.k) + " (group size " + std::to_string(d.group_size) + ")");
-  if (!fi.sym == d.sym && fi.format != Format::Awq)
+  // An asymmetric config may hold a module whose zero points all happen to be 2^(bits-1); the reverse
+  // (sym=true over real zero points) makes loaders that trust the config drop them.
+  if (fi.sym && !d.sym && fi.format != Format::Awq)
     fail(std::string("config says sym=") + (fi.sym ? "true" : "false") + " but the zero points are " +
          (d.sym ? "symmetric" : "asymmetric"));
   for (size_t i = 0; i < q.scales.size(); ++i) {
@@ -97,6 +100,11 @@ CheckResult check_layout(const Checkpoint& ck, const ModuleDesc& d, const Quanti
   std::vector<PackedTensor> packed = write_module(*target, q);
   for (const PackedTensor& t : packed) {
     auto ref = ck.find(t.spec.name);
+    // Sparse-Marlin files may use the original packer's names (`meta`, `s_24`); the bytes are the same.
+    if (!ref && d.format == Format::Marlin24)
+      for (const auto& [ours, alias] : {std::pair{".B_meta", ".meta"}, std::pair{".s", ".s_24"}})
+        if (t.spec.name.ends_with(ours))
+          ref = ck.find(t.spec.name.substr(0, t.spec.name.size() - std::strlen(ours)) + alias);
     if (!ref) return {"layout", false, "re-packing produces " + t.spec.name + ", which the checkpoint lacks"};
     std::span<const uint8_t> stored = ref->file->data(*ref->info);
     if (stored.size() != t.bytes.size())
