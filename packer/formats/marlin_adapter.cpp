@@ -70,6 +70,7 @@ ModuleDesc describe_marlin(const Checkpoint& ck, const std::string& prefix) {
     auto packed = fmt::copy_as<int32_t>(ck, zi.name);
     auto z8 = marlin::unpack_zero_points(packed.data(), d.groups, d.n, d.bits);
     d.sym = fmt::all_mid(z8, d.bits);
+    if (!d.sym) d.min_zero = *std::min_element(z8.begin(), z8.end());  // GPTQ v1 cannot store 0 (§4.3)
     d.tensors.push_back(zi.name);
   }
   const bool has_g = ck.contains(tname(prefix, "g_idx")), has_p = ck.contains(tname(prefix, "perm"));
@@ -193,9 +194,15 @@ ModuleDesc describe_24(const Checkpoint& ck, const std::string& prefix, bool ct)
   d.groups = s.shape[0];
   d.k = 32 * B.shape[0];
   d.bits = bits_from_width(B.shape[1], d.n, B.name);
-  if (m.shape[0] != B.shape[0] || m.shape[1] != 2 * d.n)
+  // vLLM / compressed-tensors store [k/32, 2n]; the original Sparse-Marlin Layer_2_4 keeps the same
+  // bytes in a buffer declared [n, k/16] (formats.md §3.7). Both are row-major views of one array.
+  const bool vllm_view = m.shape[0] == B.shape[0] && m.shape[1] == 2 * d.n;
+  const bool ist_view = !ct && m.shape[0] == d.n && m.shape[1] == d.k / 16;
+  if (!vllm_view && !ist_view)
     bad_data(m.name + ": shape " + fmt::shape_str(m.shape) + ", the 2:4 metadata needs [k/32, 2n] = [" +
-             std::to_string(B.shape[0]) + ", " + std::to_string(2 * d.n) + "]");
+             std::to_string(B.shape[0]) + ", " + std::to_string(2 * d.n) + "]" +
+             (ct ? std::string() : " (or the original packer's [n, k/16] = [" + std::to_string(d.n) + ", " +
+                                       std::to_string(d.k / 16) + "])"));
   d.group_size = fmt::group_size_from_rows(d.k, d.groups, s.name);
   d.scale_type = fmt::scale_type_of(s.dtype);
   d.tensors = {B.name, m.name, s.name};
@@ -208,7 +215,7 @@ QuantizedLinear read_24(const Checkpoint& ck, const std::string& prefix, bool ct
   Names24 nm = names_24(ck, prefix, ct);
   QuantizedLinear q = fmt::layer_of(d);
   auto B = fmt::copy_as<int32_t>(ck, nm.B);     // [k/32, n*bits/2]
-  auto meta = fmt::copy_as<int16_t>(ck, nm.meta);  // [k/32, 2n]
+  auto meta = fmt::copy_as<int16_t>(ck, nm.meta);  // [k/32, 2n] (or its [n, k/16] view)
   q.codes.resize(size_t(d.k * d.n));
   q.mask.resize(size_t(d.k * d.n));
   marlin::unpack_24(B.data(), meta.data(), d.k, d.n, d.bits, q.codes.data(), q.mask.data());
