@@ -1,6 +1,7 @@
-// GPTQ (v1 / v2; formats.md §4) and AutoAWQ GEMM (§5) adapters. GPTQ's zero-point convention is
-// decided per module from the qzeros themselves (symmetric layers: all 2^(b-1)-1 = v1, all 2^(b-1) =
-// v2), because mislabeled files exist (§4.3); asymmetric layers follow the checkpoint's detected format.
+// GPTQ (v1 / v2; formats.md §4) and AutoAWQ GEMM (§5) adapters. In a symmetric checkpoint GPTQ's
+// zero-point convention is decided per module from the qzeros themselves (all 2^(b-1)-1 = v1, all
+// 2^(b-1) = v2), because mislabeled files exist (§4.3); in an asymmetric one every module follows the
+// checkpoint's detected format.
 #include <algorithm>
 
 #include "packer/formats/common.h"
@@ -16,17 +17,21 @@ namespace {
 
 bool valid_bits(int b) { return b == 4 || b == 8; }
 
-// Zero points of a GPTQ module: kind from the data, zeros decoded with the matching convention.
+// Zero points of a GPTQ module. In a symmetric checkpoint the kind comes from the data (uniform
+// 2^(b-1)-1 is v1, 2^(b-1) is v2) and the zeros are decoded with the matching convention; in an
+// asymmetric one a uniform field is ambiguous (v2's 8 is v1's 9), so the checkpoint's format decides.
 struct GptqZeros {
   Format format;              // GptqV1 / GptqV2 as the data (or, for asymmetric data, the checkpoint) says
   std::vector<uint8_t> z;     // [G, n] real zero points
   std::string note;
 };
 
-GptqZeros gptq_zeros(const Checkpoint& ck, const std::string& name, int64_t G, int64_t n, int bits, Format ckfmt) {
+GptqZeros gptq_zeros(const Checkpoint& ck, const std::string& name, int64_t G, int64_t n, int bits, Format ckfmt,
+                     bool guess_kind) {
   auto qz = fmt::copy_as<int32_t>(ck, name);  // [G, n*bits/32]
   GptqZeros out;
-  const gptq::QzerosKind kind = gptq::detect_qzeros(qz.data(), G, n, bits);
+  const gptq::QzerosKind kind =
+      guess_kind ? gptq::detect_qzeros(qz.data(), G, n, bits) : gptq::QzerosKind::AsymmetricOrUnknown;
   if (kind == gptq::QzerosKind::SymV1 || kind == gptq::QzerosKind::SymV2) {
     out.format = kind == gptq::QzerosKind::SymV1 ? Format::GptqV1 : Format::GptqV2;
     out.z.assign(size_t(G * n), uint8_t(1u << (bits - 1)));
@@ -72,7 +77,8 @@ ModuleDesc describe_gptq(const Checkpoint& ck, const std::string& prefix, const 
              std::to_string(d.n * d.bits / 32) + "] for " + std::to_string(d.bits) + "-bit zeros of n = " + std::to_string(d.n));
   d.group_size = fmt::group_size_from_rows(d.k, d.groups, s.name);
   d.scale_type = fmt::scale_type_of(s.dtype);
-  GptqZeros z = gptq_zeros(ck, qz.name, d.groups, d.n, d.bits, fi.format == Format::GptqV2 ? Format::GptqV2 : Format::GptqV1);
+  GptqZeros z = gptq_zeros(ck, qz.name, d.groups, d.n, d.bits, fi.format == Format::GptqV2 ? Format::GptqV2 : Format::GptqV1,
+                           fi.sym);
   d.format = z.format;
   if (!z.note.empty()) d.notes.push_back(z.note);
   d.sym = fmt::all_mid(z.z, d.bits);
@@ -91,7 +97,7 @@ QuantizedLinear read_gptq(const Checkpoint& ck, const std::string& prefix, const
   q.scales = fmt::copy_as<uint16_t>(ck, tname(prefix, "scales"));  // [G, n]
   if (!d.sym) {
     q.sym = false;
-    q.zeros = gptq_zeros(ck, tname(prefix, "qzeros"), d.groups, d.n, d.bits, d.format).z;
+    q.zeros = gptq_zeros(ck, tname(prefix, "qzeros"), d.groups, d.n, d.bits, d.format, false).z;  // d.format decided
   }
   if (d.act_order) q.g_idx = fmt::copy_as<int32_t>(ck, tname(prefix, "g_idx"));
   // Codes come from unpacking (in range by construction), sizes from describe_*, g_idx and zero points
