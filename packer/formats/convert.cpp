@@ -10,6 +10,7 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include <omp.h>
 #include <sys/mman.h>
@@ -192,19 +193,33 @@ void prefetch(std::span<const uint8_t> b) {
 
 int effective_group(const ModuleDesc& d) { return d.groups == 1 ? -1 : d.group_size; }
 
-// The (bits, group) most modules use becomes the checkpoint-wide value; the rest are overrides.
-void summarise_schemes(const std::vector<const ModuleDesc*>& conv, QuantSummary& s) {
-  std::map<std::pair<int, int>, size_t> count;
-  for (auto* d : conv) ++count[{d->bits, effective_group(*d)}];
-  std::pair<int, int> best{4, 128};
-  size_t best_n = 0;
-  for (const auto& [bg, c] : count)
-    if (c > best_n) best = bg, best_n = c;
+// The (bits, group) that fits most modules becomes the checkpoint-wide value; the rest are overrides.
+// A module with one scale row fits both group -1 and group k: loaders that read only the top-level
+// group_size (legacy Marlin, marlin_24, AutoGPTQ) size its scales [1, n] either way, so layers with
+// k == group size must not pull a grouped checkpoint to -1. Ties go to the source's group size, then
+// to a grouped value over -1.
+void summarise_schemes(const std::vector<const ModuleDesc*>& conv, int source_group, QuantSummary& s) {
+  using Scheme = std::pair<int, int>;  // (bits, group)
+  auto fits = [](const ModuleDesc& d) {
+    std::vector<Scheme> v{{d.bits, effective_group(d)}};
+    if (d.groups == 1 && d.k <= INT32_MAX) v.push_back({d.bits, int(d.k)});
+    return v;
+  };
+  std::map<Scheme, size_t> count;  // scheme -> modules it fits
+  for (auto* d : conv)
+    for (const Scheme& sc : fits(*d)) ++count[sc];
+  Scheme best{4, 128};
+  std::tuple<size_t, bool, bool> best_key{0, false, false};
+  for (const auto& [sc, c] : count) {
+    const std::tuple<size_t, bool, bool> key{c, sc.second == source_group, sc.second != -1};
+    if (key > best_key) best = sc, best_key = key;
+  }
   s.bits = best.first;
   s.group_size = best.second;
-  for (auto* d : conv)
-    if (std::pair<int, int>{d->bits, effective_group(*d)} != best)
-      s.overrides.push_back({d->prefix, {d->bits, effective_group(*d)}});
+  for (auto* d : conv) {
+    const auto f = fits(*d);
+    if (std::find(f.begin(), f.end(), best) == f.end()) s.overrides.push_back({d->prefix, f.front()});
+  }
 }
 
 }  // namespace
@@ -272,7 +287,8 @@ ConvertReport convert_checkpoint(const fs::path& in, const fs::path& out, const 
         name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
       const std::string p = name.substr(0, name.size() - suffix.size());
       // Embeddings are not Linear layers, so a compressed-tensors "Linear" target never matches them.
-      if (!module_prefixes.count(p) && p.find("embed") == std::string::npos) sum.plain_linears.push_back(p);
+      if (!module_prefixes.count(p) && p.find("embed") == std::string::npos && p.find("wte") == std::string::npos)
+        sum.plain_linears.push_back(p);
     }
   }
   rep.passthrough_tensors = passthrough.size();
@@ -301,7 +317,7 @@ ConvertReport convert_checkpoint(const fs::path& in, const fs::path& out, const 
       bad_data(*dup + ": the " + rep.target + " output would hold this tensor twice (a source tensor already has the "
                "name a converted module needs)");
   }
-  summarise_schemes(converted, sum);
+  summarise_schemes(converted, fi.group_size, sum);
   sum.sym = all_sym;
   sum.desc_act = any_act;
   sum.act_order_marlin = opts.to == TargetFormat::Marlin && any_act;
