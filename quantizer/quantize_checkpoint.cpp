@@ -99,9 +99,18 @@ QuantizedLinear write_quantized(CheckpointWriter& w, const QuantizeOptions& o, c
   return q;
 }
 
-void finish_output(CheckpointWriter& w, const Checkpoint& ck, const QuantizeOptions& o, const nlohmann::json& extra_quant) {
+void finish_output(CheckpointWriter& w, const Checkpoint& ck, const QuantizeOptions& o, const QuantPlan& P,
+                   const nlohmann::json& extra_quant) {
   QuantSummary s;
   s.bits = o.bits; s.group_size = o.group_size; s.sym = true; s.desc_act = false;
+  // Linears left unquantized (lm_head, --skip, layers the target cannot hold): the config names them
+  // so loaders do not expect quantized tensors there. Embeddings are not Linear layers.
+  for (const auto& name : ck.tensor_names())
+    if (ends_with(name, ".weight") && ck.at(name).info->shape.size() == 2 && !P.job_of_tensor.count(name)) {
+      const std::string prefix = name.substr(0, name.size() - 7);
+      if (prefix.find("embed") == std::string::npos && prefix.find("wte") == std::string::npos)
+        s.plain_linears.push_back(prefix);
+    }
   TargetConfig cfg = target_config(o.to, ck.config(), nlohmann::json::object(), s);
   if (!extra_quant.empty()) {
     auto& qc = cfg.config["quantization_config"];
@@ -155,7 +164,7 @@ QuantizeReport quantize_checkpoint(const std::filesystem::path& in, const std::f
     rep.layers.push_back(lr);
     if (on_layer) on_layer(lr, rep.layers.size() - 1, P.jobs.size());
   }
-  finish_output(w, ck, o);
+  finish_output(w, ck, o, P);
   rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return rep;
 }

@@ -67,9 +67,10 @@ QuantPlan plan_quantization(const Checkpoint& ck, const QuantizeOptions& o, Quan
 // models keep bf16 scales). Adds the bytes written to rep.bytes_out; returns q as written.
 QuantizedLinear write_quantized(CheckpointWriter& w, const QuantizeOptions& o, const QuantJob& job, QuantizedLinear q,
                      QuantizeReport& rep);
-// config.json (+ quantize_config.json) for the target, the non-tensor files, commit. `extra_quant`
-// is merged into the quantization config (e.g. the calibration record).
-void finish_output(CheckpointWriter& w, const Checkpoint& ck, const QuantizeOptions& o,
+// config.json (+ quantize_config.json) for the target, the non-tensor files, commit. The config names
+// the linears P leaves unquantized; `extra_quant` is merged into the quantization config (e.g. the
+// calibration record).
+void finish_output(CheckpointWriter& w, const Checkpoint& ck, const QuantizeOptions& o, const QuantPlan& P,
                    const nlohmann::json& extra_quant = nlohmann::json::object());
 
 // Throws BadUsage (options, quantized input, nothing to quantize) and BadData (corrupt input).

@@ -91,6 +91,10 @@ json gptq_family_dict(const json& src_quant, const QuantSummary& s, const std::s
         if (it.key().rfind("-:", 0) == 0) dyn[it.key()] = it.value();
   }
   for (const auto& p : s.dequantized) dyn["-:" + exact_regex(p)] = json::object();
+  // Other plain linears too (skipped layers): GPTQModel and vLLM otherwise expect every Linear of the
+  // decoder quantized. lm_head has its own switch (lm_head: false) in those loaders.
+  for (const auto& p : s.plain_linears)
+    if (p.find("lm_head") == std::string::npos) dyn["-:" + exact_regex(p)] = json::object();
   for (const auto& [p, bg] : s.overrides) dyn["+:" + exact_regex(p)] = {{"bits", bg.first}, {"group_size", bg.second}};
   if (!dyn.empty()) d["dynamic"] = dyn;
   if (!s.dequantized.empty()) d["modules_to_not_convert"] = s.dequantized;
@@ -163,14 +167,20 @@ TargetConfig target_config(TargetFormat t, const json& src_config, const json& s
     case TargetFormat::GptqV2: q = gptq_family_dict(src_quant, s, "gptq_v2"); break;
     case TargetFormat::Marlin: q = gptq_family_dict(src_quant, s, "marlin"); break;
     case TargetFormat::Marlin24: q = gptq_family_dict(src_quant, s, "marlin_24"); break;
-    case TargetFormat::Awq:
+    case TargetFormat::Awq: {
+      // transformers' AWQ loader replaces every Linear not named here.
+      std::vector<std::string> not_converted = s.dequantized;
+      not_converted.insert(not_converted.end(), s.plain_linears.begin(), s.plain_linears.end());
+      std::sort(not_converted.begin(), not_converted.end());
+      not_converted.erase(std::unique(not_converted.begin(), not_converted.end()), not_converted.end());
       q = {{"quant_method", "awq"},
            {"zero_point", true},
            {"group_size", s.group_size},
            {"bits", s.bits},
            {"version", "gemm"},
-           {"modules_to_not_convert", s.dequantized.empty() ? json(nullptr) : json(s.dequantized)}};
+           {"modules_to_not_convert", not_converted.empty() ? json(nullptr) : json(not_converted)}};
       break;
+    }
     case TargetFormat::CompressedTensors: q = compressed_tensors_dict(s); break;
   }
   out.config["quantization_config"] = q;
