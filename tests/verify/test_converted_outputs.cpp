@@ -1,0 +1,258 @@
+// convert's outputs as loaders and `verify` read them (here because they need marlinc_verify): the
+// checkpoint-wide group size when some layers have one scale row, zero-point Marlin checkpoints that
+// verify, the original Sparse-Marlin metadata view, GPTQ zero points in asymmetric checkpoints, zero
+// points of 0 from a Marlin source, and the unquantized linears a GPTQ-family config names.
+#include <cstring>
+#include <filesystem>
+#include <map>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/error.h"
+#include "checkpoint/format.h"
+#include "packer/adapters.h"
+#include "packer/formats/convert.h"
+#include "packer/gptq.h"
+#include "tests/common.h"
+#include "tests/formats/synth_checkpoint.h"
+#include "verify/verify.h"
+
+namespace fs = std::filesystem;
+using namespace marlinc;
+using marlinc::test::TempDir;
+
+namespace {
+
+ConvertReport run(const fs::path& in, const fs::path& out, TargetFormat to, bool keep = false) {
+  ConvertOptions o;
+  o.to = to;
+  o.keep_incompatible = keep;
+  return convert_checkpoint(in, out, o);
+}
+
+// Copies checkpoint `src` to `dst` with the bytes of the tensors in `replace` swapped (same dtype and
+// shape) and the config files kept.
+void copy_with(const fs::path& src, const fs::path& dst, const std::map<std::string, std::vector<uint8_t>>& replace) {
+  Checkpoint ck = Checkpoint::open(src);
+  std::vector<TensorSpec> plan;
+  for (const auto& name : ck.tensor_names()) {
+    const TensorInfo& t = *ck.at(name).info;
+    plan.push_back({name, t.dtype, t.shape});
+  }
+  CheckpointWriter w(dst, plan, WriterOptions{0, "model", true});
+  for (const auto& name : ck.tensor_names()) {
+    auto it = replace.find(name);
+    if (it == replace.end()) {
+      w.write(name, ck.data(name));
+    } else {
+      REQUIRE(it->second.size() == ck.data(name).size());
+      w.write(name, it->second);
+    }
+  }
+  for (const char* f : {"config.json", "quantize_config.json"})
+    if (fs::exists(src / f)) w.copy_file(src / f, f);
+  w.commit();
+}
+
+template <class T>
+std::vector<uint8_t> bytes_of(const std::vector<T>& v) {
+  std::vector<uint8_t> b(v.size() * sizeof(T));
+  std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("layers with one scale row do not pull a grouped checkpoint's group_size to -1", "[formats][convert]") {
+  TempDir td("onerow");
+  synth::Options o;
+  // Three layers with k == 128 == group size (one scale row) and one with four groups.
+  o.layers = {{"model.layers.0.mlp.up_proj", 128, 256}, {"model.layers.0.mlp.gate_proj", 128, 256},
+              {"model.layers.0.self_attn.o_proj", 128, 256}, {"model.layers.0.mlp.down_proj", 512, 256}};
+  o.hidden = 128;
+  o.seed = 201;
+  synth::write_checkpoint(td.path / "src", o);
+  for (TargetFormat to : {TargetFormat::Marlin, TargetFormat::GptqV2, TargetFormat::CompressedTensors}) {
+    INFO(target_name(to));
+    const fs::path out = td.path / target_name(to);
+    REQUIRE(run(td.path / "src", out, to).ok);
+    Checkpoint ck = Checkpoint::open(out);
+    const auto& q = ck.config().at("quantization_config");
+    if (to == TargetFormat::CompressedTensors) {
+      REQUIRE(q.at("config_groups").size() == 1);
+      CHECK(q.at("config_groups").at("group_0").at("weights").at("group_size") == 128);
+    } else {
+      CHECK(q.at("group_size") == 128);
+      CHECK_FALSE(q.contains("dynamic"));
+    }
+    // A loader sizing every layer's scales from the top-level group size finds what is stored.
+    FormatInfo fi = detect_format(ck);
+    CHECK(fi.group_size == 128);
+    for (const auto& d : describe_modules(ck, fi)) CHECK(d.groups == (d.k + 127) / 128);
+    VerifyOptions vo;
+    vo.force_cpu = true;
+    VerifyReport vr = verify_checkpoint(out, vo);
+    INFO(vr.certificate().dump(1));
+    CHECK(vr.ok());
+  }
+  // Only one-row layers: the source's group size (128) wins the tie with -1.
+  TempDir td2("onerow2");
+  o.layers.pop_back();
+  synth::write_checkpoint(td2.path / "src", o);
+  REQUIRE(run(td2.path / "src", td2.path / "m", TargetFormat::Marlin).ok);
+  CHECK(Checkpoint::open(td2.path / "m").quantize_config().at("group_size") == 128);
+}
+
+TEST_CASE("asymmetric checkpoints converted to Marlin verify: the config's sym=false is read", "[formats][convert][verify]") {
+  for (auto kind : {synth::Kind::Awq, synth::Kind::GptqV2}) {
+    INFO("kind " << int(kind));
+    TempDir td("zpverify");
+    synth::Options o;
+    o.kind = kind;
+    o.sym = false;
+    o.seed = 211 + uint64_t(kind);
+    synth::write_checkpoint(td.path / "src", o);
+    REQUIRE(run(td.path / "src", td.path / "m", TargetFormat::Marlin).ok);
+    Checkpoint m = Checkpoint::open(td.path / "m");
+    REQUIRE(m.quantize_config().at("sym") == false);
+    CHECK_FALSE(detect_format(m).sym);
+    VerifyOptions vo;
+    vo.force_cpu = true;
+    VerifyReport vr = verify_checkpoint(td.path / "m", vo);
+    INFO(vr.certificate().dump(1));
+    CHECK(vr.ok());
+    // The reverse is still caught: a config that says sym=true over real zero points.
+    fs::path qc = td.path / "m" / "quantize_config.json";
+    nlohmann::json j = m.quantize_config();
+    j["sym"] = true;
+    std::ofstream(qc) << j.dump(2);
+    fs::remove(td.path / "m" / "config.json");
+    VerifyReport bad = verify_checkpoint(td.path / "m", vo);
+    CHECK_FALSE(bad.ok());
+  }
+}
+
+TEST_CASE("asymmetric GPTQ: uniform zero points decode by the checkpoint's convention, not by guessing", "[formats][convert]") {
+  // v1 stores z - 1. A module whose real zero points are all 9 stores 8 everywhere, which in a symmetric
+  // checkpoint would read as v2's symmetric 8; in an asymmetric v1 checkpoint it is 9.
+  TempDir td("asymv1");
+  synth::Options o;
+  o.kind = synth::Kind::GptqV1;
+  o.sym = false;
+  o.seed = 221;
+  o.layers = {{"model.layers.0.mlp.up_proj", 256, 256}, {"model.layers.0.mlp.down_proj", 256, 256}};
+  auto gen = synth::write_checkpoint(td.path / "src0", o);
+  const std::string p = "model.layers.0.mlp.up_proj";
+  const QuantizedLinear& q = gen.layers.at(p);
+  std::vector<uint8_t> nine(size_t(q.groups() * q.n), 9);
+  copy_with(td.path / "src0", td.path / "src",
+            {{p + ".qzeros", bytes_of(gptq::pack_qzeros(nine.data(), q.groups(), q.n, 4, gptq::ZeroFormat::V1))}});
+  Checkpoint src = Checkpoint::open(td.path / "src");
+  FormatInfo fi = detect_format(src);
+  REQUIRE_FALSE(fi.sym);
+  ModuleDesc d = describe_module(src, p, fi);
+  CHECK(d.format == Format::GptqV1);
+  CHECK_FALSE(d.sym);
+  QuantizedLinear r = read_module(src, d, fi);
+  REQUIRE_FALSE(r.sym);
+  CHECK(r.zeros == nine);
+  // Through Marlin and back to v1: the stored zeros come back byte for byte.
+  REQUIRE(run(td.path / "src", td.path / "m", TargetFormat::Marlin).ok);
+  REQUIRE(run(td.path / "m", td.path / "back", TargetFormat::GptqV1).ok);
+  Checkpoint back = Checkpoint::open(td.path / "back");
+  auto a = src.data(p + ".qzeros"), b = back.data(p + ".qzeros");
+  REQUIRE(a.size() == b.size());
+  CHECK(std::memcmp(a.data(), b.data(), a.size()) == 0);
+}
+
+TEST_CASE("a Marlin source with a zero point of 0 is refused for GPTQ v1 before writing", "[formats][convert]") {
+  TempDir td("z0");
+  synth::Options o;
+  o.kind = synth::Kind::Awq;
+  o.sym = false;
+  o.seed = 231;
+  o.layers = {{"model.layers.0.mlp.up_proj", 256, 256}, {"model.layers.0.mlp.down_proj", 256, 256}};
+  auto gen = synth::write_checkpoint(td.path / "src0", o);
+  const std::string p = "model.layers.0.mlp.up_proj";
+  QuantizedLinear q = gen.layers.at(p);
+  q.zeros[5] = 0;
+  copy_with(td.path / "src0", td.path / "src",
+            {{p + ".qzeros", bytes_of(awq::pack_qzeros(q.zeros.data(), q.groups(), q.n, 4))}});
+  REQUIRE(run(td.path / "src", td.path / "m", TargetFormat::Marlin).ok);
+  ConvertReport r = run(td.path / "m", td.path / "v1", TargetFormat::GptqV1);
+  CHECK_FALSE(r.ok);
+  REQUIRE(r.incompatible.size() == 1);
+  CHECK(r.incompatible[0].prefix == p);
+  CHECK(r.incompatible[0].rule.find("zero point of 0") != std::string::npos);
+  CHECK_FALSE(fs::exists(td.path / "v1"));
+  // --keep-incompatible keeps that layer as plain weights; v2 holds it.
+  CHECK(run(td.path / "m", td.path / "v1k", TargetFormat::GptqV1, true).ok);
+  CHECK(run(td.path / "m", td.path / "v2", TargetFormat::GptqV2).ok);
+}
+
+TEST_CASE("the original Sparse-Marlin meta view [n, k/16] reads, converts and verifies", "[formats][convert][golden]") {
+  MARLINC_REQUIRE_SHARED();
+  const fs::path golden = test::shared_dir() / "golden" / "marlin24_k256_n256_g128.safetensors";
+  REQUIRE(fs::exists(golden));
+  Checkpoint g = Checkpoint::open(golden);
+  REQUIRE(g.at("meta").info->shape == std::vector<int64_t>{256, 16});  // the original packer's buffer
+  TempDir td("meta");
+  const std::string p = "model.layers.0.mlp.down_proj";
+  for (bool ist_view : {true, false}) {
+    INFO("meta view " << (ist_view ? "[n, k/16]" : "[k/32, 2n]"));
+    const fs::path src = td.path / (ist_view ? "ist" : "vllm");
+    const std::vector<int64_t> mshape = ist_view ? std::vector<int64_t>{256, 16} : std::vector<int64_t>{8, 512};
+    std::vector<TensorSpec> plan = {{p + ".B_24", DType::I32, g.at("B_24").info->shape},
+                                    {p + ".meta", DType::I16, mshape},
+                                    {p + ".s_24", DType::F16, g.at("s_24").info->shape}};
+    CheckpointWriter w(src, plan);
+    w.write(p + ".B_24", g.data("B_24"));
+    w.write(p + ".meta", g.data("meta"));
+    w.write(p + ".s_24", g.data("s_24"));
+    w.add_file("quantize_config.json",
+               R"({"bits": 4, "group_size": 128, "desc_act": false, "sym": true, "checkpoint_format": "marlin_24"})");
+    w.commit();
+    Checkpoint ck = Checkpoint::open(src);
+    FormatInfo fi = detect_format(ck);
+    REQUIRE(fi.format == Format::Marlin24);
+    QuantizedLinear q = read_module(ck, describe_module(ck, p, fi), fi);
+    // The mask and the kept codes are the golden file's (signed q = code - 8).
+    auto gq = g.data("q"), gm = g.data("mask");
+    REQUIRE(gq.size() == q.codes.size());
+    REQUIRE(q.mask.size() == q.codes.size());
+    size_t bad = 0;
+    for (size_t i = 0; i < q.codes.size(); ++i)
+      bad += q.mask[i] != gm[i] || (gm[i] && int(q.codes[i]) - 8 != int(int8_t(gq[i])));
+    CHECK(bad == 0);
+    VerifyOptions vo;
+    vo.force_cpu = true;
+    VerifyReport vr = verify_checkpoint(src, vo);
+    INFO(vr.certificate().dump(1));
+    CHECK(vr.ok());
+    REQUIRE(run(src, td.path / (ist_view ? "ist_gptq" : "vllm_gptq"), TargetFormat::GptqV1).ok);
+  }
+  // Both views give the same GPTQ bytes.
+  Checkpoint a = Checkpoint::open(td.path / "ist_gptq"), b = Checkpoint::open(td.path / "vllm_gptq");
+  for (const auto& name : a.tensor_names()) {
+    INFO(name);
+    auto x = a.data(name), y = b.data(name);
+    REQUIRE(x.size() == y.size());
+    CHECK(std::memcmp(x.data(), y.data(), x.size()) == 0);
+  }
+}
+
+TEST_CASE("GPTQ-family, AWQ and compressed-tensors configs name the linears left unquantized", "[formats][config]") {
+  QuantSummary s;
+  s.plain_linears = {"lm_head", "model.layers.0.mlp.gate"};
+  s.dequantized = {"model.layers.1.mlp.odd_proj"};
+  TargetConfig g = target_config(TargetFormat::GptqV1, nlohmann::json::object(), nlohmann::json::object(), s);
+  const auto& dyn = g.config.at("quantization_config").at("dynamic");
+  CHECK(dyn.contains("-:^model\\.layers\\.0\\.mlp\\.gate$"));
+  CHECK(dyn.contains("-:^model\\.layers\\.1\\.mlp\\.odd_proj$"));
+  CHECK_FALSE(dyn.contains("-:^lm_head$"));  // lm_head has its own switch in GPTQ loaders
+  TargetConfig c = target_config(TargetFormat::CompressedTensors, nlohmann::json::object(), nlohmann::json::object(), s);
+  CHECK(c.config.at("quantization_config").at("ignore") ==
+        nlohmann::json({"lm_head", "model.layers.0.mlp.gate", "model.layers.1.mlp.odd_proj"}));
+  TargetConfig a = target_config(TargetFormat::Awq, nlohmann::json::object(), nlohmann::json::object(), s);
+  CHECK(a.config.at("quantization_config").at("modules_to_not_convert") ==
+        nlohmann::json({"lm_head", "model.layers.0.mlp.gate", "model.layers.1.mlp.odd_proj"}));
+}
