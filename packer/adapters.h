@@ -80,16 +80,26 @@ struct PackedTensor {
 
 // Why `t` cannot hold the module ("" when it can), naming the rule, e.g. "k % 128 == 0 (k = 4000)".
 std::string target_rule(TargetFormat t, const ModuleDesc& d);
+// Checkpoint-wide choices that every module of an output follows. Loaders size each module from the
+// config: when it says asymmetric (or act-order), vLLM and compressed-tensors expect zero points (or
+// g_idx) in every module, also in one whose zero points are all 2^(bits-1) (or whose g_idx is trivial).
+// GPTQ and AWQ always store both; Marlin and compressed-tensors only where a module needs them unless
+// these are set.
+struct ModuleLayout {
+  bool zero_points = false;  // every module stores zero points (Marlin: 4-bit modules)
+  bool g_idx = false;        // every module stores g_idx (Marlin: with its row permutation)
+};
 // The tensors write_module will produce for a module described by `d` (same names, dtypes, shapes).
-std::vector<TensorSpec> plan_module(TargetFormat t, const ModuleDesc& d);
-std::vector<PackedTensor> write_module(TargetFormat t, const QuantizedLinear& q);
+std::vector<TensorSpec> plan_module(TargetFormat t, const ModuleDesc& d, ModuleLayout layout = {});
+std::vector<PackedTensor> write_module(TargetFormat t, const QuantizedLinear& q, ModuleLayout layout = {});
 
 std::vector<PackedTensor> write_gptq(const QuantizedLinear& q, bool v2);
-std::vector<PackedTensor> write_marlin(const QuantizedLinear& q);
+// force_g_idx: store g_idx/perm even when trivial (ModuleLayout::g_idx).
+std::vector<PackedTensor> write_marlin(const QuantizedLinear& q, bool force_g_idx = false);
 // Needs q.mask, or codes that are already 2:4 (at most 2 non-zero codes per aligned 4 rows).
 std::vector<PackedTensor> write_marlin24(const QuantizedLinear& q);
 std::vector<PackedTensor> write_awq(const QuantizedLinear& q);
-std::vector<PackedTensor> write_compressed_tensors(const QuantizedLinear& q);
+std::vector<PackedTensor> write_compressed_tensors(const QuantizedLinear& q, bool force_g_idx = false);
 
 // The mask a symmetric layer's codes imply for Sparse-Marlin: the §3.2 selection rule applied to the
 // signed values (code - 2^(bits-1)). Throws BadData naming the module, row and column when an aligned

@@ -86,15 +86,28 @@ std::string target_rule(TargetFormat t, const ModuleDesc& d) {
   return "";
 }
 
-std::vector<TensorSpec> plan_module(TargetFormat t, const ModuleDesc& d) {
+namespace {
+
+// Whether the module stores zero points / g_idx in target t under the checkpoint-wide layout.
+bool stores_zero_points(TargetFormat t, bool sym, int bits, ModuleLayout l) {
+  return !sym || (l.zero_points && (t == TargetFormat::CompressedTensors || (t == TargetFormat::Marlin && bits == 4)));
+}
+bool stores_g_idx(TargetFormat t, bool act_order, ModuleLayout l) {
+  return act_order || (l.g_idx && (t == TargetFormat::CompressedTensors || t == TargetFormat::Marlin));
+}
+
+}  // namespace
+
+std::vector<TensorSpec> plan_module(TargetFormat t, const ModuleDesc& d, ModuleLayout layout) {
   const DType sd = fmt::dtype_of(d.scale_type);
+  const bool zp = stores_zero_points(t, d.sym, d.bits, layout), gi = stores_g_idx(t, d.act_order, layout);
   const int64_t G = d.groups, k = d.k, n = d.n, b = d.bits;
   const std::string& p = d.prefix;
   switch (t) {
     case TargetFormat::Marlin: {
       std::vector<TensorSpec> v = {{tname(p, "B"), DType::I32, {k / 16, n * b / 2}}, {tname(p, "s"), sd, {G, n}}};
-      if (!d.sym) v.push_back({tname(p, "qzeros"), DType::I32, {G, n * b / 32}});
-      if (d.act_order) {
+      if (zp) v.push_back({tname(p, "qzeros"), DType::I32, {G, n * b / 32}});
+      if (gi) {
         v.push_back({tname(p, "g_idx"), DType::I32, {k}});
         v.push_back({tname(p, "perm"), DType::I32, {k}});
       }
@@ -115,8 +128,8 @@ std::vector<TensorSpec> plan_module(TargetFormat t, const ModuleDesc& d) {
       std::vector<TensorSpec> v = {{tname(p, "weight_packed"), DType::I32, {n, (k + pf - 1) / pf}},
                                    {tname(p, "weight_scale"), sd, {n, G}},
                                    {tname(p, "weight_shape"), DType::I64, {2}}};
-      if (!d.sym) v.push_back({tname(p, "weight_zero_point"), DType::I32, {(n + pf - 1) / pf, G}});
-      if (d.act_order) v.push_back({tname(p, "weight_g_idx"), DType::I32, {k}});
+      if (zp) v.push_back({tname(p, "weight_zero_point"), DType::I32, {(n + pf - 1) / pf, G}});
+      if (gi) v.push_back({tname(p, "weight_g_idx"), DType::I32, {k}});
       return v;
     }
     case TargetFormat::Awq:
@@ -127,7 +140,7 @@ std::vector<TensorSpec> plan_module(TargetFormat t, const ModuleDesc& d) {
   return {};
 }
 
-std::vector<PackedTensor> write_module(TargetFormat t, const QuantizedLinear& q) {
+std::vector<PackedTensor> write_module(TargetFormat t, const QuantizedLinear& q, ModuleLayout layout) {
   if (t == TargetFormat::Marlin24) return write_marlin24(q);
   // Dense targets store every weight: pruned 2:4 positions become the zero code, which dequantizes to 0.
   const QuantizedLinear* src = &q;
@@ -140,11 +153,18 @@ std::vector<PackedTensor> write_module(TargetFormat t, const QuantizedLinear& q)
         if (!q.mask[size_t(r * q.n + c)]) dense.codes[size_t(r * q.n + c)] = uint8_t(q.zero_of(r, c));
     src = &dense;
   }
+  // A symmetric module in an asymmetric output: its zero points, all 2^(bits-1), are stored explicitly.
+  if (q.sym && stores_zero_points(t, true, q.bits, layout)) {
+    if (src != &dense) dense = q, src = &dense;
+    dense.sym = false;
+    dense.zeros.assign(size_t(q.groups() * q.n), uint8_t(1u << (q.bits - 1)));
+  }
+  const bool force_g_idx = stores_g_idx(t, false, layout);
   switch (t) {
-    case TargetFormat::Marlin: return write_marlin(*src);
+    case TargetFormat::Marlin: return write_marlin(*src, force_g_idx);
     case TargetFormat::GptqV1: return write_gptq(*src, false);
     case TargetFormat::GptqV2: return write_gptq(*src, true);
-    case TargetFormat::CompressedTensors: return write_compressed_tensors(*src);
+    case TargetFormat::CompressedTensors: return write_compressed_tensors(*src, force_g_idx);
     case TargetFormat::Awq: return write_awq(*src);
     case TargetFormat::Marlin24: break;
   }

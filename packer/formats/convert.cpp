@@ -295,13 +295,18 @@ ConvertReport convert_checkpoint(const fs::path& in, const fs::path& out, const 
   std::vector<std::vector<TensorSpec>> module_plans(descs.size());
   std::vector<const ModuleDesc*> converted;
   bool all_sym = true, any_act = false;
+  for (size_t i = 0; i < descs.size(); ++i)
+    if (rules[i].empty()) {
+      all_sym = all_sym && descs[i].sym;
+      any_act = any_act || descs[i].act_order;
+    }
+  // The config's sym / desc_act hold for every module (ModuleLayout).
+  const ModuleLayout layout{!all_sym, any_act};
   for (size_t i = 0; i < descs.size(); ++i) {
     const ModuleDesc& d = descs[i];
     if (rules[i].empty()) {
-      module_plans[i] = plan_module(opts.to, d);
+      module_plans[i] = plan_module(opts.to, d, layout);
       converted.push_back(&d);
-      all_sym = all_sym && d.sym;
-      any_act = any_act || d.act_order;
     } else {
       module_plans[i] = {dequantized_spec(d)};
       sum.dequantized.push_back(d.prefix);
@@ -370,7 +375,7 @@ ConvertReport convert_checkpoint(const fs::path& in, const fs::path& out, const 
                       rules[i].empty() ? rep.target : "dequantized", rules[i], d.stored_bytes, 0, 0, d.notes};
     QuantizedLinear q = read_module(ck, d, fi);
     std::vector<PackedTensor> tensors;
-    if (rules[i].empty()) tensors = write_module(opts.to, q);
+    if (rules[i].empty()) tensors = write_module(opts.to, q, layout);
     else tensors.push_back(write_dequantized(q));
     if (tensors.size() != module_plans[i].size())
       fail(ErrorKind::Internal, d.prefix + ": writer produced " + std::to_string(tensors.size()) +

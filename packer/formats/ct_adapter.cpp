@@ -87,7 +87,7 @@ QuantizedLinear read_compressed_tensors(const Checkpoint& ck, const std::string&
   return q;
 }
 
-std::vector<PackedTensor> write_compressed_tensors(const QuantizedLinear& q) {
+std::vector<PackedTensor> write_compressed_tensors(const QuantizedLinear& q, bool force_g_idx) {
   const int64_t G = q.groups(), pf = 32 / q.bits;
   std::vector<PackedTensor> out;
   out.push_back(fmt::make_tensor(tname(q.name, "weight_packed"), DType::I32, {q.n, (q.k + pf - 1) / pf},
@@ -98,7 +98,9 @@ std::vector<PackedTensor> write_compressed_tensors(const QuantizedLinear& q) {
   if (!q.sym)
     out.push_back(fmt::make_tensor(tname(q.name, "weight_zero_point"), DType::I32, {(q.n + pf - 1) / pf, G},
                                    ct::pack_zero_point(q.zeros.data(), G, q.n, q.bits)));
-  if (!q.trivial_g_idx()) out.push_back(fmt::make_tensor(tname(q.name, "weight_g_idx"), DType::I32, {q.k}, q.g_idx));
+  if (!q.trivial_g_idx() || force_g_idx)
+    out.push_back(fmt::make_tensor(tname(q.name, "weight_g_idx"), DType::I32, {q.k},
+                                   q.g_idx.empty() ? gptq::trivial_g_idx(q.k, q.group_size) : q.g_idx));
   return out;
 }
 

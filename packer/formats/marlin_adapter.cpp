@@ -132,15 +132,16 @@ QuantizedLinear read_marlin(const Checkpoint& ck, const std::string& prefix, con
   return q;
 }
 
-std::vector<PackedTensor> write_marlin(const QuantizedLinear& q) {
+std::vector<PackedTensor> write_marlin(const QuantizedLinear& q, bool force_g_idx) {
   const int64_t G = q.groups();
   std::vector<PackedTensor> out;
-  const bool act = !q.trivial_g_idx();
+  const bool act = !q.trivial_g_idx() || force_g_idx;
   std::vector<int32_t> B;  // [k/16, n*bits/2]
   std::vector<int32_t> perm, sorted_g;
   if (act) {
     // Rows sorted by group (stable) so each group is contiguous along k, as the kernel needs (§2.2).
-    gptq::ActOrder ao = gptq::act_order_sort(q.g_idx.data(), q.k);
+    const std::vector<int32_t> g = q.g_idx.empty() ? gptq::trivial_g_idx(q.k, q.group_size) : q.g_idx;
+    gptq::ActOrder ao = gptq::act_order_sort(g.data(), q.k);
     perm = std::move(ao.sort_indices);
     sorted_g = std::move(ao.g_idx_sorted);
     std::vector<uint8_t> codes = gptq::gather_rows(q.codes.data(), q.k, q.n, perm.data());  // [k, n] Marlin row order

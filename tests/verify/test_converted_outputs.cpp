@@ -256,3 +256,57 @@ TEST_CASE("GPTQ-family, AWQ and compressed-tensors configs name the linears left
   CHECK(a.config.at("quantization_config").at("modules_to_not_convert") ==
         nlohmann::json({"lm_head", "model.layers.0.mlp.gate", "model.layers.1.mlp.odd_proj"}));
 }
+
+TEST_CASE("asymmetric act-order outputs store zero points and g_idx in every module, as their config says",
+          "[formats][convert]") {
+  TempDir td("uniform");
+  synth::Options o;
+  o.kind = synth::Kind::GptqV2;
+  o.sym = false;
+  o.act_order = true;
+  o.seed = 241;
+  o.layers = {{"model.layers.0.mlp.up_proj", 256, 256}, {"model.layers.0.mlp.down_proj", 256, 256}};
+  auto gen = synth::write_checkpoint(td.path / "src0", o);
+  // up_proj: zero points all 8 (symmetric values) and the trivial g_idx; down_proj keeps both.
+  const std::string p = "model.layers.0.mlp.up_proj";
+  const QuantizedLinear& q = gen.layers.at(p);
+  std::vector<uint8_t> eight(size_t(q.groups() * q.n), 8);
+  copy_with(td.path / "src0", td.path / "src",
+            {{p + ".qzeros", bytes_of(gptq::pack_qzeros(eight.data(), q.groups(), q.n, 4, gptq::ZeroFormat::V2))},
+             {p + ".g_idx", bytes_of(gptq::trivial_g_idx(q.k, q.group_size))}});
+  Checkpoint src = Checkpoint::open(td.path / "src");
+  FormatInfo fs0 = detect_format(src);
+  {
+    ModuleDesc d = describe_module(src, p, fs0);
+    REQUIRE(d.sym);
+    REQUIRE_FALSE(d.act_order);
+  }
+  for (TargetFormat to : {TargetFormat::CompressedTensors, TargetFormat::Marlin}) {
+    INFO(target_name(to));
+    const fs::path out = td.path / target_name(to);
+    REQUIRE(run(td.path / "src", out, to).ok);
+    Checkpoint ck = Checkpoint::open(out);
+    const bool ct = to == TargetFormat::CompressedTensors;
+    for (const auto& [name, _] : gen.layers) {
+      INFO(name);
+      CHECK(ck.contains(name + (ct ? ".weight_zero_point" : ".qzeros")));
+      CHECK(ck.contains(name + (ct ? ".weight_g_idx" : ".g_idx")));
+      if (!ct) CHECK(ck.contains(name + ".perm"));
+    }
+    // Same weights as the source, module by module, and the output verifies.
+    FormatInfo fo = detect_format(ck);
+    CHECK_FALSE(fo.sym);
+    for (const auto& [name, _] : gen.layers) {
+      INFO(name);
+      auto w0 = dequantize(read_module(src, describe_module(src, name, fs0), fs0));
+      auto w1 = dequantize(read_module(ck, describe_module(ck, name, fo), fo));
+      REQUIRE(w0.size() == w1.size());
+      CHECK(std::memcmp(w0.data(), w1.data(), w0.size() * sizeof(float)) == 0);
+    }
+    VerifyOptions vo;
+    vo.force_cpu = true;
+    VerifyReport vr = verify_checkpoint(out, vo);
+    INFO(vr.certificate().dump(1));
+    CHECK(vr.ok());
+  }
+}
