@@ -64,6 +64,10 @@ nlohmann::json parse_json_strict(std::string_view text, const std::string& label
     }
     return true;
   };
+  // nlohmann's lexer ends the input at a NUL byte (as for C strings), which would accept "{...}\0junk".
+  // JSON text cannot contain a raw NUL (inside strings it must be escaped), so any NUL is an error.
+  if (const size_t nul = text.find('\0'); nul != std::string_view::npos)
+    bad_data(label + ": malformed JSON: NUL byte at offset " + std::to_string(nul));
   try {
     return json::parse(text.begin(), text.end(), cb, /*allow_exceptions=*/true, /*ignore_comments=*/false);
   } catch (const json::exception& e) {

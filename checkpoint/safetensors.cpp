@@ -35,12 +35,13 @@ std::string shape_str(const std::vector<int64_t>& s) {
   return r + "]";
 }
 
-// A JSON number that is a non-negative integer (nlohmann stores small non-negative literals as
-// unsigned; a float such as 2.0 or a negative literal is rejected like the official reader does).
+// A JSON number that is a non-negative integer literal. nlohmann stores every literal without a sign
+// as unsigned; a float such as 2.0, a negative literal and "-0" (signed) are rejected like the
+// official reader does.
 bool as_u64(const json& v, uint64_t& out) {
-  if (v.is_number_unsigned()) { out = v.get<uint64_t>(); return true; }
-  if (v.is_number_integer() && v.get<int64_t>() >= 0) { out = uint64_t(v.get<int64_t>()); return true; }
-  return false;
+  if (!v.is_number_unsigned()) return false;
+  out = v.get<uint64_t>();
+  return true;
 }
 
 TensorInfo parse_entry(const std::string& label, const std::string& name, const json& e) {
@@ -105,9 +106,10 @@ SafetensorsHeader parse_safetensors_header(const uint8_t* bytes, size_t size, ui
   std::string_view text(reinterpret_cast<const char*>(bytes + 8), size_t(n));
   if (text.empty() || text[0] != '{') fail_at(label, hdr, "header does not start with '{' (not a JSON object)");
   if (!detail::valid_utf8(text)) fail_at(label, hdr, "header is not valid UTF-8");
-  // Depth 3 is the deepest legal structure (root object > entry > shape array); allow a little more so
-  // that errors name the entry instead of the nesting.
-  json root = detail::parse_json_strict(text, label, 8);
+  // Depth 3 is the deepest structure marlinc reads (root object > entry > shape array), but the official
+  // reader skips unknown fields nested up to serde_json's recursion limit (128), so files with deep
+  // extra fields load there and must load here.
+  json root = detail::parse_json_strict(text, label, 128);
   if (!root.is_object()) fail_at(label, hdr, "header JSON is not an object");
 
   SafetensorsHeader h;
@@ -116,6 +118,7 @@ SafetensorsHeader parse_safetensors_header(const uint8_t* bytes, size_t size, ui
   for (auto it = root.begin(); it != root.end(); ++it) {
     const std::string& key = it.key();
     if (key == "__metadata__") {
+      if (it->is_null()) continue;  // the official reader takes null as no metadata
       if (!it->is_object()) fail_at(label, key, "__metadata__ is not a JSON object of strings");
       for (auto m = it->begin(); m != it->end(); ++m) {
         if (!m->is_string())

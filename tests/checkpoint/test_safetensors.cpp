@@ -153,6 +153,31 @@ TEST_CASE("every malformed header yields its named error") {
     std::string h = "{\"a\":" + std::string(5000, '[') + std::string(5000, ']') + "}";
     CHECK(contains(parse_error(raw_safetensors(h, {})), "nested deeper"));
   }
+  SECTION("a NUL byte ends nothing: the JSON must fill the header") {
+    // nlohmann's lexer stops at NUL, so "{...}\0junk" would otherwise parse.
+    std::string h = "{" + kA + "}" + std::string(1, '\0') + "junk";
+    CHECK(contains(parse_error(raw_safetensors(h, d4)), "NUL byte at offset " + std::to_string(kA.size() + 2)));
+  }
+  SECTION("-0 is not an unsigned integer (the official reader refuses it)") {
+    CHECK(contains(parse_error(raw_safetensors(R"({"a":{"dtype":"U8","shape":[-0],"data_offsets":[0,0]}})", {})),
+                   "shape entry 0 is not a non-negative integer"));
+    CHECK(contains(parse_error(raw_safetensors(R"({"a":{"dtype":"U8","shape":[0],"data_offsets":[-0,0]}})", {})),
+                   "are not non-negative integers"));
+  }
+}
+
+TEST_CASE("safetensors headers the official reader accepts: null metadata, deep unknown fields", "[checkpoint]") {
+  const std::vector<uint8_t> d4 = {0, 0x3c, 0, 0x40};
+  auto b = raw_safetensors(R"({"__metadata__":null,)" + kA + "}", d4);
+  auto h = parse_safetensors_header(b.data(), b.size(), b.size(), "f");
+  CHECK(h.metadata.empty());
+  CHECK(h.tensors.size() == 1);
+  // An unknown field of a tensor entry, nested 100 deep (serde_json's limit is 128).
+  const std::string deep = std::string(100, '[') + "1" + std::string(100, ']');
+  auto b2 = raw_safetensors(R"({"a":{"dtype":"F16","shape":[2],"data_offsets":[0,4],"x":)" + deep + "}}", d4);
+  auto h2 = parse_safetensors_header(b2.data(), b2.size(), b2.size(), "f");
+  REQUIRE(h2.tensors.size() == 1);
+  CHECK(h2.tensors[0].shape == std::vector<int64_t>{2});
 }
 
 TEST_CASE("SafetensorsFile maps, finds and views tensors, truncation on disk is reported") {
