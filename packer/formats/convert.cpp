@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <cmath>
+#include <cstdlib>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -26,25 +28,38 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 uint64_t parse_size(std::string_view s) {
-  std::string t;
-  for (char c : s)
-    if (!std::isspace(static_cast<unsigned char>(c))) t += char(std::toupper(static_cast<unsigned char>(c)));
-  size_t i = 0;
-  while (i < t.size() && (std::isdigit(static_cast<unsigned char>(t[i])) || t[i] == '.')) ++i;
-  if (i == 0) bad_usage("size '" + std::string(s) + "': expected a number with an optional unit (e.g. 5GB, 500MB, 2GiB)");
-  double v = 0;
-  try {
-    v = std::stod(t.substr(0, i));
-  } catch (...) {
-    bad_usage("size '" + std::string(s) + "': not a number");
+  const std::string what = "size '" + std::string(s) + "'";
+  const std::string form = ": expected a number with an optional unit (e.g. 5GB, 500MB, 2GiB, 1.5GB)";
+  auto is_space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
+  auto is_digit = [](char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; };
+  size_t i = 0, e = s.size();
+  while (i < e && is_space(s[i])) ++i;
+  while (e > i && is_space(s[e - 1])) --e;
+  // digits [. digits], then optional spaces, then the unit
+  const size_t num0 = i;
+  size_t digits = 0;
+  while (i < e && is_digit(s[i])) ++i, ++digits;
+  if (i < e && s[i] == '.') {
+    ++i;
+    while (i < e && is_digit(s[i])) ++i, ++digits;
   }
-  const std::string unit = t.substr(i);
+  if (digits == 0) bad_usage(what + form);
+  const std::string number(s.substr(num0, i - num0));
+  while (i < e && is_space(s[i])) ++i;
+  std::string unit;
+  for (; i < e; ++i) unit += char(std::toupper(static_cast<unsigned char>(s[i])));
   static const std::map<std::string, double> units = {
       {"", 1}, {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
       {"KIB", 1024.0}, {"MIB", 1048576.0}, {"GIB", 1073741824.0}, {"TIB", 1099511627776.0}};
   auto u = units.find(unit);
-  if (u == units.end()) bad_usage("size '" + std::string(s) + "': unknown unit '" + unit + "' (use B, KB, MB, GB, KiB, MiB, GiB)");
-  return uint64_t(v * u->second);
+  if (u == units.end()) bad_usage(what + ": unknown unit '" + unit + "' (use B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)");
+  const double bytes = std::strtod(number.c_str(), nullptr) * u->second;
+  if (!(bytes < 9.2e18)) bad_usage(what + ": larger than 2^63 bytes");
+  if (u->second == 1 && bytes != std::floor(bytes)) bad_usage(what + ": a fraction of a byte");
+  const uint64_t r = uint64_t(std::llround(bytes));  // 1.1GiB: to the nearest byte
+  // "0" means one file; a fraction that rounds to 0 bytes is a typo, not that.
+  if (r == 0 && bytes != 0) bad_usage(what + ": rounds to 0 bytes (0 means no sharding; a shard needs at least 1 byte)");
+  return r;
 }
 
 json ConvertReport::to_json() const {

@@ -309,6 +309,12 @@ TEST_CASE("convert refuses plain checkpoints, an existing output and writing ove
   REQUIRE(parse_size("500mb") == 500'000'000ull);
   REQUIRE(parse_size("0") == 0);
   REQUIRE_THROWS_AS(parse_size("5 parsecs"), Error);
+  REQUIRE(parse_size(" 1.5 GB ") == 1'500'000'000ull);
+  REQUIRE(parse_size("0.5KiB") == 512);
+  for (const char* bad : {"0.5", "1.5.3MB", "1 2GB", ".", "", "GB", "-1GB", "1e3", "99999999999TB"}) {
+    INFO(bad);
+    REQUIRE_THROWS_AS(parse_size(bad), Error);
+  }
 }
 
 TEST_CASE("8-bit GPTQ -> Marlin (uint8b128) -> GPTQ is exact, 8-bit zero points are refused for Marlin", "[formats][convert]") {
