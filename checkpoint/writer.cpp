@@ -299,7 +299,10 @@ std::vector<std::string> copy_non_tensor_files(const fs::path& src_dir, Checkpoi
     if (ends(".safetensors") || ends(".safetensors.index.json") || n == "config.json" ||
         n == "quantize_config.json" || n == "quant_config.json")
       return false;
-    return starts("tokenizer") || starts("chat_template") || ends(".tiktoken") || n == "generation_config.json" ||
+    // *.py: remote code that config.json's auto_map names (configuration_*.py, modeling_*.py,
+    // tokenization_*.py); without it trust_remote_code models do not load from the output.
+    return starts("tokenizer") || starts("chat_template") || ends(".tiktoken") || ends(".py") ||
+           n == "generation_config.json" ||
            n == "special_tokens_map.json" || n == "added_tokens.json" || n == "vocab.json" || n == "vocab.txt" ||
            n == "merges.txt" || n == "spiece.model" || n == "sentencepiece.bpe.model" ||
            n == "preprocessor_config.json" || n == "processor_config.json";

@@ -211,13 +211,14 @@ TEST_CASE("writer is atomic and refuses to clobber") {
   }
 }
 
-TEST_CASE("copy_non_tensor_files copies tokenizer and generation files, never weights or configs") {
+TEST_CASE("copy_non_tensor_files copies tokenizer, generation and remote-code files, never weights or configs") {
   TempDir tmp("wcp");
   const fs::path src = tmp.path / "src";
   fs::create_directories(src);
   for (const char* n : {"tokenizer.json", "tokenizer_config.json", "tokenizer.model", "generation_config.json",
                         "special_tokens_map.json", "chat_template.jinja", "cl100k.tiktoken", "config.json",
-                        "quantize_config.json", "model.safetensors", "model.safetensors.index.json", "README.md"})
+                        "quantize_config.json", "model.safetensors", "model.safetensors.index.json", "README.md",
+                        "modeling_custom.py", "configuration_custom.py"})
     write_text(src / n, std::string("content of ") + n);
   std::vector<std::string> copied;
   {
@@ -226,9 +227,9 @@ TEST_CASE("copy_non_tensor_files copies tokenizer and generation files, never we
     copied = copy_non_tensor_files(src, w);
     w.commit();
   }
-  const std::vector<std::string> want = {"chat_template.jinja", "cl100k.tiktoken", "generation_config.json",
-                                         "special_tokens_map.json", "tokenizer.json", "tokenizer.model",
-                                         "tokenizer_config.json"};
+  const std::vector<std::string> want = {"chat_template.jinja",     "cl100k.tiktoken",        "configuration_custom.py",
+                                         "generation_config.json",  "modeling_custom.py",     "special_tokens_map.json",
+                                         "tokenizer.json",          "tokenizer.model",        "tokenizer_config.json"};
   CHECK(copied == want);
   for (const auto& n : want) {
     auto b = read_bytes(tmp.path / "out" / n);
