@@ -87,8 +87,9 @@ QuantPlan plan_quantization(const Checkpoint& ck, const QuantizeOptions& o, Quan
 QuantizedLinear write_quantized(CheckpointWriter& w, const QuantizeOptions& o, const QuantJob& job, QuantizedLinear q,
                                 QuantizeReport& rep) {
   q.name = job.prefix;
-  if (job.desc.scale_type == ScaleType::BF16 && q.scale_type == ScaleType::F16) {
-    // The grid used fp16-rounded scales; bf16 files keep the model's dtype, so re-encode them.
+  if (job.desc.scale_type == ScaleType::BF16 && q.scale_type == ScaleType::F16 && o.to != TargetFormat::Marlin24) {
+    // The grid used fp16-rounded scales; bf16 files keep the model's dtype, so re-encode them (not for
+    // Sparse-Marlin, whose kernels take fp16 scales only).
     for (auto& s : q.scales) s = float_to_bf16(half_to_float(s));
     q.scale_type = ScaleType::BF16;
   }

@@ -64,7 +64,8 @@ struct QuantPlan {
 };
 QuantPlan plan_quantization(const Checkpoint& ck, const QuantizeOptions& o, QuantizeReport& rep);
 // Packs q for the target and writes its tensors; q's scales are re-encoded to the model's dtype (bf16
-// models keep bf16 scales). Adds the bytes written to rep.bytes_out; returns q as written.
+// models keep bf16 scales, except in Sparse-Marlin, which is fp16-only). Adds the bytes written to
+// rep.bytes_out; returns q as written.
 QuantizedLinear write_quantized(CheckpointWriter& w, const QuantizeOptions& o, const QuantJob& job, QuantizedLinear q,
                      QuantizeReport& rep);
 // config.json (+ quantize_config.json) for the target, the non-tensor files, commit. The config names

@@ -113,10 +113,10 @@ std::vector<TensorSpec> plan_module(TargetFormat t, const ModuleDesc& d, ModuleL
       }
       return v;
     }
-    case TargetFormat::Marlin24:
+    case TargetFormat::Marlin24:  // fp16 scales whatever the source's (write_marlin24)
       return {{tname(p, "B_24"), DType::I32, {k / 32, n * b / 2}},
               {tname(p, "B_meta"), DType::I16, {k / 32, 2 * n}},
-              {tname(p, "s"), sd, {G, n}}};
+              {tname(p, "s"), DType::F16, {G, n}}};
     case TargetFormat::GptqV1:
     case TargetFormat::GptqV2:
       return {{tname(p, "qweight"), DType::I32, {k * b / 32, n}},

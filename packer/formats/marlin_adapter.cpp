@@ -277,8 +277,19 @@ std::vector<PackedTensor> write_marlin24(const QuantizedLinear& q) {
   std::vector<PackedTensor> out;
   out.push_back(fmt::make_tensor(tname(q.name, "B_24"), DType::I32, {q.k / 32, q.n * q.bits / 2}, sp.B24));
   out.push_back(fmt::make_tensor(tname(q.name, "B_meta"), DType::I16, {q.k / 32, 2 * q.n}, sp.meta));
-  out.push_back(fmt::make_tensor(tname(q.name, "s"), fmt::dtype_of(q.scale_type), {G, q.n},
-                                 marlin::permute_scales_24(q.scales.data(), G, q.n)));
+  // The Sparse-Marlin kernels (IST, vLLM gptq_marlin_24, compressed-tensors marlin-24) take fp16 only
+  // (formats.md §9.3): bf16 scales are stored as fp16 when that is exact, else refused.
+  std::vector<uint16_t> s16 = q.scales;  // [G, n]
+  if (q.scale_type == ScaleType::BF16)
+    for (size_t i = 0; i < s16.size(); ++i) {
+      const float v = bf16_to_float(q.scales[i]);
+      s16[i] = float_to_half(v);
+      if (half_to_float(s16[i]) != v)
+        bad_data(q.name + ": Sparse-Marlin stores fp16 scales; the bf16 scale " + std::to_string(v) + " at group " +
+                 std::to_string(i / size_t(q.n)) + ", column " + std::to_string(i % size_t(q.n)) +
+                 " has no exact fp16 value (re-quantize from the fp16 model, or convert to marlin)");
+    }
+  out.push_back(fmt::make_tensor(tname(q.name, "s"), DType::F16, {G, q.n}, marlin::permute_scales_24(s16.data(), G, q.n)));
   return out;
 }
 

@@ -147,6 +147,37 @@ TEST_CASE("2:4 pattern P1/P2 and S3 through mask_24_from_codes and write_marlin2
   REQUIRE_THROWS_AS(write_marlin24(q), Error);
 }
 
+TEST_CASE("Sparse-Marlin stores fp16 scales: bf16 ones are converted when exact, refused otherwise", "[formats][adapters]") {
+  QuantizedLinear q = d1_layer(2);
+  std::fill(q.codes.begin(), q.codes.end(), uint8_t(8));  // all pruned: trivially 2:4
+  // Scales with 3 significant bits: exact in fp16 and bf16.
+  for (size_t i = 0; i < q.scales.size(); ++i) q.scales[i] = float_to_half(0.0078125f * float(1 + i % 7));
+  const auto f16 = write_marlin24(q);
+  QuantizedLinear b = q;
+  b.scale_type = ScaleType::BF16;
+  for (auto& s : b.scales) {
+    const uint16_t bf = float_to_bf16(half_to_float(s));
+    REQUIRE(bf16_to_float(bf) == half_to_float(s));
+    s = bf;
+  }
+  const auto from_bf16 = write_marlin24(b);
+  const PackedTensor& s = find(from_bf16, "layer.s");
+  CHECK(s.spec.dtype == DType::F16);
+  CHECK(s.bytes == find(f16, "layer.s").bytes);
+  ModuleDesc d;
+  d.prefix = "layer"; d.k = b.k; d.n = b.n; d.bits = b.bits; d.groups = b.groups(); d.scale_type = ScaleType::BF16;
+  CHECK(plan_module(TargetFormat::Marlin24, d)[2].dtype == DType::F16);
+  b.scales[3] = float_to_bf16(1e-30f);  // far below fp16's subnormals
+  std::string msg;
+  try {
+    write_marlin24(b);
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  CHECK(msg.find("layer: Sparse-Marlin stores fp16 scales") != std::string::npos);
+  CHECK(msg.find("group 0, column 3") != std::string::npos);
+}
+
 TEST_CASE("2:4-sparse GPTQ <-> marlin24 through convert, marlin24 -> marlin keeps the weights", "[formats][convert]") {
   TempDir td("s24");
   synth::Options o;
