@@ -231,8 +231,11 @@ std::vector<QuantizedModuleShape> quantized_module_shapes(const Checkpoint& ck, 
         if (awq) {
           m.k = w.shape[0];
           if (w.shape[1] * pf != m.n)
-            shape_fail(ck, qw, "AWQ qweight " + shape_str(w.shape) + " does not match scales " + shape_str(s.shape) +
-                                   " at " + std::to_string(m.bits) + " bits ([k, n/" + std::to_string(pf) + "])");
+            // The format was read as AWQ only because qweight's width differs from the scales' n, so a
+            // broken GPTQ file lands here too: name both layouts.
+            shape_fail(ck, qw, "qweight " + shape_str(w.shape) + " does not match scales " + shape_str(s.shape) +
+                                   " at " + std::to_string(m.bits) + " bits: neither GPTQ's [k/" + std::to_string(pf) +
+                                   ", n] nor AWQ's [k, n/" + std::to_string(pf) + "]");
         } else {
           m.k = w.shape[0] * pf;
           if (w.shape[1] != m.n)

@@ -107,6 +107,26 @@ TEST_CASE("GPTQ v1 / v2 / mislabelled are decided from the qzeros data") {
   }
 }
 
+TEST_CASE("a GPTQ qweight that fits neither GPTQ's nor AWQ's layout names both") {
+  TempDir tmp("fbadw");
+  std::vector<TensorData> ts;
+  add_plain(ts);
+  add_gptq(ts, kQ, 256, 256, 128, 0x77777777u);
+  ts.push_back(filled(std::string(kUp) + ".qweight", DType::I32, {32, 768}, 11));
+  ts.push_back(filled(std::string(kUp) + ".scales", DType::F16, {2, 512}, 12));  // n = 512: mismatched
+  write_checkpoint(tmp.path / "m", ts, {{"config.json", gptq_config("gptq")}});
+  std::string msg;
+  try {
+    auto ck = Checkpoint::open(tmp.path / "m");
+    detect_format(ck);
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  CAPTURE(msg);
+  CHECK(contains(msg, std::string(kUp) + ".qweight"));
+  CHECK(contains(msg, "neither GPTQ's [k/8, n] nor AWQ's [k, n/8]"));
+}
+
 TEST_CASE("GPTQ without config: bits from g_idx, act-order from g_idx data") {
   TempDir tmp("fgptq2");
   std::vector<TensorData> ts;
