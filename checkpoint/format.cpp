@@ -226,6 +226,12 @@ std::vector<QuantizedModuleShape> quantized_module_shapes(const Checkpoint& ck, 
         const TensorInfo& w = need_2d(ck, qw, {DType::I32, DType::U32});
         const TensorInfo& s = need_2d(ck, sc, {});
         m.bits = fi.bits > 0 ? fi.bits : 4;
+        // A GPTQ module's g_idx has k entries, which fixes its own bit width (mixed-bit `dynamic` files).
+        if (!awq && ck.contains(gi)) {
+          const int64_t k = info(ck, gi).numel();
+          const int64_t b = k > 0 && (32 * w.shape[0]) % k == 0 ? 32 * w.shape[0] / k : 0;
+          if (b == 2 || b == 4 || b == 8) m.bits = int(b);
+        }
         const int pf = 32 / m.bits;
         m.n = s.shape[1];
         if (awq) {
@@ -288,9 +294,7 @@ std::vector<QuantizedModuleShape> quantized_module_shapes(const Checkpoint& ck, 
         const TensorInfo& w = need_2d(ck, wp, {DType::I32, DType::U32});
         const TensorInfo& s = need_2d(ck, ws, {});
         m.bits = fi.bits > 0 ? fi.bits : 4;
-        const int pf = 32 / m.bits;
         m.n = w.shape[0];
-        m.k = w.shape[1] * pf;
         add(wp); add(ws);
         if (add(wsh)) {
           const TensorInfo& t = info(ck, wsh);
@@ -302,10 +306,14 @@ std::vector<QuantizedModuleShape> quantized_module_shapes(const Checkpoint& ck, 
             if (t.dtype == DType::I64) std::memcpy(&v[i], b.data() + 8 * i, 8);
             else { int32_t x; std::memcpy(&x, b.data() + 4 * i, 4); v[i] = x; }
           }
+          m.bits = ct_module_bits(v[1], w.shape[1], m.bits);
+          const int pf = 32 / m.bits;
           if (v[0] != m.n || (v[1] + pf - 1) / pf != w.shape[1])
             shape_fail(ck, wsh, "weight_shape [" + std::to_string(v[0]) + ", " + std::to_string(v[1]) +
                                     "] does not match weight_packed " + shape_str(w.shape));
           m.k = v[1];
+        } else {
+          m.k = w.shape[1] * (32 / m.bits);
         }
         if (s.shape[0] != m.n) shape_fail(ck, ws, "weight_scale " + shape_str(s.shape) + " should have n = " + std::to_string(m.n) + " rows");
         m.group_size = group_from_rows(ck, ws, m.k, s.shape[1], fi.group_size);
@@ -333,6 +341,14 @@ std::vector<QuantizedModuleShape> quantized_module_shapes(const Checkpoint& ck, 
     out.push_back(std::move(m));
   }
   return out;
+}
+
+int ct_module_bits(int64_t k, int64_t packed_cols, int preferred) {
+  auto fits = [&](int b) { return b > 0 && 32 % b == 0 && k >= 0 && (k + 32 / b - 1) / (32 / b) == packed_cols; };
+  if (fits(preferred)) return preferred;
+  for (int b : {4, 8, 2})
+    if (fits(b)) return b;
+  return preferred;
 }
 
 FormatInfo detect_format(const Checkpoint& ck) {
@@ -399,6 +415,22 @@ FormatInfo detect_format(const Checkpoint& ck) {
     if (auto s = get_bool(*w, "symmetric")) sym = s;
     desc = get(*w, "actorder") != nullptr;
   }
+  // Per-module schemes: GPTQModel `dynamic` overrides ("+:regex" or a bare regex; "-:" skips a module)
+  // and every compressed-tensors scheme. Only the values are kept: which module each names is a regex
+  // or target match that loaders make; here a module's own shapes give its bits and group size.
+  if (const json* dyn = get(qc, "dynamic"); dyn && dyn->is_object())
+    for (auto it = dyn->begin(); it != dyn->end(); ++it) {
+      if (it.key().rfind("-:", 0) == 0 || !it->is_object()) continue;
+      if (auto b = bits_of(*it, "bits")) fi.other_bits.insert(*b);
+      if (auto g = group_of(*it, "group_size")) fi.other_groups.insert(*g);
+    }
+  if (const json* groups = get(qc, "config_groups"); groups && groups->is_object())
+    for (const auto& g : *groups)
+      if (const json* w = g.is_object() ? get(g, "weights") : nullptr; w && w->is_object()) {
+        if (auto b = bits_of(*w, "num_bits")) fi.other_bits.insert(*b);
+        if (auto gs = group_of(*w, "group_size")) fi.other_groups.insert(*gs);
+        else if (get_str(*w, "strategy") == "channel") fi.other_groups.insert(-1);
+      }
 
   switch (kind) {
     case Kind::Marlin: fi.format = Format::Marlin; break;
@@ -437,7 +469,7 @@ FormatInfo detect_format(const Checkpoint& ck) {
 
   auto mods = quantized_module_shapes(ck, fi);
   // The Marlin families' packed shapes fix the bit width; a config that says otherwise is wrong.
-  if (marlin_kind && bits && *bits != mods.front().bits)
+  if (marlin_kind && bits && *bits != mods.front().bits && !fi.other_bits.count(mods.front().bits))
     fi.notes.push_back("config says bits " + std::to_string(*bits) + " but the packed shapes of " + mods.front().prefix +
                        " imply " + std::to_string(mods.front().bits));
   if (!bits) {
@@ -458,14 +490,15 @@ FormatInfo detect_format(const Checkpoint& ck) {
     const bool labelled_v2 = fi.format == Format::GptqV2;
     int v1 = 0, v2 = 0, other = 0;
     bool act_order_data = false;
-    if (fi.sym && (fi.bits == 2 || fi.bits == 4 || fi.bits == 8)) {
-      const uint32_t mask = (1u << fi.bits) - 1, z2 = 1u << (fi.bits - 1), z1 = z2 - 1;
+    if (fi.sym) {
       for (const auto& m : mods) {
         const std::string qz = join(m.prefix, "qzeros");
-        if (!ck.contains(qz)) continue;
+        if (!ck.contains(qz) || (m.bits != 2 && m.bits != 4 && m.bits != 8)) continue;
+        // Each module at its own width (mixed-bit files).
+        const uint32_t mask = (1u << m.bits) - 1, z2 = 1u << (m.bits - 1), z1 = z2 - 1;
         bool all1 = true, all2 = true;
         for (int32_t wd : read_i32(ck, qz))
-          for (int sh = 0; sh < 32; sh += fi.bits) {
+          for (int sh = 0; sh < 32; sh += m.bits) {
             const uint32_t f = (uint32_t(wd) >> sh) & mask;
             all1 &= f == z1;
             all2 &= f == z2;

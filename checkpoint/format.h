@@ -3,6 +3,7 @@
 // notes, never guessed silently: a disagreement between the config label and the data is a note.
 #pragma once
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -28,11 +29,19 @@ struct FormatInfo {
   int group_size = 0;    // -1 = per-channel; 0 when unknown/Plain
   bool sym = true;
   bool desc_act = false;
+  // Bit widths and group sizes the config assigns to some modules besides the values above (GPTQModel
+  // `dynamic` "+:" overrides, further compressed-tensors config_groups).
+  std::set<int> other_bits, other_groups;
   std::string label_in_config;     // e.g. "gptq/gptq_v2" (quant_method/checkpoint_format), "" if none
   std::vector<std::string> notes;  // e.g. "config says gptq but qzeros hold v2 values (8)"
 };
 
 FormatInfo detect_format(const Checkpoint& ck);
+
+// The bit width of a compressed-tensors pack-quantized module from its true k (weight_shape) and the
+// columns of its weight_packed ([n, ceil(k / (32/bits))]): `preferred` (the config's) when that fits,
+// else the width among 2, 4, 8 that does, else `preferred` (the caller reports the mismatch).
+int ct_module_bits(int64_t k, int64_t packed_cols, int preferred);
 std::string format_name(Format f);  // "plain", "gptq-v1", "gptq-v2", "marlin", "marlin24", "awq", ...
 
 // Prefixes of the quantized modules (e.g. "model.layers.0.self_attn.q_proj"; "" for a bare file whose

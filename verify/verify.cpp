@@ -72,9 +72,13 @@ CheckResult check_structure(const ModuleDesc& d, const FormatInfo& fi, const Qua
     if (c.ok) c.detail = why; else c.detail += "; " + why;
     c.ok = false;
   };
-  if (fi.bits && fi.bits != d.bits)
+  // A module may follow one of the config's per-module schemes (GPTQModel `dynamic`, further
+  // compressed-tensors config_groups) instead of the checkpoint-wide values.
+  if (fi.bits && fi.bits != d.bits && !fi.other_bits.count(d.bits))
     fail("config says bits " + std::to_string(fi.bits) + " but the tensors hold " + std::to_string(d.bits) + "-bit codes");
-  if (fi.group_size && fi.group_size != d.group_size && !(d.groups == 1 && (fi.group_size == -1 || fi.group_size == d.k)))
+  auto group_fits = [&](int g) { return g == d.group_size || (d.groups == 1 && (g == -1 || g == d.k)); };
+  if (fi.group_size && !group_fits(fi.group_size) &&
+      std::none_of(fi.other_groups.begin(), fi.other_groups.end(), group_fits))
     fail("config says group_size " + std::to_string(fi.group_size) + " but the scales have " + std::to_string(d.groups) +
          " rows for k = " + std::to_string(d.k) + " (group size " + std::to_string(d.group_size) + ")");
   // An asymmetric config may hold a module whose zero points all happen to be 2^(bits-1); the reverse

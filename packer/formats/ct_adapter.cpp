@@ -1,6 +1,7 @@
 // compressed-tensors pack-quantized adapter (formats.md §6.1): HF orientation [n, k], so scales and
 // zero points are transposed relative to GPTQ; `weight_shape` carries the unpadded [n, k].
 #include <algorithm>
+#include <optional>
 
 #include "packer/formats/common.h"
 #include "packer/gptq.h"
@@ -21,11 +22,19 @@ ModuleDesc describe_compressed_tensors(const Checkpoint& ck, const std::string& 
   d.n = wp.shape[0];
   d.groups = ws.shape[1];
   d.bits = fi.bits > 0 ? fi.bits : 4;
+  d.tensors = {wp.name, ws.name};
+  const std::string shape_name = tname(prefix, "weight_shape");
+  std::optional<int64_t> true_k;
+  if (auto r = ck.find(shape_name)) {
+    const TensorInfo& t = *r->info;
+    if ((t.dtype == DType::I64 || t.dtype == DType::I32) && t.numel() == 2)
+      true_k = t.dtype == DType::I64 ? fmt::copy_as<int64_t>(ck, shape_name)[1] : fmt::copy_as<int32_t>(ck, shape_name)[1];
+  }
+  // A module of another scheme (mixed bit widths) has its own width, which its shapes fix.
+  if (true_k) d.bits = ct_module_bits(*true_k, wp.shape[1], d.bits);
   if (d.bits != 4 && d.bits != 8)
     bad_data(wp.name + ": " + std::to_string(d.bits) + "-bit compressed-tensors; only 4- and 8-bit layers convert");
   const int64_t pf = 32 / d.bits;
-  d.tensors = {wp.name, ws.name};
-  const std::string shape_name = tname(prefix, "weight_shape");
   if (auto r = ck.find(shape_name)) {
     const TensorInfo& t = *r->info;
     if ((t.dtype != DType::I64 && t.dtype != DType::I32) || t.numel() != 2)

@@ -310,3 +310,71 @@ TEST_CASE("asymmetric act-order outputs store zero points and g_idx in every mod
     CHECK(vr.ok());
   }
 }
+
+TEST_CASE("mixed bit widths (GPTQModel dynamic overrides) convert, read back and verify in every target",
+          "[formats][convert]") {
+  TempDir td("mixedbits");
+  synth::Options o4, o8;
+  o4.seed = 251;
+  o4.layers = {{"model.layers.0.self_attn.q_proj", 256, 256}, {"model.layers.0.self_attn.o_proj", 256, 256}};
+  o8 = o4;
+  o8.bits = 8;
+  o8.seed = 252;
+  o8.layers = {{"model.layers.0.mlp.down_proj", 512, 256}};
+  synth::write_checkpoint(td.path / "four", o4);
+  synth::write_checkpoint(td.path / "eight", o8);
+  {  // one checkpoint: the 4-bit one plus the 8-bit module, with a `dynamic` override for it
+    Checkpoint a = Checkpoint::open(td.path / "four"), b = Checkpoint::open(td.path / "eight");
+    std::vector<TensorSpec> plan;
+    std::vector<std::pair<const Checkpoint*, std::string>> from;
+    for (const Checkpoint* c : {&a, &b})
+      for (const auto& name : c->tensor_names()) {
+        if (c == &b && a.contains(name)) continue;
+        const TensorInfo& t = *c->at(name).info;
+        plan.push_back({name, t.dtype, t.shape});
+        from.push_back({c, name});
+      }
+    CheckpointWriter w(td.path / "src", plan);
+    for (const auto& [c, name] : from) w.write(name, c->data(name));
+    nlohmann::json qc = a.quantize_config();
+    qc["dynamic"] = {{"+:^model\\.layers\\.0\\.mlp\\.down_proj$", {{"bits", 8}}}};
+    w.add_file("quantize_config.json", qc.dump(2));
+    w.commit();
+  }
+  Checkpoint src = Checkpoint::open(td.path / "src");
+  FormatInfo fs0 = detect_format(src);
+  CHECK(fs0.bits == 4);
+  CHECK(fs0.other_bits == std::set<int>{8});
+  INFO(fs0.notes.size());
+  CHECK(fs0.notes.empty());
+  for (TargetFormat to : {TargetFormat::CompressedTensors, TargetFormat::GptqV2, TargetFormat::Marlin}) {
+    INFO(target_name(to));
+    const fs::path out = td.path / target_name(to);
+    REQUIRE(run(td.path / "src", out, to).ok);
+    Checkpoint ck = Checkpoint::open(out);
+    FormatInfo fo = detect_format(ck);
+    CHECK(fo.notes.empty());
+    for (const auto& d : describe_modules(ck, fo)) {
+      INFO(d.prefix);
+      CHECK(d.bits == (d.prefix.find("down_proj") != std::string::npos ? 8 : 4));
+      auto w0 = dequantize(read_module(src, describe_module(src, d.prefix, fs0), fs0));
+      auto w1 = dequantize(read_module(ck, d, fo));
+      REQUIRE(w0.size() == w1.size());
+      CHECK(std::memcmp(w0.data(), w1.data(), w0.size() * sizeof(float)) == 0);
+    }
+    VerifyOptions vo;
+    vo.force_cpu = true;
+    VerifyReport vr = verify_checkpoint(out, vo);
+    INFO(vr.certificate().dump(1));
+    CHECK(vr.ok());
+    // And back to GPTQ v1: the source's tensors byte for byte.
+    REQUIRE(run(out, td.path / (target_name(to) + "-back"), TargetFormat::GptqV1).ok);
+    Checkpoint back = Checkpoint::open(td.path / (target_name(to) + "-back"));
+    for (const auto& name : src.tensor_names()) {
+      INFO(name);
+      auto x = src.data(name), y = back.data(name);
+      REQUIRE(x.size() == y.size());
+      CHECK(std::memcmp(x.data(), y.data(), x.size()) == 0);
+    }
+  }
+}
