@@ -275,6 +275,25 @@ ConvertReport convert_checkpoint(const fs::path& in, const fs::path& out, const 
     }
     for (const auto& nt : descs[i].notes) ++note_count[nt];
   }
+  // AWQ and marlin_24 configs hold one bits/group_size for the whole checkpoint and their loaders read no
+  // per-module overrides: a module of another scheme is incompatible there.
+  if (opts.to == TargetFormat::Awq || opts.to == TargetFormat::Marlin24) {
+    std::vector<const ModuleDesc*> fit;
+    for (size_t i = 0; i < descs.size(); ++i)
+      if (rules[i].empty()) fit.push_back(&descs[i]);
+    QuantSummary probe;
+    summarise_schemes(fit, fi.group_size, probe);
+    std::set<std::string> odd;
+    for (const auto& o : probe.overrides) odd.insert(o.first);
+    for (size_t i = 0; i < descs.size(); ++i) {
+      const ModuleDesc& d = descs[i];
+      if (!rules[i].empty() || !odd.count(d.prefix)) continue;
+      rules[i] = rep.target + " has one bit width and group size per checkpoint (here " + std::to_string(probe.bits) +
+                 "-bit, group " + std::to_string(probe.group_size) + "); this layer is " + std::to_string(d.bits) +
+                 "-bit, group " + std::to_string(effective_group(d));
+      rep.incompatible.push_back({d.prefix, d.k, d.n, d.bits, effective_group(d), rules[i], d.tensors});
+    }
+  }
   for (const auto& [nt, c] : note_count)
     rep.notes.push_back(c == 1 ? nt : nt + " (" + std::to_string(c) + " modules)");
   if (!rep.incompatible.empty() && !opts.keep_incompatible) {

@@ -53,6 +53,27 @@ void copy_with(const fs::path& src, const fs::path& dst, const std::map<std::str
   w.commit();
 }
 
+// One checkpoint from two: every tensor of `a`, the tensors of `b` that `a` lacks (its modules), and
+// a's quantize_config.json with `dynamic` set.
+void merge(const fs::path& a_dir, const fs::path& b_dir, const fs::path& dst, const nlohmann::json& dynamic) {
+  Checkpoint a = Checkpoint::open(a_dir), b = Checkpoint::open(b_dir);
+  std::vector<TensorSpec> plan;
+  std::vector<std::pair<const Checkpoint*, std::string>> from;
+  for (const Checkpoint* c : {&a, &b})
+    for (const auto& name : c->tensor_names()) {
+      if (c == &b && a.contains(name)) continue;
+      const TensorInfo& t = *c->at(name).info;
+      plan.push_back({name, t.dtype, t.shape});
+      from.push_back({c, name});
+    }
+  CheckpointWriter w(dst, plan);
+  for (const auto& [c, name] : from) w.write(name, c->data(name));
+  nlohmann::json qc = a.quantize_config();
+  qc["dynamic"] = dynamic;
+  w.add_file("quantize_config.json", qc.dump(2));
+  w.commit();
+}
+
 template <class T>
 std::vector<uint8_t> bytes_of(const std::vector<T>& v) {
   std::vector<uint8_t> b(v.size() * sizeof(T));
@@ -323,24 +344,8 @@ TEST_CASE("mixed bit widths (GPTQModel dynamic overrides) convert, read back and
   o8.layers = {{"model.layers.0.mlp.down_proj", 512, 256}};
   synth::write_checkpoint(td.path / "four", o4);
   synth::write_checkpoint(td.path / "eight", o8);
-  {  // one checkpoint: the 4-bit one plus the 8-bit module, with a `dynamic` override for it
-    Checkpoint a = Checkpoint::open(td.path / "four"), b = Checkpoint::open(td.path / "eight");
-    std::vector<TensorSpec> plan;
-    std::vector<std::pair<const Checkpoint*, std::string>> from;
-    for (const Checkpoint* c : {&a, &b})
-      for (const auto& name : c->tensor_names()) {
-        if (c == &b && a.contains(name)) continue;
-        const TensorInfo& t = *c->at(name).info;
-        plan.push_back({name, t.dtype, t.shape});
-        from.push_back({c, name});
-      }
-    CheckpointWriter w(td.path / "src", plan);
-    for (const auto& [c, name] : from) w.write(name, c->data(name));
-    nlohmann::json qc = a.quantize_config();
-    qc["dynamic"] = {{"+:^model\\.layers\\.0\\.mlp\\.down_proj$", {{"bits", 8}}}};
-    w.add_file("quantize_config.json", qc.dump(2));
-    w.commit();
-  }
+  merge(td.path / "four", td.path / "eight", td.path / "src",
+        {{"+:^model\\.layers\\.0\\.mlp\\.down_proj$", {{"bits", 8}}}});
   Checkpoint src = Checkpoint::open(td.path / "src");
   FormatInfo fs0 = detect_format(src);
   CHECK(fs0.bits == 4);
@@ -377,4 +382,38 @@ TEST_CASE("mixed bit widths (GPTQModel dynamic overrides) convert, read back and
       CHECK(std::memcmp(x.data(), y.data(), x.size()) == 0);
     }
   }
+}
+
+TEST_CASE("AWQ and marlin_24 hold one scheme: a module of another group size is incompatible there", "[formats][convert]") {
+  // A per-channel module in a group-128 checkpoint (both fit AWQ and Sparse-Marlin one by one).
+  TempDir td("awqgroups");
+  synth::Options a, b;
+  a.kind = b.kind = synth::Kind::GptqV1;
+  a.seed = 261;
+  a.layers = {{"model.layers.0.self_attn.q_proj", 256, 256}, {"model.layers.0.self_attn.o_proj", 256, 256}};
+  b.seed = 262;
+  b.group = -1;
+  b.layers = {{"model.layers.0.mlp.down_proj", 512, 256}};
+  synth::write_checkpoint(td.path / "g128", a);
+  synth::write_checkpoint(td.path / "gch", b);
+  const std::string odd = "model.layers.0.mlp.down_proj";
+  merge(td.path / "g128", td.path / "gch", td.path / "src", {{"+:^model\\.layers\\.0\\.mlp\\.down_proj$", {{"group_size", -1}}}});
+  for (TargetFormat to : {TargetFormat::Awq, TargetFormat::Marlin24}) {
+    INFO(target_name(to));
+    ConvertReport r = run(td.path / "src", td.path / target_name(to), to);
+    CHECK_FALSE(r.ok);
+    bool named = false;
+    for (const auto& m : r.incompatible)
+      named |= m.prefix == odd && m.rule.find("one bit width and group size per checkpoint") != std::string::npos;
+    CHECK(named);
+  }
+  // --keep-incompatible: the odd module stays a plain weight and the AWQ config says so.
+  REQUIRE(run(td.path / "src", td.path / "awq", TargetFormat::Awq, true).ok);
+  Checkpoint ck = Checkpoint::open(td.path / "awq");
+  CHECK(ck.contains(odd + ".weight"));
+  const auto& q = ck.config().at("quantization_config");
+  CHECK(q.at("group_size") == 128);
+  CHECK(q.at("modules_to_not_convert") == nlohmann::json({"lm_head", odd}));
+  // Targets with per-module overrides take it as it is.
+  CHECK(run(td.path / "src", td.path / "gptq", TargetFormat::GptqV2).ok);
 }
