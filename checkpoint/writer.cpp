@@ -1,8 +1,10 @@
 #include "checkpoint/writer.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -69,7 +71,63 @@ std::string shard_name(const std::string& base, size_t i, size_t n) {
 
 std::atomic<unsigned> g_writer_seq{0};
 
+// Temporary directories of live writers, for remove_live_temp_outputs() in a signal handler: fixed
+// storage (no allocation), each slot published by its state (0 free, 1 being filled, 2 ready).
+constexpr int kLiveSlots = 16;
+constexpr size_t kLivePath = 4096;
+struct LiveTemp {
+  std::atomic<int> state{0};
+  char path[kLivePath];
+};
+LiveTemp g_live[kLiveSlots];
+static_assert(std::atomic<int>::is_always_lock_free, "the signal handler reads the slot states");
+
+int register_live(const fs::path& p) {
+  const std::string& s = p.native();
+  if (s.size() >= kLivePath) return -1;  // not cleaned on a signal; the next run reports it as stale
+  for (int i = 0; i < kLiveSlots; ++i) {
+    int expect = 0;
+    if (g_live[i].state.compare_exchange_strong(expect, 1)) {
+      std::memcpy(g_live[i].path, s.c_str(), s.size() + 1);
+      g_live[i].state.store(2);
+      return i;
+    }
+  }
+  return -1;
+}
+
+void unregister_live(int slot) {
+  if (slot >= 0) g_live[slot].state.store(0);
+}
+
+// Deletes the files of directory `path` and the directory, with async-signal-safe calls only (a
+// writer's output is flat: shards, index, config and tokenizer files).
+void remove_flat_dir(const char* path) noexcept {
+  const int dfd = ::open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) return;
+  alignas(8) char buf[4096];
+  for (;;) {
+    const long n = ::syscall(SYS_getdents64, dfd, buf, sizeof buf);
+    if (n <= 0) break;
+    for (long off = 0; off < n;) {
+      // struct linux_dirent64: u64 ino, s64 off, u16 reclen, u8 type, char name[]
+      unsigned short reclen;
+      std::memcpy(&reclen, buf + off + 16, sizeof reclen);
+      const char* name = buf + off + 19;
+      if (!(name[0] == '.' && (name[1] == 0 || (name[1] == '.' && name[2] == 0)))) ::unlinkat(dfd, name, 0);
+      off += reclen;
+    }
+  }
+  ::close(dfd);
+  ::rmdir(path);
+}
+
 }  // namespace
+
+void remove_live_temp_outputs() noexcept {
+  for (auto& slot : g_live)
+    if (slot.state.load() == 2) remove_flat_dir(slot.path);
+}
 
 CheckpointWriter::CheckpointWriter(fs::path out_dir, std::vector<TensorSpec> plan, WriterOptions opts)
     : out_dir_(std::move(out_dir)), opts_(std::move(opts)) {
@@ -159,6 +217,7 @@ CheckpointWriter::CheckpointWriter(fs::path out_dir, std::vector<TensorSpec> pla
   fs::remove_all(tmp_dir_, ec);
   if (!fs::create_directory(tmp_dir_, ec) || ec)
     fail(ErrorKind::Io, tmp_dir_.string() + ": cannot create temporary output directory: " + ec.message());
+  live_slot_ = register_live(tmp_dir_);
   try {
     for (Shard& sh : shards_) {
       const fs::path p = tmp_dir_ / sh.file_name;
@@ -184,6 +243,8 @@ void CheckpointWriter::abort_output() noexcept {
   }
   std::error_code ec;
   if (!tmp_dir_.empty()) fs::remove_all(tmp_dir_, ec);
+  unregister_live(live_slot_);
+  live_slot_ = -1;
 }
 
 size_t CheckpointWriter::find_planned(const std::string& name) const {
@@ -258,13 +319,23 @@ void CheckpointWriter::commit() {
       if (e.is_regular_file()) fsync_path(e.path(), false);
     fsync_path(tmp_dir_, true);
 
-    // An existing (empty, or --overwrite) directory is moved aside first: rename() cannot replace a
-    // non-empty directory, and moving aside keeps the old output intact until the new one is in place.
+    // rename() cannot replace a non-empty directory. An existing (empty, or --overwrite) output is
+    // swapped with the new one in one step (renameat2 RENAME_EXCHANGE), so `out` always holds a whole
+    // output; the old one, now under the temporary name, is deleted after. File systems without the
+    // exchange move the old output aside first.
     std::error_code ec;
     fs::path old;
     if (fs::exists(out_dir_, ec)) {
       if (!fs::is_empty(out_dir_) && !opts_.overwrite)
         bad_usage(out_dir_.string() + ": output directory appeared while writing and is not empty");
+      if (::renameat2(AT_FDCWD, tmp_dir_.c_str(), AT_FDCWD, out_dir_.c_str(), RENAME_EXCHANGE) == 0) {
+        committed_ = true;
+        fs::remove_all(tmp_dir_, ec);  // the previous output
+        unregister_live(live_slot_);
+        live_slot_ = -1;
+        fsync_path(out_dir_.has_parent_path() ? out_dir_.parent_path() : fs::path("."), true);
+        return;
+      }
       old = out_dir_.parent_path() / (out_dir_.filename().string() + ".old-" + std::to_string(::getpid()) + "-" +
                                       std::to_string(g_writer_seq++));
       fs::rename(out_dir_, old);
@@ -275,6 +346,8 @@ void CheckpointWriter::commit() {
       fail(ErrorKind::Io, out_dir_.string() + ": cannot rename temporary output into place: " + ec.message());
     }
     committed_ = true;
+    unregister_live(live_slot_);
+    live_slot_ = -1;
     if (!old.empty()) fs::remove_all(old, ec);
     fsync_path(out_dir_.has_parent_path() ? out_dir_.parent_path() : fs::path("."), true);
   } catch (const fs::filesystem_error& e) {

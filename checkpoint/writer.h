@@ -31,6 +31,11 @@ struct WriterOptions {
 // another machine sharing the directory could own one); the CLI points them out.
 std::vector<std::filesystem::path> stale_temp_outputs(const std::filesystem::path& out_dir);
 
+// Deletes the temporary output directories of every live writer, with async-signal-safe calls only:
+// for a SIGINT/SIGTERM handler, which then re-raises (the CLI installs one). Committed outputs and
+// other files are never touched.
+void remove_live_temp_outputs() noexcept;
+
 class CheckpointWriter {
  public:
   // Validates the plan (unique non-empty names, non-negative dims) and creates the temporary directory.
@@ -76,6 +81,7 @@ class CheckpointWriter {
   std::vector<size_t> by_name_;  // indices into plan_ sorted by name
   std::vector<Shard> shards_;
   bool committed_ = false;
+  int live_slot_ = -1;  // in the registry remove_live_temp_outputs() reads
   size_t find_planned(const std::string& name) const;
 };
 

@@ -1,10 +1,14 @@
 // marlinc command-line front end: parse, call the libraries, print, map errors to exit codes.
 #include <CLI/CLI.hpp>
 #include <Eigen/Core>
+#include <signal.h>  // sigaction
+
+#include <csignal>
 #include <cstdio>
 #include <iostream>
 
 #include "checkpoint/error.h"
+#include "checkpoint/writer.h"
 #include "cli/commands.h"
 
 #ifndef MARLINC_HAVE_CUDA
@@ -13,7 +17,27 @@
 #define MARLINC_CUDA_STATE "on"
 #endif
 
+namespace {
+
+// Ctrl-C, kill or a closed terminal: no half-written `<out>.tmp-*` directory stays behind. The default
+// action then ends the process with the signal's status, as a shell expects.
+void on_fatal_signal(int sig) {
+  marlinc::remove_live_temp_outputs();
+  std::signal(sig, SIG_DFL);
+  std::raise(sig);
+}
+
+void install_signal_cleanup() {
+  struct sigaction sa {};
+  sa.sa_handler = on_fatal_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  install_signal_cleanup();
   // Eigen's own multithreading picks its GEMM blocking from the thread count, which changes float
   // summation order: outputs would then depend on OMP_NUM_THREADS. The libraries parallelise over
   // independent work with OpenMP instead, so Eigen runs single-threaded and a given input and set of

@@ -1,5 +1,7 @@
 // CheckpointWriter: byte-exact output (formats.md §7.1 example), determinism, sharding + index,
 // atomicity, refusal to clobber; Checkpoint's sharded-index validation.
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -336,4 +338,32 @@ TEST_CASE("stale_temp_outputs lists what killed writers left, and nothing a live
   CHECK(stale[0].filename() == "out.tmp-99999999999-0");
   CHECK(stale_temp_outputs(tmp.path / "out/") == stale);  // a trailing slash names the same output
   CHECK(stale_temp_outputs(tmp.path / "missing" / "out").empty());
+}
+
+TEST_CASE("on a fatal signal, remove_live_temp_outputs deletes the live writers' temporary outputs only") {
+  TempDir tmp("wsig");
+  fs::create_directories(tmp.path / "done");
+  write_text(tmp.path / "done" / "keep.txt", "a finished output stays");
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    // What the CLI's handler does, ending with a status the parent can tell from a crash.
+    struct sigaction sa {};
+    sa.sa_handler = [](int) { remove_live_temp_outputs(); ::_exit(7); };
+    sigaction(SIGTERM, &sa, nullptr);
+    CheckpointWriter w(tmp.path / "out", {{"x", DType::U8, {4}}, {"y", DType::U8, {4}}});
+    w.write("x", std::vector<uint8_t>{1, 2, 3, 4});
+    w.add_file("config.json", "{}");
+    if (!fs::exists(w.temp_dir() / "model.safetensors")) ::_exit(3);
+    ::raise(SIGTERM);
+    ::_exit(4);  // not reached
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 7);
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(tmp.path)) left.push_back(e.path().filename().string());
+  CHECK(left == std::vector<std::string>{"done"});
+  CHECK(fs::exists(tmp.path / "done" / "keep.txt"));
 }
