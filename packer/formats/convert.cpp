@@ -336,6 +336,10 @@ ConvertReport convert_checkpoint(const fs::path& in, const fs::path& out, const 
     }
   // The config's sym / desc_act hold for every module (ModuleLayout).
   const ModuleLayout layout{!all_sym, any_act};
+  if (opts.to == TargetFormat::CompressedTensors && any_act)
+    rep.notes.push_back("act-order (g_idx) modules are written with actorder \"group\", which compressed-tensors "
+                        "0.20 and later refuse (they removed it); vLLM releases that pin an earlier "
+                        "compressed-tensors load it, and --to gptq or --to marlin keep g_idx everywhere");
   for (size_t i = 0; i < descs.size(); ++i) {
     const ModuleDesc& d = descs[i];
     if (rules[i].empty()) {
