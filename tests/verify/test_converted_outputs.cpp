@@ -74,6 +74,34 @@ void merge(const fs::path& a_dir, const fs::path& b_dir, const fs::path& dst, co
   w.commit();
 }
 
+// An asymmetric two-layer source of `kind` (up_proj and down_proj, 256 x 256).
+synth::Options asym_pair(synth::Kind kind, uint64_t seed) {
+  synth::Options o;
+  o.kind = kind;
+  o.sym = false;
+  o.seed = seed;
+  o.layers = {{"model.layers.0.mlp.up_proj", 256, 256}, {"model.layers.0.mlp.down_proj", 256, 256}};
+  return o;
+}
+
+// Tensor `name` holds the same bytes in both checkpoints.
+void check_same_bytes(const Checkpoint& a, const Checkpoint& b, const std::string& name) {
+  INFO(name);
+  auto x = a.data(name), y = b.data(name);
+  REQUIRE(x.size() == y.size());
+  CHECK(std::memcmp(x.data(), y.data(), x.size()) == 0);
+}
+
+// Module `p` dequantizes to the same floats in both checkpoints.
+void check_same_weights(const Checkpoint& a, const Checkpoint& b, const std::string& p) {
+  INFO(p);
+  const FormatInfo fa = detect_format(a), fb = detect_format(b);
+  auto w0 = dequantize(read_module(a, describe_module(a, p, fa), fa));
+  auto w1 = dequantize(read_module(b, describe_module(b, p, fb), fb));
+  REQUIRE(w0.size() == w1.size());
+  CHECK(std::memcmp(w0.data(), w1.data(), w0.size() * sizeof(float)) == 0);
+}
+
 template <class T>
 std::vector<uint8_t> bytes_of(const std::vector<T>& v) {
   std::vector<uint8_t> b(v.size() * sizeof(T));
@@ -156,12 +184,7 @@ TEST_CASE("asymmetric GPTQ: uniform zero points decode by the checkpoint's conve
   // v1 stores z - 1. A module whose real zero points are all 9 stores 8 everywhere, which in a symmetric
   // checkpoint would read as v2's symmetric 8; in an asymmetric v1 checkpoint it is 9.
   TempDir td("asymv1");
-  synth::Options o;
-  o.kind = synth::Kind::GptqV1;
-  o.sym = false;
-  o.seed = 221;
-  o.layers = {{"model.layers.0.mlp.up_proj", 256, 256}, {"model.layers.0.mlp.down_proj", 256, 256}};
-  auto gen = synth::write_checkpoint(td.path / "src0", o);
+  auto gen = synth::write_checkpoint(td.path / "src0", asym_pair(synth::Kind::GptqV1, 221));
   const std::string p = "model.layers.0.mlp.up_proj";
   const QuantizedLinear& q = gen.layers.at(p);
   std::vector<uint8_t> nine(size_t(q.groups() * q.n), 9);
@@ -179,20 +202,12 @@ TEST_CASE("asymmetric GPTQ: uniform zero points decode by the checkpoint's conve
   // Through Marlin and back to v1: the stored zeros come back byte for byte.
   REQUIRE(run(td.path / "src", td.path / "m", TargetFormat::Marlin).ok);
   REQUIRE(run(td.path / "m", td.path / "back", TargetFormat::GptqV1).ok);
-  Checkpoint back = Checkpoint::open(td.path / "back");
-  auto a = src.data(p + ".qzeros"), b = back.data(p + ".qzeros");
-  REQUIRE(a.size() == b.size());
-  CHECK(std::memcmp(a.data(), b.data(), a.size()) == 0);
+  check_same_bytes(src, Checkpoint::open(td.path / "back"), p + ".qzeros");
 }
 
 TEST_CASE("a Marlin source with a zero point of 0 is refused for GPTQ v1 before writing", "[formats][convert]") {
   TempDir td("z0");
-  synth::Options o;
-  o.kind = synth::Kind::Awq;
-  o.sym = false;
-  o.seed = 231;
-  o.layers = {{"model.layers.0.mlp.up_proj", 256, 256}, {"model.layers.0.mlp.down_proj", 256, 256}};
-  auto gen = synth::write_checkpoint(td.path / "src0", o);
+  auto gen = synth::write_checkpoint(td.path / "src0", asym_pair(synth::Kind::Awq, 231));
   const std::string p = "model.layers.0.mlp.up_proj";
   QuantizedLinear q = gen.layers.at(p);
   q.zeros[5] = 0;
@@ -253,12 +268,7 @@ TEST_CASE("the original Sparse-Marlin meta view [n, k/16] reads, converts and ve
   }
   // Both views give the same GPTQ bytes.
   Checkpoint a = Checkpoint::open(td.path / "ist_gptq"), b = Checkpoint::open(td.path / "vllm_gptq");
-  for (const auto& name : a.tensor_names()) {
-    INFO(name);
-    auto x = a.data(name), y = b.data(name);
-    REQUIRE(x.size() == y.size());
-    CHECK(std::memcmp(x.data(), y.data(), x.size()) == 0);
-  }
+  for (const auto& name : a.tensor_names()) check_same_bytes(a, b, name);
 }
 
 TEST_CASE("GPTQ-family, AWQ and compressed-tensors configs name the linears left unquantized", "[formats][config]") {
@@ -281,12 +291,8 @@ TEST_CASE("GPTQ-family, AWQ and compressed-tensors configs name the linears left
 TEST_CASE("asymmetric act-order outputs store zero points and g_idx in every module, as their config says",
           "[formats][convert]") {
   TempDir td("uniform");
-  synth::Options o;
-  o.kind = synth::Kind::GptqV2;
-  o.sym = false;
+  synth::Options o = asym_pair(synth::Kind::GptqV2, 241);
   o.act_order = true;
-  o.seed = 241;
-  o.layers = {{"model.layers.0.mlp.up_proj", 256, 256}, {"model.layers.0.mlp.down_proj", 256, 256}};
   auto gen = synth::write_checkpoint(td.path / "src0", o);
   // up_proj: zero points all 8 (symmetric values) and the trivial g_idx; down_proj keeps both.
   const std::string p = "model.layers.0.mlp.up_proj";
@@ -296,12 +302,9 @@ TEST_CASE("asymmetric act-order outputs store zero points and g_idx in every mod
             {{p + ".qzeros", bytes_of(gptq::pack_qzeros(eight.data(), q.groups(), q.n, 4, gptq::ZeroFormat::V2))},
              {p + ".g_idx", bytes_of(gptq::trivial_g_idx(q.k, q.group_size))}});
   Checkpoint src = Checkpoint::open(td.path / "src");
-  FormatInfo fs0 = detect_format(src);
-  {
-    ModuleDesc d = describe_module(src, p, fs0);
-    REQUIRE(d.sym);
-    REQUIRE_FALSE(d.act_order);
-  }
+  const ModuleDesc d = describe_module(src, p, detect_format(src));
+  REQUIRE(d.sym);
+  REQUIRE_FALSE(d.act_order);
   for (TargetFormat to : {TargetFormat::CompressedTensors, TargetFormat::Marlin}) {
     INFO(target_name(to));
     const fs::path out = td.path / target_name(to);
@@ -319,15 +322,8 @@ TEST_CASE("asymmetric act-order outputs store zero points and g_idx in every mod
       if (!ct) CHECK(ck.contains(name + ".perm"));
     }
     // Same weights as the source, module by module, and the output verifies.
-    FormatInfo fo = detect_format(ck);
-    CHECK_FALSE(fo.sym);
-    for (const auto& [name, _] : gen.layers) {
-      INFO(name);
-      auto w0 = dequantize(read_module(src, describe_module(src, name, fs0), fs0));
-      auto w1 = dequantize(read_module(ck, describe_module(ck, name, fo), fo));
-      REQUIRE(w0.size() == w1.size());
-      CHECK(std::memcmp(w0.data(), w1.data(), w0.size() * sizeof(float)) == 0);
-    }
+    CHECK_FALSE(detect_format(ck).sym);
+    for (const auto& [name, _] : gen.layers) check_same_weights(src, ck, name);
     VerifyOptions vo;
     vo.force_cpu = true;
     VerifyReport vr = verify_checkpoint(out, vo);
@@ -366,10 +362,7 @@ TEST_CASE("mixed bit widths (GPTQModel dynamic overrides) convert, read back and
     for (const auto& d : describe_modules(ck, fo)) {
       INFO(d.prefix);
       CHECK(d.bits == (d.prefix.find("down_proj") != std::string::npos ? 8 : 4));
-      auto w0 = dequantize(read_module(src, describe_module(src, d.prefix, fs0), fs0));
-      auto w1 = dequantize(read_module(ck, d, fo));
-      REQUIRE(w0.size() == w1.size());
-      CHECK(std::memcmp(w0.data(), w1.data(), w0.size() * sizeof(float)) == 0);
+      check_same_weights(src, ck, d.prefix);
     }
     VerifyOptions vo;
     vo.force_cpu = true;
@@ -379,12 +372,7 @@ TEST_CASE("mixed bit widths (GPTQModel dynamic overrides) convert, read back and
     // And back to GPTQ v1: the source's tensors byte for byte.
     REQUIRE(run(out, td.path / (target_name(to) + "-back"), TargetFormat::GptqV1).ok);
     Checkpoint back = Checkpoint::open(td.path / (target_name(to) + "-back"));
-    for (const auto& name : src.tensor_names()) {
-      INFO(name);
-      auto x = src.data(name), y = back.data(name);
-      REQUIRE(x.size() == y.size());
-      CHECK(std::memcmp(x.data(), y.data(), x.size()) == 0);
-    }
+    for (const auto& name : src.tensor_names()) check_same_bytes(src, back, name);
   }
 }
 
