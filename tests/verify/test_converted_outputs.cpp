@@ -409,3 +409,36 @@ TEST_CASE("AWQ and marlin_24 hold one scheme: a module of another group size is 
   // Targets with per-module overrides take it as it is.
   CHECK(run(td.path / "src", td.path / "gptq", TargetFormat::GptqV2).ok);
 }
+
+TEST_CASE("convert refuses a module that lacks a companion tensor instead of passing its pieces through",
+          "[formats][convert]") {
+  TempDir td("orphan");
+  synth::Options o;
+  o.kind = synth::Kind::CompressedTensors;
+  o.seed = 271;
+  o.layers = {{"model.layers.0.mlp.up_proj", 256, 256}, {"model.layers.0.mlp.down_proj", 256, 256}};
+  synth::write_checkpoint(td.path / "full", o);
+  {  // the same checkpoint without up_proj's weight_packed
+    Checkpoint ck = Checkpoint::open(td.path / "full");
+    std::vector<TensorSpec> plan;
+    for (const auto& name : ck.tensor_names())
+      if (name != "model.layers.0.mlp.up_proj.weight_packed") {
+        const TensorInfo& t = *ck.at(name).info;
+        plan.push_back({name, t.dtype, t.shape});
+      }
+    CheckpointWriter w(td.path / "src", plan);
+    for (const auto& s : plan) w.write(s.name, ck.data(s.name));
+    w.copy_file(td.path / "full" / "config.json", "config.json");
+    w.commit();
+  }
+  std::string msg;
+  try {
+    run(td.path / "src", td.path / "out", TargetFormat::GptqV1);
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  INFO(msg);
+  CHECK(msg.find("model.layers.0.mlp.up_proj.weight_s") != std::string::npos);
+  CHECK(msg.find("no complete") != std::string::npos);
+  CHECK_FALSE(fs::exists(td.path / "out"));
+}
