@@ -16,6 +16,7 @@
 // <p>.bias is never part of a module: it passes through unchanged like every other tensor.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -121,11 +122,18 @@ struct QuantSummary {
   // Prefixes of other plain rank-2 `.weight` tensors (lm_head, embeddings...): compressed-tensors lists
   // them in `ignore` because its scheme targets every Linear.
   std::vector<std::string> plain_linears;
+  bool lm_head_quantized = false;  // GPTQ-family configs say `lm_head: true` (vLLM builds it quantized then)
   bool act_order_marlin = false;  // the marlin output carries <p>.g_idx/<p>.perm (marlinc extension)
   bool zero_points_marlin = false;  // the marlin output carries <p>.qzeros (marlinc extension)
   // Modules whose bits/group size differ from the values above: prefix -> (bits, group_size).
   std::vector<std::pair<std::string, std::pair<int, int>>> overrides;
 };
+// The linear layers an output of `ck` leaves unquantized, for QuantSummary::plain_linears: every 2-D
+// `<p>.weight` whose prefix `quantized` rejects, except embeddings (nn.Embedding, not linear), plus
+// `lm_head` when a causal LM has no lm_head tensor (tied to the embeddings: loaders still build an
+// lm_head Linear, which a compressed-tensors "Linear" target would otherwise claim). Sorted.
+std::vector<std::string> unquantized_linears(const Checkpoint& ck, const std::function<bool(const std::string&)>& quantized);
+
 struct TargetConfig {
   nlohmann::json config;                          // config.json (source keys kept, quantization_config replaced)
   std::optional<nlohmann::json> quantize_config;  // quantize_config.json when the target family uses one

@@ -23,9 +23,11 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 std::string skip_reason(const std::string& prefix, const TensorInfo& t, const QuantizeOptions& o) {
   if (t.shape.size() != 2) return "not a 2-D weight";
   if (t.dtype != DType::F16 && t.dtype != DType::BF16 && t.dtype != DType::F32) return "dtype is not F16/BF16/F32";
-  const bool head = prefix.find("lm_head") != std::string::npos || prefix.find("embed") != std::string::npos ||
-                    prefix.find("wte") != std::string::npos;
-  if (head && !o.include_lm_head) return "embeddings and lm_head stay unquantized (--include-lm-head)";
+  // Embeddings are nn.Embedding, not linear layers: no loader reads them quantized.
+  if (prefix.find("embed") != std::string::npos || prefix.find("wte") != std::string::npos)
+    return "embeddings stay unquantized (they are not linear layers)";
+  if (prefix.find("lm_head") != std::string::npos && !o.include_lm_head)
+    return "lm_head stays unquantized (--include-lm-head)";
   for (const auto& pat : o.skip)
     if (prefix.find(pat) != std::string::npos) return "matches --skip " + pat;
   return "";
@@ -49,6 +51,13 @@ nlohmann::json QuantizeReport::to_json() const {
 }
 
 QuantPlan plan_quantization(const Checkpoint& ck, const QuantizeOptions& o, QuantizeReport& rep) {
+  // Group sizes the target's kernels and loaders take (formats.md §1.9, §3.6); 0 or < -1 never.
+  const std::string g = std::to_string(o.group_size);
+  if (o.group_size == 0 || o.group_size < -1) bad_usage("--group " + g + ": expected -1 (per channel) or a positive size");
+  if (o.to == TargetFormat::Marlin && o.group_size != -1 && o.group_size != 32 && o.group_size != 64 && o.group_size != 128)
+    bad_usage("--group " + g + ": Marlin kernels take -1, 32, 64 or 128");
+  if (o.to == TargetFormat::Marlin24 && o.group_size != -1 && o.group_size != 128)
+    bad_usage("--group " + g + ": Sparse-Marlin kernels take -1 or 128");
   FormatInfo fi = detect_format(ck);
   if (fi.format != Format::Plain)
     bad_usage(ck.source().string() + ": already quantized (" + format_name(fi.format) +
@@ -66,11 +75,12 @@ QuantPlan plan_quantization(const Checkpoint& ck, const QuantizeOptions& o, Quan
         d.bits = o.bits; d.group_size = o.group_size == -1 ? -1 : o.group_size;
         d.groups = o.group_size == -1 ? 1 : (d.k % o.group_size == 0 ? d.k / o.group_size : 0);
         d.scale_type = t.dtype == DType::BF16 ? ScaleType::BF16 : ScaleType::F16;
+        d.act_order = o.act_order;
         why = d.groups == 0 ? "group size " + std::to_string(o.group_size) + " does not divide k = " + std::to_string(d.k)
                             : target_rule(o.to, d);
         if (why.empty()) {
           P.job_of_tensor[name] = P.jobs.size();
-          for (auto& s : plan_module(o.to, d)) P.specs.push_back(s);
+          for (auto& s : plan_module(o.to, d, ModuleLayout{false, o.act_order})) P.specs.push_back(s);
           P.jobs.push_back({prefix, &t, d});
           continue;
         }
@@ -80,7 +90,23 @@ QuantPlan plan_quantization(const Checkpoint& ck, const QuantizeOptions& o, Quan
     P.specs.push_back({name, t.dtype, t.shape});
     ++rep.passthrough_tensors;
   }
-  if (P.jobs.empty()) bad_usage(ck.source().string() + ": no linear layer can be quantized to " + target_name(o.to));
+  if (P.jobs.empty()) {
+    std::string why;
+    for (const auto& [name, reason] : rep.skipped) why += "; " + name + ": " + reason;
+    bad_usage(ck.source().string() + ": no linear layer can be quantized to " + target_name(o.to) + why);
+  }
+  // marlin_24 configs hold no skip list and vLLM applies Sparse-Marlin to every linear layer, so a decoder
+  // linear left in fp16 would not load (lm_head is outside the scheme).
+  if (o.to == TargetFormat::Marlin24) {
+    std::string left;
+    for (const auto& [name, reason] : rep.skipped)
+      if (name.find("lm_head") == std::string::npos && name.find("embed") == std::string::npos &&
+          name.find("wte") == std::string::npos)
+        left += (left.empty() ? "" : "; ") + name + " (" + reason + ")";
+    if (!left.empty())
+      bad_usage("--format marlin24: marlin_24 checkpoints cannot keep linear layers unquantized (their loaders apply "
+                "Sparse-Marlin to every one and read no skip list), but these would stay fp16: " + left);
+  }
   return P;
 }
 
@@ -93,7 +119,7 @@ QuantizedLinear write_quantized(CheckpointWriter& w, const QuantizeOptions& o, c
     for (auto& s : q.scales) s = float_to_bf16(half_to_float(s));
     q.scale_type = ScaleType::BF16;
   }
-  for (const auto& p : write_module(o.to, q)) {
+  for (const auto& p : write_module(o.to, q, ModuleLayout{false, o.act_order})) {
     w.write(p.spec.name, p.bytes);
     rep.bytes_out += p.bytes.size();
   }
@@ -103,15 +129,11 @@ QuantizedLinear write_quantized(CheckpointWriter& w, const QuantizeOptions& o, c
 void finish_output(CheckpointWriter& w, const Checkpoint& ck, const QuantizeOptions& o, const QuantPlan& P,
                    const nlohmann::json& extra_quant) {
   QuantSummary s;
-  s.bits = o.bits; s.group_size = o.group_size; s.sym = true; s.desc_act = false;
+  s.bits = o.bits; s.group_size = o.group_size; s.sym = true; s.desc_act = o.act_order;
   // Linears left unquantized (lm_head, --skip, layers the target cannot hold): the config names them
-  // so loaders do not expect quantized tensors there. Embeddings are not Linear layers.
-  for (const auto& name : ck.tensor_names())
-    if (ends_with(name, ".weight") && ck.at(name).info->shape.size() == 2 && !P.job_of_tensor.count(name)) {
-      const std::string prefix = name.substr(0, name.size() - 7);
-      if (prefix.find("embed") == std::string::npos && prefix.find("wte") == std::string::npos)
-        s.plain_linears.push_back(prefix);
-    }
+  // so loaders do not expect quantized tensors there.
+  s.plain_linears = unquantized_linears(ck, [&](const std::string& p) { return P.job_of_tensor.count(p + ".weight") > 0; });
+  s.lm_head_quantized = P.job_of_tensor.count("lm_head.weight") > 0;
   TargetConfig cfg = target_config(o.to, ck.config(), nlohmann::json::object(), s);
   if (!extra_quant.empty()) {
     auto& qc = cfg.config["quantization_config"];

@@ -24,7 +24,8 @@ struct QuantizeOptions {
   int group_size = 128;
   bool clip = true;                    // RTN: unweighted Lp clip search
   std::vector<std::string> skip;       // substrings of module names to leave unquantized
-  bool include_lm_head = false;        // lm_head / embeddings are left alone unless asked
+  bool include_lm_head = false;        // lm_head is left alone unless asked; embeddings always are
+  bool act_order = false;              // every module stores g_idx, configs say desc_act (GPTQ --order dynamic)
   uint64_t max_shard_bytes = 5'000'000'000ull;
   bool overwrite = false;
 };

@@ -69,7 +69,8 @@ bool is_gptq_family(const json& q) {
 json gptq_family_dict(const json& src_quant, const QuantSummary& s, const std::string& checkpoint_format) {
   static const std::set<std::string> replaced = {
       "bits", "group_size", "desc_act", "sym", "quant_method", "checkpoint_format", "is_marlin_format", "dynamic",
-      "w_bit", "q_group_size", "zero_point", "version", "modules_to_not_convert", "format", "method", "marlinc"};
+      "w_bit", "q_group_size", "zero_point", "version", "modules_to_not_convert", "format", "method", "marlinc",
+      "lm_head"};
   json d = json::object();
   if (is_gptq_family(src_quant))
     for (auto it = src_quant.begin(); it != src_quant.end(); ++it)
@@ -80,6 +81,7 @@ json gptq_family_dict(const json& src_quant, const QuantSummary& s, const std::s
   d["sym"] = s.sym;
   d["quant_method"] = "gptq";
   d["checkpoint_format"] = checkpoint_format;
+  d["lm_head"] = s.lm_head_quantized;  // GPTQModel / vLLM build lm_head quantized only when this says so
 
   // `dynamic`: keep the source's "-:" skip rules, add ours for kept-dequantized layers and per-module
   // bits/group overrides.
@@ -157,6 +159,27 @@ json compressed_tensors_dict(const QuantSummary& s) {
 }
 
 }  // namespace
+
+std::vector<std::string> unquantized_linears(const Checkpoint& ck, const std::function<bool(const std::string&)>& quantized) {
+  const std::string suffix = ".weight";
+  std::vector<std::string> out;
+  bool has_lm_head = false;
+  for (const auto& name : ck.tensor_names()) {
+    has_lm_head = has_lm_head || name.rfind("lm_head.", 0) == 0;
+    if (ck.at(name).info->shape.size() != 2 || name.size() <= suffix.size() ||
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+      continue;
+    const std::string p = name.substr(0, name.size() - suffix.size());
+    if (!quantized(p) && p.find("embed") == std::string::npos && p.find("wte") == std::string::npos) out.push_back(p);
+  }
+  bool causal_lm = false;
+  if (auto a = ck.config().find("architectures"); a != ck.config().end() && a->is_array())
+    for (const auto& x : *a)
+      causal_lm = causal_lm || (x.is_string() && x.get<std::string>().find("ForCausalLM") != std::string::npos);
+  if (!has_lm_head && causal_lm) out.push_back("lm_head");
+  std::sort(out.begin(), out.end());
+  return out;
+}
 
 TargetConfig target_config(TargetFormat t, const json& src_config, const json& src_quant, const QuantSummary& s) {
   TargetConfig out;

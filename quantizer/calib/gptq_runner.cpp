@@ -405,7 +405,10 @@ QuantizeReport gptq_quantize_checkpoint(const std::filesystem::path& in, const s
                                         const RunLog& log, GptqRunInfo* info) {
   bool resumable = false;
   try {
-    return run_gptq(in, out, qo, go, on_layer, log, info, resumable);
+    // --order dynamic writes a non-trivial g_idx in every module, and configs that say so.
+    QuantizeOptions o = qo;
+    o.act_order = go.gptq.order == GptqOptions::DynamicActOrder;
+    return run_gptq(in, out, o, go, on_layer, log, info, resumable);
   } catch (const Error& e) {
     if (!resumable) throw;
     throw Error(e.kind(), e.what() + resume_hint(out));
