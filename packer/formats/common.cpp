@@ -86,7 +86,11 @@ void describe_g_idx(const Checkpoint& ck, const TensorInfo& g, ModuleDesc& d) {
   if (g.shape[0] != d.k)
     bad_data(g.name + ": " + std::to_string(g.shape[0]) + " entries, expected k = " + std::to_string(d.k));
   auto gi = copy_as<int32_t>(ck, g.name);
-  gptq::validate_g_idx(gi.data(), d.k, d.groups);
+  try {
+    gptq::validate_g_idx(gi.data(), d.k, d.groups);
+  } catch (const Error& e) {
+    bad_data(g.name + ": " + e.what());
+  }
   d.act_order = !gptq::is_trivial_g_idx(gi.data(), d.k, d.group_size);
   d.tensors.push_back(g.name);
 }

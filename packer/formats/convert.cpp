@@ -237,6 +237,23 @@ void summarise_schemes(const std::vector<const ModuleDesc*>& conv, int source_gr
   }
 }
 
+// The source's `marlinc` record of how it was quantized (method, clip, damp, sparsity, calibration) stays
+// with the weights: `verify --reference` reads its `method` (GPTQ moves weights by several steps by
+// design). The target's own extension keys (act_order, zero_points, doc) come from this conversion.
+void carry_quantization_record(const json& src_quant, TargetConfig& cfg) {
+  auto rec = src_quant.find("marlinc");
+  if (rec == src_quant.end() || !rec->is_object()) return;
+  static const std::set<std::string> own = {"act_order", "zero_points", "doc"};
+  auto put = [&](json& q) {
+    json& m = q["marlinc"];
+    if (!m.is_object()) m = json::object();
+    for (auto it = rec->begin(); it != rec->end(); ++it)
+      if (!own.count(it.key())) m[it.key()] = it.value();
+  };
+  put(cfg.config["quantization_config"]);
+  if (cfg.quantize_config) put(*cfg.quantize_config);
+}
+
 }  // namespace
 
 ConvertReport convert_checkpoint(const fs::path& in, const fs::path& out, const ConvertOptions& opts) {
@@ -325,15 +342,8 @@ ConvertReport convert_checkpoint(const fs::path& in, const fs::path& out, const 
     plan.push_back({name, t.dtype, t.shape});
     passthrough.push_back(name);
     rep.passthrough_bytes += t.nbytes();
-    const std::string suffix = ".weight";
-    if (t.shape.size() == 2 && name.size() > suffix.size() &&
-        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
-      const std::string p = name.substr(0, name.size() - suffix.size());
-      // Embeddings are not Linear layers, so a compressed-tensors "Linear" target never matches them.
-      if (!module_prefixes.count(p) && p.find("embed") == std::string::npos && p.find("wte") == std::string::npos)
-        sum.plain_linears.push_back(p);
-    }
   }
+  sum.plain_linears = unquantized_linears(ck, [&](const std::string& p) { return module_prefixes.count(p) > 0; });
   rep.passthrough_tensors = passthrough.size();
   std::vector<std::vector<TensorSpec>> module_plans(descs.size());
   std::vector<const ModuleDesc*> converted;
@@ -354,6 +364,7 @@ ConvertReport convert_checkpoint(const fs::path& in, const fs::path& out, const 
     if (rules[i].empty()) {
       module_plans[i] = plan_module(opts.to, d, layout);
       converted.push_back(&d);
+      sum.lm_head_quantized = sum.lm_head_quantized || d.prefix == "lm_head";
     } else {
       module_plans[i] = {dequantized_spec(d)};
       sum.dequantized.push_back(d.prefix);
@@ -369,12 +380,18 @@ ConvertReport convert_checkpoint(const fs::path& in, const fs::path& out, const 
       bad_data(*dup + ": the " + rep.target + " output would hold this tensor twice (a source tensor already has the "
                "name a converted module needs)");
   }
+  if (opts.to == TargetFormat::Marlin24)
+    for (const auto& p : sum.dequantized)
+      if (p.find("lm_head") == std::string::npos)
+        bad_usage(p + ": --keep-incompatible would leave it as plain weights, which a marlin_24 checkpoint cannot hold "
+                  "(its loaders apply Sparse-Marlin to every linear layer and read no skip list); use --to marlin or gptq");
   summarise_schemes(converted, fi.group_size, sum);
   sum.sym = all_sym;
   sum.desc_act = any_act;
   sum.act_order_marlin = opts.to == TargetFormat::Marlin && any_act;
   sum.zero_points_marlin = opts.to == TargetFormat::Marlin && !all_sym;
   TargetConfig cfg = target_config(opts.to, ck.config(), ck.quantize_config(), sum);
+  carry_quantization_record(ck.quantize_config(), cfg);
 
   if (opts.on_start) opts.on_start(rep);
 
