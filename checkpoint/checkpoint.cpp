@@ -146,7 +146,15 @@ Checkpoint Checkpoint::open(const fs::path& file_or_dir) {
   }
   for (const char* name : {"quant_config.json", "quantize_config.json"}) {
     if (fs::is_regular_file(ck.dir_ / name)) {
-      ck.quant_config_.update(read_json_object(ck.dir_ / name));
+      const json file = read_json_object(ck.dir_ / name);
+      // transformers and vLLM read config.json first, the GPTQ tools quantize_config.json: where the two
+      // give a key different values, one of them loads the weights wrongly.
+      for (const char* key : {"bits", "group_size", "sym", "desc_act", "checkpoint_format", "quant_method",
+                              "zero_point", "w_bit", "q_group_size", "version", "is_marlin_format"})
+        if (file.contains(key) && ck.quant_config_.contains(key) && file.at(key) != ck.quant_config_.at(key))
+          ck.quant_conflicts_.push_back(std::string(name) + " says " + key + " = " + file.at(key).dump() + " but " +
+                                        ck.quant_sources_.front() + " says " + ck.quant_config_.at(key).dump());
+      ck.quant_config_.update(file);
       ck.quant_sources_.insert(ck.quant_sources_.begin(), name);
     }
   }

@@ -45,6 +45,9 @@ class Checkpoint {
   const nlohmann::json& quantize_config() const { return quant_config_; }
   // Which files quantize_config() came from, highest priority first (e.g. "quantize_config.json").
   const std::vector<std::string>& quantize_config_sources() const { return quant_sources_; }
+  // Keys those files give different values, one line each (e.g. "quantize_config.json says bits = 4
+  // but config.json:quantization_config says 8"); detect_format turns them into notes.
+  const std::vector<std::string>& quantize_config_conflicts() const { return quant_conflicts_; }
 
   const std::filesystem::path& dir() const { return dir_; }
   const std::vector<SafetensorsFile>& files() const { return files_; }
@@ -60,6 +63,7 @@ class Checkpoint {
   std::map<std::string, Ref, std::less<>> index_;
   nlohmann::json config_ = nlohmann::json::object();
   nlohmann::json quant_config_ = nlohmann::json::object();
+  std::vector<std::string> quant_conflicts_;
   std::vector<std::string> quant_sources_;
   bool sharded_ = false;
 };

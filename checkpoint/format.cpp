@@ -354,6 +354,7 @@ int ct_module_bits(int64_t k, int64_t packed_cols, int preferred) {
 FormatInfo detect_format(const Checkpoint& ck) {
   FormatInfo fi;
   const json& qc = ck.quantize_config();
+  for (const auto& c : ck.quantize_config_conflicts()) fi.notes.push_back("quantization configs disagree: " + c);
   note_mistyped(qc, kQuantKeys, "", fi.notes);
   note_bad_values(qc, "", fi.notes);
   if (const json* w = ct_weights(qc)) {
@@ -457,15 +458,32 @@ FormatInfo detect_format(const Checkpoint& ck) {
     }
   }
   const bool marlin_kind = kind == Kind::Marlin || kind == Kind::Marlin24 || kind == Kind::CtMarlin24;
-  if (marlin_kind && !fi.label_in_config.empty() && fi.label_in_config.find("marlin") == std::string::npos)
-    fi.notes.push_back("config label \"" + fi.label_in_config + "\" but the tensors are " + format_name(fi.format));
+  // Loaders pick their kernel from the label, so a label naming another format is a disagreement:
+  // dense Marlin is checkpoint_format "marlin" (or is_marlin_format), Sparse-Marlin "marlin_24", GPTQ
+  // "gptq"/"gptq_v2" (or none), compressed-tensors quant_method "compressed-tensors".
+  if (!fi.label_in_config.empty()) {
+    const bool ct_method = method == "compressed-tensors";
+    bool fits = true;
+    switch (kind) {
+      case Kind::Marlin:  // vLLM's legacy marlin loader also took quant_method "marlin" alone
+        fits = (ckfmt == "marlin" && (method.empty() || method == "gptq" || method == "marlin")) ||
+               (ckfmt.empty() && method == "marlin");
+        break;
+      case Kind::Marlin24: fits = ckfmt == "marlin_24" && (method.empty() || method == "gptq" || method == "gptq_marlin_24"); break;
+      case Kind::CtPack: case Kind::CtMarlin24: fits = ct_method; break;
+      case Kind::QWeight:
+        fits = !ct_method && (fi.format == Format::Awq || ckfmt.empty() || ckfmt == "gptq" || ckfmt == "gptq_v2");
+        break;
+    }
+    if (!fits) fi.notes.push_back("config label \"" + fi.label_in_config + "\" but the tensors are " + format_name(fi.format));
+  }
   fi.bits = bits.value_or(0);
   fi.group_size = group.value_or(0);
   // Dense Marlin may carry zero points (`<p>.qzeros`, docs/FORMATS.md): its config's sym counts. The 2:4
   // formats have none.
   const bool sparse_kind = kind == Kind::Marlin24 || kind == Kind::CtMarlin24;
   fi.sym = sparse_kind ? true : sym.value_or(true);
-  fi.desc_act = marlin_kind ? false : desc.value_or(false);
+  fi.desc_act = sparse_kind ? false : desc.value_or(false);
 
   auto mods = quantized_module_shapes(ck, fi);
   // The Marlin families' packed shapes fix the bit width; a config that says otherwise is wrong.
@@ -524,7 +542,10 @@ FormatInfo detect_format(const Checkpoint& ck) {
       fi.notes.push_back("symmetric config but qzeros are not uniformly v1 or v2 (" + std::to_string(v1) + " v1, " +
                          std::to_string(v2) + " v2, " + std::to_string(other) + " other modules): kept " + format_name(fi.format));
     }
-    if (act_order_data && !fi.desc_act) {
+    if (act_order_data && desc == std::optional<bool>(false)) {
+      // vLLM reads g_idx only when desc_act says so: it would compute these layers with k // group_size.
+      fi.notes.push_back("config says desc_act false but g_idx is not k // group_size (an act-order checkpoint)");
+    } else if (act_order_data && !fi.desc_act) {
       fi.desc_act = true;
       fi.notes.push_back("g_idx is not k // group_size: act-order (desc_act) checkpoint");
     } else if (fi.desc_act && !act_order_data) {

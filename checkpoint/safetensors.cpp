@@ -164,7 +164,9 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
   SafetensorsFile f;
   f.path_ = path;
   const std::string label = path.string();
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO (or a device) must not wait for a writer; the regular-file check below
+  // then refuses it. It changes nothing for a regular file, which is only mapped.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) fail(ErrorKind::Io, label + ": cannot open: " + std::strerror(errno));
   struct stat st{};
   if (::fstat(fd, &st) != 0) {
