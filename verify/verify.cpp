@@ -49,6 +49,10 @@ std::optional<TargetFormat> writer_for(Format f) {
 
 bool is_sparse(Format f) { return f == Format::Marlin24 || f == Format::CompressedTensorsMarlin24; }
 
+// Config files whose bytes the certificate pins: each changes how loaders read the tensors.
+constexpr const char* kCertifiedConfigFiles[] = {"config.json", "quantize_config.json", "quant_config.json",
+                                                  "model.safetensors.index.json"};
+
 // Tensor-name endings that only quantized modules use; one of these outside every module is a leftover.
 const std::set<std::string> kQuantSuffixes = {"qweight", "qzeros", "scales", "g_idx", "B", "s", "B_24",
                                               "B_meta", "meta", "s_24", "perm", "weight_packed",
@@ -86,6 +90,9 @@ CheckResult check_structure(const ModuleDesc& d, const FormatInfo& fi, const Qua
   if (fi.sym && !d.sym && fi.format != Format::Awq)
     fail(std::string("config says sym=") + (fi.sym ? "true" : "false") + " but the zero points are " +
          (d.sym ? "symmetric" : "asymmetric"));
+  // vLLM and compressed-tensors use g_idx only when the config says act-order (desc_act / actorder).
+  if (d.act_order && !fi.desc_act)
+    fail("config says no act-order (desc_act / actorder) but g_idx is not k // group_size: loaders would ignore it");
   for (size_t i = 0; i < q.scales.size(); ++i) {
     float s = q.scale_type == ScaleType::F16 ? half_to_float(q.scales[i]) : bf16_to_float(q.scales[i]);
     if (!std::isfinite(s) || s == 0.f) {
@@ -105,10 +112,13 @@ CheckResult check_layout(const Checkpoint& ck, const ModuleDesc& d, const Quanti
   for (const PackedTensor& t : packed) {
     auto ref = ck.find(t.spec.name);
     // Sparse-Marlin files may use the original packer's names (`meta`, `s_24`); the bytes are the same.
-    if (!ref && d.format == Format::Marlin24)
-      for (const auto& [ours, alias] : {std::pair{".B_meta", ".meta"}, std::pair{".s", ".s_24"}})
-        if (t.spec.name.ends_with(ours))
-          ref = ck.find(t.spec.name.substr(0, t.spec.name.size() - std::strlen(ours)) + alias);
+    if (!ref && d.format == Format::Marlin24) {
+      const size_t dot = t.spec.name.rfind('.');
+      const std::string base = dot == std::string::npos ? "" : t.spec.name.substr(0, dot + 1);
+      const std::string leaf = t.spec.name.substr(base.size());
+      if (leaf == "B_meta") ref = ck.find(base + "meta");
+      if (leaf == "s") ref = ck.find(base + "s_24");
+    }
     if (!ref) return {"layout", false, "re-packing produces " + t.spec.name + ", which the checkpoint lacks"};
     std::span<const uint8_t> stored = ref->file->data(*ref->info);
     if (stored.size() != t.bytes.size())
@@ -189,7 +199,20 @@ void check_reference(LayerReport& L, const QuantizedLinear& q, const Checkpoint&
                                                 ", k=" + std::to_string(q.k) + "]"});
     return;
   }
+  const DType rdt = r->info->dtype;
+  if (rdt != DType::F16 && rdt != DType::BF16 && rdt != DType::F32 && rdt != DType::F64) {
+    L.checks.push_back({"reference", false, wname + " is " + std::string(dtype_name(r->info->dtype)) +
+                                                ", not a floating-point weight"});
+    return;
+  }
   std::vector<float> w = to_float(r->file->data(*r->info), r->info->dtype);  // [n, k]
+  // A NaN or Inf in the reference would make every error below NaN (reported as 0 or passing).
+  if (auto bad = std::find_if(w.begin(), w.end(), [](float x) { return !std::isfinite(x); }); bad != w.end()) {
+    const size_t i = size_t(bad - w.begin());
+    L.checks.push_back({"reference", false, wname + "[" + std::to_string(i / size_t(q.k)) + ", " +
+                                                std::to_string(i % size_t(q.k)) + "] is not finite: no reference"});
+    return;
+  }
   const std::vector<float> wq = dequantize(q);                               // [k, n]
   // Whole-layer error, the worst single weight in quantization steps (a flipped code bit or a wrong
   // scale shows there), and per-column errors (swapped scale columns show there).
@@ -224,8 +247,10 @@ void check_reference(LayerReport& L, const QuantizedLinear& q, const Checkpoint&
   std::vector<uint16_t> A = random_activations(kReferenceRows, q.k, opt.seed + 7);
   std::vector<float> a(A.size());
   half_to_float_n(A.data(), a.data(), A.size());
-  double dy = 0, ny = 0;
-#pragma omp parallel for reduction(+ : dy, ny) schedule(dynamic)
+  // Per-column sums, added in column order afterwards: the result does not depend on the thread count
+  // or schedule (an OpenMP reduction would add in whatever order threads finish).
+  std::vector<double> dyc(size_t(q.n)), nyc(size_t(q.n));
+#pragma omp parallel for schedule(dynamic)
   for (long long c = 0; c < q.n; ++c)
     for (int i = 0; i < kReferenceRows; ++i) {
       double y = 0, yq = 0;
@@ -234,8 +259,10 @@ void check_reference(LayerReport& L, const QuantizedLinear& q, const Checkpoint&
         y += x * w[size_t(c * q.k + k)];
         yq += x * wq[size_t(k * q.n + c)];
       }
-      dy += (y - yq) * (y - yq); ny += y * y;
+      dyc[size_t(c)] += (y - yq) * (y - yq); nyc[size_t(c)] += y * y;
     }
+  double dy = 0, ny = 0;
+  for (int64_t c = 0; c < q.n; ++c) dy += dyc[size_t(c)], ny += nyc[size_t(c)];
   L.output_rel_err = ny > 0 ? std::sqrt(dy / ny) : 0;
   std::string summary = "weight error " + fmt_double(L.weight_rel_err) + ", output error " + fmt_double(L.output_rel_err) +
                         ", worst weight " + fmt_double(worst_steps) + " steps" + (error_feedback ? " (GPTQ error feedback: not gated)" : "");
@@ -298,6 +325,8 @@ VerifyReport verify_checkpoint(const std::filesystem::path& dir, const VerifyOpt
   rep.format = format_name(fi.format);
   rep.format_notes = fi.notes;
   rep.tol = opt.tol;
+  rep.seed = opt.seed;
+  if (opt.reference) rep.reference = opt.reference->string();
   std::string gpu_name;
   const bool gpu = !opt.force_cpu && gpu_available(gpu_name);
   rep.backend = gpu ? "cuda:" + gpu_name : "cpu (fp16-emulating reference GEMM)";
@@ -307,7 +336,7 @@ VerifyReport verify_checkpoint(const std::filesystem::path& dir, const VerifyOpt
   auto file_hashes = std::async(std::launch::async, [&ck] {
     std::vector<std::pair<std::string, std::string>> v;
     for (const auto& f : ck.files()) v.emplace_back(f.path().filename().string(), sha256_file(f.path()));
-    for (const char* extra : {"config.json", "quantize_config.json", "model.safetensors.index.json"})
+    for (const char* extra : kCertifiedConfigFiles)
       if (std::filesystem::is_regular_file(ck.dir() / extra)) v.emplace_back(extra, sha256_file(ck.dir() / extra));
     std::sort(v.begin(), v.end());
     return v;
@@ -337,18 +366,31 @@ VerifyReport verify_checkpoint(const std::filesystem::path& dir, const VerifyOpt
   // the GPTQ tools (AutoGPTQ, GPTQModel, optimum) write their damping hyperparameter, damp_percent,
   // which no marlinc writer emits (conversions carry it over from a GPTQ source).
   const bool error_feedback = (qc.contains(method_ptr) && qc.at(method_ptr) == "gptq") || qc.contains("damp_percent");
+  // Each module described on its own: one that cannot be (a g_idx out of range, a wrong dtype) fails
+  // as a layer and does not hide the others.
   std::vector<ModuleDesc> mods;
-  try {
-    mods = describe_modules(ck, fi);
-  } catch (const Error& e) {
-    rep.global_problems.push_back(e.what());
-    return finish();
-  }
+  std::vector<std::pair<std::string, std::string>> undescribed;  // prefix, why
   std::set<std::string> owned;
-  for (const auto& d : mods) owned.insert(d.tensors.begin(), d.tensors.end());
+  for (const auto& p : quantized_modules(ck, fi.format)) {
+    try {
+      mods.push_back(describe_module(ck, p, fi));
+      owned.insert(mods.back().tensors.begin(), mods.back().tensors.end());
+    } catch (const Error& e) {
+      undescribed.emplace_back(p, e.what());
+      for (const auto& name : ck.tensor_names())
+        if (name.rfind(p + ".", 0) == 0) owned.insert(name);
+    }
+  }
   for (const auto& name : ck.tensor_names())
     if (!owned.count(name) && kQuantSuffixes.count(suffix_of(name)))
       rep.global_problems.push_back("unexpected tensor " + name + ": it looks quantized but belongs to no complete module");
+  for (const auto& [p, why] : undescribed) {
+    LayerReport L;
+    L.name = p;
+    L.checks.push_back({"structure", false, why});
+    rep.layers.push_back(std::move(L));
+    if (on_layer) on_layer(rep.layers.back(), rep.layers.size() - 1, mods.size() + undescribed.size());
+  }
 
   for (size_t i = 0; i < mods.size(); ++i) {
     const ModuleDesc& d = mods[i];
@@ -376,8 +418,10 @@ VerifyReport verify_checkpoint(const std::filesystem::path& dir, const VerifyOpt
     }
     L.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     rep.layers.push_back(std::move(L));
-    if (on_layer) on_layer(rep.layers.back(), i, mods.size());
+    if (on_layer) on_layer(rep.layers.back(), rep.layers.size() - 1, mods.size() + undescribed.size());
   }
+  std::stable_sort(rep.layers.begin(), rep.layers.end(),
+                   [](const LayerReport& a, const LayerReport& b) { return a.name < b.name; });
   if (ref) flag_outliers(rep.layers, opt.tol.outlier_factor);
   return finish();
 }
@@ -398,6 +442,7 @@ nlohmann::json VerifyReport::certificate() const {
   json files_j = json::array();
   for (auto& [name, h] : files) files_j.push_back({{"name", name}, {"sha256", h}});
   j["checkpoint"]["files"] = files_j;
+  j["options"] = {{"seed", seed}, {"reference", reference.empty() ? json(nullptr) : json(reference)}};
   j["tolerances"] = {{"arith_mean_rel_dense", tol.arith_mean_rel_dense}, {"arith_mean_rel_24", tol.arith_mean_rel_24},
                      {"outlier_factor", tol.outlier_factor}, {"cpu_max_columns", kCpuMaxColumns}};
   j["global_problems"] = global_problems;
@@ -432,23 +477,39 @@ std::vector<std::string> check_certificate(const std::filesystem::path& dir, con
     if (!j.is_object() || !j.contains(key)) bad_data("certificate: missing key \"" + std::string(key) + "\"");
     return j.at(key);
   };
+  auto need_str = [&](const nlohmann::json& j, const char* key) {
+    const nlohmann::json& v = need(j, key);
+    if (!v.is_string()) bad_data("certificate: \"" + std::string(key) + "\" is " + v.type_name() + ", not a string");
+    return v.get<std::string>();
+  };
   const auto& files = need(need(cert, "checkpoint"), "files");
   const auto& layers = need(cert, "layers");
   if (!files.is_array() || !layers.is_array()) bad_data("certificate: checkpoint.files and layers must be arrays");
+  // A certificate of a failed verification certifies nothing, whatever the files hold now.
+  const nlohmann::json& summary = need(cert, "summary");
+  if (!need(summary, "ok").is_boolean()) bad_data("certificate: summary.ok is not true or false");
+  if (!summary.at("ok").get<bool>()) problems.push_back("the certificate records a failed verification (summary.ok is false)");
   Checkpoint ck = Checkpoint::open(dir);
+  std::set<std::string> certified_files;
   for (const auto& f : files) {
-    const std::string name = need(f, "name").get<std::string>(), want = need(f, "sha256").get<std::string>();
+    const std::string name = need_str(f, "name"), want = need_str(f, "sha256");
+    certified_files.insert(name);
     if (name.find('/') != std::string::npos || name.find("..") != std::string::npos)
       bad_data("certificate: file name \"" + name + "\" is not a plain file name");
     std::filesystem::path p = ck.dir() / name;
     if (!std::filesystem::exists(p)) { problems.push_back("file " + name + " is missing"); continue; }
     if (sha256_file(p) != want) problems.push_back("file " + name + " changed (SHA-256 differs)");
   }
+  // A config file that appeared after certification changes how loaders read the tensors.
+  for (const char* extra : kCertifiedConfigFiles)
+    if (!certified_files.count(extra) && std::filesystem::is_regular_file(ck.dir() / extra))
+      problems.push_back(std::string("file ") + extra + " was added after certification");
   std::set<std::string> listed;
   for (const auto& l : layers) {
-    const std::string lname = need(l, "name").get<std::string>();
+    const std::string lname = need_str(l, "name");
     listed.insert(lname);
     for (const auto& [tname, h] : need(l, "tensors_sha256").items()) {
+      if (!h.is_string()) bad_data("certificate: " + lname + ": the hash of " + tname + " is not a string");
       auto r = ck.find(tname);
       if (!r) { problems.push_back(lname + ": tensor " + tname + " is missing"); continue; }
       if (sha256_hex(r->file->data(*r->info)) != h.get<std::string>())

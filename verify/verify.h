@@ -67,6 +67,9 @@ struct VerifyReport {
   std::vector<std::string> global_problems;  // unexpected tensors, config disagreements, ...
   std::vector<LayerReport> layers;
   VerifyTolerances tol;
+  // The options the numbers depend on: the activations' seed and the reference checkpoint ("" = none).
+  uint64_t seed = 0;
+  std::string reference;
   bool ok() const;
   nlohmann::json certificate() const;  // everything above plus tool version, build and date
 };
