@@ -57,7 +57,7 @@ void run_convert(const Args& a) {
   if (!a.json) o.on_start = [&](const ConvertReport& r) { print_source(r); started = true; };
   ConvertReport r = convert_checkpoint(a.in, a.out, o);
   if (a.json) {
-    std::cout << r.to_json().dump(2) << "\n";
+    std::cout << json_text(r.to_json()) << "\n";
   } else {
     if (!started) print_source(r);
     for (const auto& m : r.modules)

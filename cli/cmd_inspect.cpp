@@ -9,6 +9,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/format.h"
 #include "cli/commands.h"
+#include "cli/output.h"
 
 namespace marlinc::cli {
 
@@ -98,7 +99,7 @@ void run_inspect(const std::string& path, bool as_json) {
       j[candidates ? "candidate_layers" : "layers"].push_back(
           {{"name", l.name}, {"k", l.k}, {"n", l.n}, {"bits", l.bits}, {"group_size", l.group},
            {"marlin_ok", l.check.ok}, {"rule", l.check.rule}});
-    std::cout << j.dump(2) << "\n";
+    std::cout << json_text(j) << "\n";
     return;
   }
 

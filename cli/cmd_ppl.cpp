@@ -15,6 +15,7 @@
 #include "checkpoint/error.h"
 #include "checkpoint/sha256.h"
 #include "cli/commands.h"
+#include "cli/output.h"
 #include "quantizer/calib/llama.h"
 #include "quantizer/calib/perplexity.h"
 #include "quantizer/calib/quantized_linears.h"
@@ -89,7 +90,7 @@ void run_ppl(const PplArgs& a) {
                         {"mean_nll", r.mean_nll},
                         {"ppl", r.ppl},
                         {"seconds", r.seconds}};
-    std::cout << j.dump(2) << "\n";
+    std::cout << json_text(j) << "\n";
   } else {
     if (qlin) std::printf("weights: %s, %zu quantized linears\n", weights.c_str(), qlin->modules());
     if (gpu) std::printf("device: cuda (block linears: %d plain, %d Marlin kernel, %d dequantized)\n", r.gpu_plain,

@@ -71,6 +71,7 @@ calib::GptqRunOptions gptq_run_options(const QuantizeArgs& a) {
 
 int run_quantize(const QuantizeArgs& a) {
   QuantizeOptions o;
+  if (!a.json.empty()) check_output_file("--json", a.json);
   note_stale_outputs(a.out);
   auto t = target_from_name(a.format);
   if (!t) bad_usage("--format " + a.format + ": expected marlin, gptq, gptq_v2 or compressed-tensors");
@@ -131,7 +132,7 @@ int run_quantize(const QuantizeArgs& a) {
                           {"gptq", info.seconds_gptq}, {"pack", info.seconds_pack}, {"io", info.seconds_io}};
   }
   std::printf("output     %s\n", r.output.c_str());
-  if (!a.json.empty()) write_file_atomic(a.json, j.dump(2) + "\n");
+  if (!a.json.empty()) write_file_atomic(a.json, json_text(j) + "\n");
   return 0;
 }
 

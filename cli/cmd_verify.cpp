@@ -1,6 +1,7 @@
 // marlinc verify DIR [--reference FP_DIR] [--certificate OUT.json] [--check-certificate CERT.json]
 //                    [--json] [--cpu]
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 
@@ -39,6 +40,8 @@ std::string layer_line(const LayerReport& L) {
 }
 
 int run_check_certificate(const VerifyArgs& a) {
+  if (!std::filesystem::is_regular_file(a.check_certificate))
+    bad_usage(a.check_certificate + ": not a file (--check-certificate)");
   std::ifstream in(a.check_certificate);
   if (!in) bad_usage(a.check_certificate + ": cannot open the certificate (--check-certificate)");
   nlohmann::json cert;
@@ -49,7 +52,7 @@ int run_check_certificate(const VerifyArgs& a) {
   }
   std::vector<std::string> problems = check_certificate(a.dir, cert);
   if (a.json) {
-    std::cout << nlohmann::json{{"certificate", a.check_certificate}, {"ok", problems.empty()}, {"problems", problems}}.dump(2)
+    std::cout << json_text(nlohmann::json{{"certificate", a.check_certificate}, {"ok", problems.empty()}, {"problems", problems}})
               << "\n";
   } else {
     for (auto& p : problems) std::cout << "CHANGED  " << p << "\n";
@@ -62,6 +65,7 @@ int run_check_certificate(const VerifyArgs& a) {
 
 int run_verify(const VerifyArgs& a) {
   if (!a.check_certificate.empty()) return run_check_certificate(a);
+  if (!a.certificate.empty()) check_output_file("--certificate", a.certificate);
   VerifyOptions opt;
   if (!a.reference.empty()) opt.reference = a.reference;
   opt.force_cpu = a.cpu;
@@ -72,10 +76,10 @@ int run_verify(const VerifyArgs& a) {
   };
   VerifyReport rep = verify_checkpoint(a.dir, opt, on_layer);
   nlohmann::json cert = rep.certificate();
-  if (!a.certificate.empty()) write_file_atomic(a.certificate, cert.dump(2) + "\n");
+  if (!a.certificate.empty()) write_file_atomic(a.certificate, json_text(cert) + "\n");
   if (a.json) {
     std::cerr << "\n";
-    std::cout << cert.dump(2) << "\n";
+    std::cout << json_text(cert) << "\n";
   } else {
     for (auto& p : rep.global_problems) std::cout << "PROBLEM  " << p << "\n";
     for (auto& n : rep.format_notes) std::cout << "note: " << n << "\n";

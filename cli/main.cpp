@@ -4,6 +4,7 @@
 #include <signal.h>  // sigaction
 
 #include <csignal>
+#include <filesystem>
 #include <cstdio>
 #include <iostream>
 
@@ -19,8 +20,9 @@
 
 namespace {
 
-// Ctrl-C, kill or a closed terminal: no half-written `<out>.tmp-*` directory stays behind. The default
-// action then ends the process with the signal's status, as a shell expects.
+// Ctrl-C, kill, a closed terminal or a closed pipe (`marlinc ... | head`): no half-written `<out>.tmp-*`
+// directory stays behind. The default action then ends the process with the signal's status, as a
+// shell expects.
 void on_fatal_signal(int sig) {
   marlinc::remove_live_temp_outputs();
   std::signal(sig, SIG_DFL);
@@ -31,7 +33,7 @@ void install_signal_cleanup() {
   struct sigaction sa {};
   sa.sa_handler = on_fatal_signal;
   sigemptyset(&sa.sa_mask);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE}) sigaction(sig, &sa, nullptr);
 }
 
 }  // namespace
@@ -57,6 +59,9 @@ int main(int argc, char** argv) {
   } catch (const marlinc::Error& e) {
     std::cerr << "marlinc: error: " << e.what() << "\n";
     return marlinc::exit_code(e.kind());
+  } catch (const std::filesystem::filesystem_error& e) {  // a path the system refuses (loops, permissions)
+    std::cerr << "marlinc: error: " << e.what() << "\n";
+    return marlinc::exit_code(marlinc::ErrorKind::Io);
   } catch (const std::exception& e) {
     std::cerr << "marlinc: internal error: " << e.what() << "\n";
     return 3;
