@@ -1,6 +1,7 @@
 // CheckpointWriter: byte-exact output (formats.md §7.1 example), determinism, sharding + index,
 // atomicity, refusal to clobber; Checkpoint's sharded-index validation.
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -366,4 +367,17 @@ TEST_CASE("on a fatal signal, remove_live_temp_outputs deletes the live writers'
   for (const auto& e : fs::directory_iterator(tmp.path)) left.push_back(e.path().filename().string());
   CHECK(left == std::vector<std::string>{"done"});
   CHECK(fs::exists(tmp.path / "done" / "keep.txt"));
+}
+
+TEST_CASE("a FIFO in place of a shard is refused at once, not waited on") {
+  TempDir tmp("wfifo");
+  fs::create_directories(tmp.path / "m");
+  REQUIRE(::mkfifo((tmp.path / "m" / "model.safetensors").c_str(), 0600) == 0);
+  std::string msg;
+  try {
+    Checkpoint::open(tmp.path / "m");
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  CHECK(msg.find("not a regular file") != std::string::npos);
 }

@@ -4,6 +4,8 @@
 #include <filesystem>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/error.h"
+#include "checkpoint/writer.h"
 #include "quantizer/quantize_checkpoint.h"
 #include "tests/common.h"
 
@@ -37,4 +39,84 @@ TEST_CASE("quantize lists lm_head and --skip layers as unquantized in the target
   quantize_checkpoint(model, td.path / "awq", o);
   const auto aq = Checkpoint::open(td.path / "awq").config().at("quantization_config");
   CHECK(aq.at("modules_to_not_convert") == nlohmann::json({"lm_head", down[0], down[1]}));
+}
+
+TEST_CASE("include_lm_head quantizes lm_head, never the embeddings, and GPTQ configs say lm_head", "[quantizer][config]") {
+  const fs::path model = fs::path(MARLINC_SOURCE_DIR) / "data" / "sample" / "model";
+  test::TempDir td("qhead");
+  QuantizeOptions o;
+  o.to = TargetFormat::GptqV1;
+  quantize_checkpoint(model, td.path / "plain_head", o);
+  CHECK(Checkpoint::open(td.path / "plain_head").quantize_config().at("lm_head") == false);
+  o.include_lm_head = true;
+  quantize_checkpoint(model, td.path / "head", o);
+  Checkpoint ck = Checkpoint::open(td.path / "head");
+  CHECK(ck.contains("lm_head.qweight"));
+  CHECK(ck.contains("model.embed_tokens.weight"));  // nn.Embedding: no loader reads it quantized
+  CHECK_FALSE(ck.contains("model.embed_tokens.qweight"));
+  CHECK(ck.quantize_config().at("lm_head") == true);
+}
+
+TEST_CASE("a tied lm_head (no lm_head tensor) is named in compressed-tensors ignore", "[quantizer][config]") {
+  const fs::path model = fs::path(MARLINC_SOURCE_DIR) / "data" / "sample" / "model";
+  test::TempDir td("qtied");
+  {  // the sample without lm_head.weight, tie_word_embeddings on
+    Checkpoint src = Checkpoint::open(model);
+    std::vector<TensorSpec> plan;
+    for (const auto& name : src.tensor_names())
+      if (name != "lm_head.weight") plan.push_back({name, src.at(name).info->dtype, src.at(name).info->shape});
+    CheckpointWriter w(td.path / "tied", plan);
+    for (const auto& s : plan) w.write(s.name, src.data(s.name));
+    nlohmann::json cfg = src.config();
+    cfg["tie_word_embeddings"] = true;
+    w.add_file("config.json", cfg.dump(2));
+    w.commit();
+  }
+  QuantizeOptions o;
+  o.to = TargetFormat::CompressedTensors;
+  quantize_checkpoint(td.path / "tied", td.path / "ct", o);
+  CHECK(Checkpoint::open(td.path / "ct").config().at("quantization_config").at("ignore") == nlohmann::json({"lm_head"}));
+}
+
+TEST_CASE("group sizes and skipped layers the target cannot take are refused before any work", "[quantizer][config]") {
+  const fs::path model = fs::path(MARLINC_SOURCE_DIR) / "data" / "sample" / "model";
+  Checkpoint ck = Checkpoint::open(model);
+  auto refusal = [&](TargetFormat to, int group, std::vector<std::string> skip) {
+    QuantizeOptions o;
+    o.to = to;
+    o.group_size = group;
+    o.skip = std::move(skip);
+    QuantizeReport rep;
+    try {
+      plan_quantization(ck, o, rep);
+    } catch (const Error& e) {
+      CHECK(e.kind() == ErrorKind::BadUsage);
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK(refusal(TargetFormat::GptqV1, 0, {}).find("--group 0: expected -1 (per channel) or a positive size") == 0);
+  CHECK(refusal(TargetFormat::GptqV1, -2, {}).find("--group -2") == 0);
+  CHECK(refusal(TargetFormat::Marlin, 256, {}).find("--group 256: Marlin kernels take -1, 32, 64 or 128") == 0);
+  CHECK(refusal(TargetFormat::Marlin24, 64, {}).find("--group 64: Sparse-Marlin kernels take -1 or 128") == 0);
+  CHECK(refusal(TargetFormat::GptqV1, 256, {}).empty());  // GPTQ takes any group dividing k
+  const std::string m24 = refusal(TargetFormat::Marlin24, 128, {"o_proj"});
+  CHECK(m24.find("marlin_24 checkpoints cannot keep linear layers unquantized") != std::string::npos);
+  CHECK(m24.find("model.layers.0.self_attn.o_proj") != std::string::npos);
+  CHECK(refusal(TargetFormat::Marlin24, 128, {}).empty());  // lm_head and embeddings stay outside the scheme
+}
+
+TEST_CASE("act-order outputs store g_idx in every module and their configs say so", "[quantizer][config]") {
+  const fs::path model = fs::path(MARLINC_SOURCE_DIR) / "data" / "sample" / "model";
+  test::TempDir td("qact");
+  QuantizeOptions o;
+  o.act_order = true;  // what GPTQ --order dynamic sets; RTN's g_idx is trivial, the layout the same
+  o.to = TargetFormat::CompressedTensors;
+  quantize_checkpoint(model, td.path / "ct", o);
+  Checkpoint ct = Checkpoint::open(td.path / "ct");
+  CHECK(ct.contains("model.layers.1.mlp.down_proj.weight_g_idx"));
+  CHECK(ct.config().at("quantization_config").at("config_groups").at("group_0").at("weights").at("actorder") == "group");
+  o.to = TargetFormat::GptqV2;
+  quantize_checkpoint(model, td.path / "gptq", o);
+  CHECK(Checkpoint::open(td.path / "gptq").quantize_config().at("desc_act") == true);
 }

@@ -4,6 +4,7 @@
 // points of 0 from a Marlin source, and the unquantized linears a GPTQ-family config names.
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 
 #include "checkpoint/checkpoint.h"
@@ -440,5 +441,45 @@ TEST_CASE("convert refuses a module that lacks a companion tensor instead of pas
   INFO(msg);
   CHECK(msg.find("model.layers.0.mlp.up_proj.weight_s") != std::string::npos);
   CHECK(msg.find("no complete") != std::string::npos);
+  CHECK_FALSE(fs::exists(td.path / "out"));
+}
+
+TEST_CASE("convert keeps the source's quantization record, so verify --reference still reads GPTQ weights as GPTQ",
+          "[formats][convert]") {
+  TempDir td("record");
+  synth::Options o;
+  o.seed = 281;
+  o.layers = {{"model.layers.0.mlp.up_proj", 256, 256}};
+  synth::write_checkpoint(td.path / "src0", o);
+  {  // the record `marlinc quantize --method gptq` writes
+    Checkpoint ck = Checkpoint::open(td.path / "src0");
+    nlohmann::json qc = ck.quantize_config();
+    qc["marlinc"] = {{"method", "gptq"}, {"clip", "marlin"}, {"damp", 0.01}};
+    copy_with(td.path / "src0", td.path / "src", {});
+    std::ofstream(td.path / "src" / "quantize_config.json") << qc.dump(2);
+  }
+  for (TargetFormat to : {TargetFormat::Marlin, TargetFormat::CompressedTensors, TargetFormat::GptqV2}) {
+    INFO(target_name(to));
+    REQUIRE(run(td.path / "src", td.path / target_name(to), to).ok);
+    const nlohmann::json q = Checkpoint::open(td.path / target_name(to)).quantize_config();
+    REQUIRE(q.contains("marlinc"));
+    CHECK(q.at("marlinc").at("method") == "gptq");
+    CHECK(q.at("marlinc").at("clip") == "marlin");
+  }
+}
+
+TEST_CASE("keep_incompatible cannot leave plain layers in a marlin_24 output", "[formats][convert]") {
+  TempDir td("keep24");
+  synth::Options o;
+  o.seed = 291;
+  o.layers = {{"model.layers.0.mlp.up_proj", 256, 256}, {"model.layers.0.mlp.odd_proj", 256, 64}};  // n % 256
+  synth::write_checkpoint(td.path / "src", o);
+  std::string msg;
+  try {
+    run(td.path / "src", td.path / "out", TargetFormat::Marlin24, true);
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  CHECK(msg.find("model.layers.0.mlp.odd_proj: --keep-incompatible would leave it as plain weights") == 0);
   CHECK_FALSE(fs::exists(td.path / "out"));
 }

@@ -1,6 +1,7 @@
 // marlinc verify: a clean checkpoint passes, and each corruption from the issue is caught and named.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <random>
 #include <string>
@@ -357,4 +358,110 @@ TEST_CASE("a missing shard is an error naming the shard", "[verify]") {
   } catch (const Error& e) {
     CHECK(std::string(e.what()).find(victim.filename().string()) != std::string::npos);
   }
+}
+
+// Loaders pick their kernel from the label: a label naming another format fails.
+TEST_CASE("a format label that names another format fails verification", "[verify]") {
+  const std::vector<ConfigEdit> cases = {
+      {TargetFormat::Marlin, "checkpoint_format", "marlin_24", "config label"},
+      {TargetFormat::Marlin24, "checkpoint_format", "marlin", "config label"},
+      {TargetFormat::GptqV1, "checkpoint_format", "marlin", "config label"},
+      {TargetFormat::Marlin, "quant_method", "awq", "config label"}};
+  for (const ConfigEdit& c : cases) check_config_edit_fails(c);
+}
+
+TEST_CASE("config.json and quantize_config.json disagreeing on bits fails verification", "[verify]") {
+  test::TempDir tmp("verify-two-configs");
+  write_quantized(tmp.path / "q", TargetFormat::GptqV1);
+  {  // only config.json changes: transformers and vLLM read it, the GPTQ tools read quantize_config.json
+    std::ifstream in(tmp.path / "q" / "config.json");
+    nlohmann::json j = nlohmann::json::parse(in);
+    j["quantization_config"]["bits"] = 8;
+    std::ofstream(tmp.path / "q" / "config.json") << j.dump(2);
+  }
+  const VerifyReport r = verify_checkpoint(tmp.path / "q", {});
+  std::string all;
+  for (auto& p : r.global_problems) all += p + "\n";
+  INFO(all);
+  CHECK(!r.ok());
+  CHECK(all.find("quantize_config.json says bits = 4 but config.json:quantization_config says 8") != std::string::npos);
+}
+
+TEST_CASE("a certificate of a failed verification, or of fewer config files, does not re-check ok", "[verify]") {
+  test::TempDir tmp("verify-cert-fail");
+  write_quantized(tmp.path / "q", TargetFormat::Marlin);
+  const nlohmann::json good = verify_checkpoint(tmp.path / "q", {}).certificate();
+  REQUIRE(check_certificate(tmp.path / "q", good).empty());
+  // A config file that appears later changes how loaders read the tensors.
+  std::ofstream(tmp.path / "q" / "quant_config.json") << R"({"bits": 8})";
+  auto added = check_certificate(tmp.path / "q", good);
+  REQUIRE(added.size() == 1);
+  CHECK(added[0].find("quant_config.json was added") != std::string::npos);
+  // Certified while failing: re-checking the same files must not say ok.
+  const VerifyReport bad = verify_checkpoint(tmp.path / "q", {});
+  REQUIRE(!bad.ok());
+  auto again = check_certificate(tmp.path / "q", bad.certificate());
+  REQUIRE(again.size() == 1);
+  CHECK(again[0].find("records a failed verification") != std::string::npos);
+}
+
+TEST_CASE("one module that cannot be read fails alone, naming its tensor, while the others are still checked", "[verify]") {
+  test::TempDir tmp("verify-one-bad");
+  write_quantized(tmp.path / "q", TargetFormat::GptqV1);
+  patch_tensor(tmp.path / "q", "model.layers.0.self_attn.k_proj.g_idx", [](uint8_t* p, size_t) { p[0] = 9; });
+  const VerifyReport r = verify_checkpoint(tmp.path / "q", {});
+  REQUIRE(r.layers.size() == kLayers.size());
+  const LayerReport* k = layer(r, "model.layers.0.self_attn.k_proj");
+  REQUIRE(k != nullptr);
+  CHECK(!k->ok());
+  CHECK(failed_checks(*k).find("model.layers.0.self_attn.k_proj.g_idx") != std::string::npos);
+  for (auto& l : r.layers)
+    if (l.name != k->name) CHECK(l.ok());
+}
+
+TEST_CASE("act-order g_idx under a config that says desc_act false fails verification", "[verify]") {
+  test::TempDir tmp("verify-desc-act");
+  write_quantized(tmp.path / "q", TargetFormat::GptqV1);
+  // Swap two rows' groups in one g_idx: a valid act-order g_idx (the codes stay as they are).
+  patch_tensor(tmp.path / "q", "model.layers.0.mlp.down_proj.g_idx", [](uint8_t* p, size_t) {
+    int32_t a, b;
+    std::memcpy(&a, p, 4);
+    std::memcpy(&b, p + 4 * 200, 4);
+    std::memcpy(p, &b, 4);
+    std::memcpy(p + 4 * 200, &a, 4);
+  });
+  const VerifyReport r = verify_checkpoint(tmp.path / "q", {});
+  CHECK(!r.ok());
+  const LayerReport* d = layer(r, "model.layers.0.mlp.down_proj");
+  REQUIRE(d != nullptr);
+  CHECK(failed_checks(*d).find("config says no act-order") != std::string::npos);
+}
+
+TEST_CASE("a reference with a NaN fails that layer by name, and reference errors repeat to the digit", "[verify]") {
+  test::TempDir tmp("verify-nan-ref");
+  write_reference(tmp.path / "fp");
+  write_quantized(tmp.path / "q", TargetFormat::Marlin);
+  VerifyOptions opt;
+  opt.reference = tmp.path / "fp";
+  const VerifyReport a = verify_checkpoint(tmp.path / "q", opt), b = verify_checkpoint(tmp.path / "q", opt);
+  REQUIRE(a.layers.size() == b.layers.size());
+  for (size_t i = 0; i < a.layers.size(); ++i) CHECK(a.layers[i].output_rel_err == b.layers[i].output_rel_err);
+  CHECK(a.certificate().at("options").at("reference") == (tmp.path / "fp").string());
+  patch_tensor(tmp.path / "fp", "model.layers.0.self_attn.q_proj.weight", [](uint8_t* p, size_t) {
+    const uint16_t nan = 0x7e00;
+    std::memcpy(p + 2 * 5, &nan, 2);
+  });
+  const VerifyReport r = verify_checkpoint(tmp.path / "q", opt);
+  const LayerReport* q = layer(r, "model.layers.0.self_attn.q_proj");
+  REQUIRE(q != nullptr);
+  CHECK(!q->ok());
+  CHECK(failed_checks(*q).find("model.layers.0.self_attn.q_proj.weight[0, 5] is not finite") != std::string::npos);
+}
+
+TEST_CASE("the original packer's Sparse-Marlin golden file verifies as it is (root-level meta and s_24)", "[verify][golden]") {
+  MARLINC_REQUIRE_SHARED();
+  const VerifyReport r = verify_checkpoint(test::shared_dir() / "golden" / "marlin24_k256_n256_g128.safetensors", {});
+  INFO(r.certificate().dump(1));
+  CHECK(r.ok());
+  REQUIRE(r.layers.size() == 1);
 }
