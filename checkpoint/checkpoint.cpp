@@ -1,6 +1,7 @@
 #include "checkpoint/checkpoint.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <fstream>
 #include <regex>
@@ -15,6 +16,17 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace {
+
+// Two config values for one key mean the same: equal, or strings equal but for case (AutoAWQ writes
+// "version": "GEMM" in quant_config.json and transformers "gemm" in config.json).
+bool same_setting(const json& a, const json& b) {
+  if (a.is_string() && b.is_string()) {
+    const std::string x = a.get<std::string>(), y = b.get<std::string>();
+    auto lower = [](char c) { return std::tolower(static_cast<unsigned char>(c)); };
+    return std::equal(x.begin(), x.end(), y.begin(), y.end(), [&](char c, char d) { return lower(c) == lower(d); });
+  }
+  return a == b;
+}
 
 std::string read_text(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -151,7 +163,7 @@ Checkpoint Checkpoint::open(const fs::path& file_or_dir) {
       // give a key different values, one of them loads the weights wrongly.
       for (const char* key : {"bits", "group_size", "sym", "desc_act", "checkpoint_format", "quant_method",
                               "zero_point", "w_bit", "q_group_size", "version", "is_marlin_format"})
-        if (file.contains(key) && ck.quant_config_.contains(key) && file.at(key) != ck.quant_config_.at(key))
+        if (file.contains(key) && ck.quant_config_.contains(key) && !same_setting(file.at(key), ck.quant_config_.at(key)))
           ck.quant_conflicts_.push_back(std::string(name) + " says " + key + " = " + file.at(key).dump() + " but " +
                                         ck.quant_sources_.front() + " says " + ck.quant_config_.at(key).dump());
       ck.quant_config_.update(file);

@@ -366,3 +366,16 @@ TEST_CASE("to_float converts F32/F16/BF16/F64 and rejects integer dtypes") {
   CHECK(to_float(from_float(v, DType::F16), DType::F16) == v);
   CHECK(to_float(from_float(v, DType::F32), DType::F32) == v);
 }
+
+TEST_CASE("config.json and quantize_config.json disagreeing is reported, letter case of strings aside") {
+  TempDir tmp("fconf");
+  std::vector<TensorData> ts;
+  add_plain(ts);
+  const std::string cfg = R"({"quantization_config":{"quant_method":"awq","bits":4,"version":"gemm"}})";
+  write_checkpoint(tmp.path / "same", ts, {{"config.json", cfg}, {"quant_config.json", R"({"version":"GEMM","w_bit":4})"}});
+  CHECK(Checkpoint::open(tmp.path / "same").quantize_config_conflicts().empty());  // AutoAWQ's spelling
+  write_checkpoint(tmp.path / "diff", ts, {{"config.json", cfg}, {"quantize_config.json", R"({"bits":8})"}});
+  auto c = Checkpoint::open(tmp.path / "diff").quantize_config_conflicts();
+  REQUIRE(c.size() == 1);
+  CHECK(c[0] == "quantize_config.json says bits = 8 but config.json:quantization_config says 4");
+}
