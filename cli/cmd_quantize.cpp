@@ -74,7 +74,7 @@ int run_quantize(const QuantizeArgs& a) {
   if (!a.json.empty()) check_output_file("--json", a.json);
   note_stale_outputs(a.out);
   auto t = target_from_name(a.format);
-  if (!t) bad_usage("--format " + a.format + ": expected marlin, gptq, gptq_v2 or compressed-tensors");
+  if (!t) bad_usage("--format " + a.format + ": expected marlin, marlin24, gptq, gptq_v2, compressed-tensors or awq");
   o.to = *t;
   o.method = a.method;
   o.bits = a.bits;
@@ -145,12 +145,12 @@ void register_quantize(CLI::App& app) {
   cmd->add_option("OUT_DIR", a->out, "output directory (written atomically)")->required();
   cmd->add_option("--method", a->method, "rtn (data-free) or gptq (calibrated, sequential over blocks)")
       ->check(CLI::IsMember({"rtn", "gptq"}));
-  cmd->add_option("--format", a->format, "marlin, marlin24 (gptq + 2:4), gptq, gptq_v2 or compressed-tensors");
+  cmd->add_option("--format", a->format, "marlin, marlin24 (gptq + 2:4), gptq, gptq_v2, compressed-tensors or awq");
   cmd->add_option("--group", a->group, "group size along k: -1 (per channel), 32, 64 or 128");
   cmd->add_option("--bits", a->bits, "4 or 8")->check(CLI::IsMember({4, 8}));
   cmd->add_flag("--clip,!--no-clip", a->clip, "search a clipping factor per group (default on)");
   cmd->add_option("--skip", a->skip, "leave modules whose name contains PATTERN unquantized (repeatable)");
-  cmd->add_flag("--include-lm-head", a->include_lm_head, "quantize lm_head and embeddings too");
+  cmd->add_flag("--include-lm-head", a->include_lm_head, "quantize lm_head too (embeddings never: they are not linear layers)");
   cmd->add_option("--shard-size", a->shard_size, "largest shard, e.g. 5GB, 500MB, 0 = one file");
   cmd->add_flag("--overwrite", a->overwrite, "replace OUT_DIR if it exists");
   cmd->add_option("--json", a->json, "write a JSON report to this file");
