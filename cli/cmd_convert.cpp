@@ -55,7 +55,17 @@ void run_convert(const Args& a) {
   };
   bool started = false;
   if (!a.json) o.on_start = [&](const ConvertReport& r) { print_source(r); started = true; };
-  ConvertReport r = convert_checkpoint(a.in, a.out, o);
+  ConvertReport r;
+  try {
+    r = convert_checkpoint(a.in, a.out, o);
+  } catch (const Error& e) {
+    // --json promises a report on stdout: a stop during the conversion (e.g. codes that are not 2:4) is
+    // one too, then the error goes its usual way (stderr, exit code).
+    if (a.json)
+      std::cout << json_text({{"ok", false}, {"input", a.in}, {"output", nullptr}, {"target", a.to}, {"error", e.what()}})
+                << "\n";
+    throw;
+  }
   if (a.json) {
     std::cout << json_text(r.to_json()) << "\n";
   } else {

@@ -120,4 +120,12 @@ TEST_CASE("marlinc convert: dense marlin -> marlin24 is refused unless the codes
   REQUIRE(r.err.find("model.layers.0.mlp.up_proj") != std::string::npos);
   REQUIRE(r.err.find("2 of every 4") != std::string::npos);
   REQUIRE_FALSE(fs::exists(td.path / "s"));
+  // --json: the stop is a report on stdout too.
+  Result j = run_cli("convert " + q(td.path / "src") + " " + q(td.path / "s") + " --to marlin24 --json", td.path);
+  INFO(j.out << j.err);
+  REQUIRE(j.rc == 1);
+  const nlohmann::json rep = nlohmann::json::parse(j.out);
+  CHECK(rep.at("ok") == false);
+  CHECK(rep.at("error").get<std::string>().find("2 of every 4") != std::string::npos);
+  REQUIRE_FALSE(fs::exists(td.path / "s"));
 }
