@@ -4,8 +4,8 @@
 #include <signal.h>  // sigaction
 
 #include <csignal>
-#include <filesystem>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 
 #include "checkpoint/error.h"

@@ -128,6 +128,12 @@ struct QuantSummary {
   // Modules whose bits/group size differ from the values above: prefix -> (bits, group_size).
   std::vector<std::pair<std::string, std::pair<int, int>>> overrides;
 };
+// Whether a module prefix names token embeddings (`embed_tokens`, GPT-2's `wte`): nn.Embedding, not a
+// linear layer, so never quantized and never listed among a config's unquantized linears.
+inline bool is_embedding(const std::string& prefix) {
+  return prefix.find("embed") != std::string::npos || prefix.find("wte") != std::string::npos;
+}
+
 // The linear layers an output of `ck` leaves unquantized, for QuantSummary::plain_linears: every 2-D
 // `<p>.weight` whose prefix `quantized` rejects, except embeddings (nn.Embedding, not linear), plus
 // `lm_head` when a causal LM has no lm_head tensor (tied to the embeddings: loaders still build an

@@ -24,7 +24,7 @@ std::string skip_reason(const std::string& prefix, const TensorInfo& t, const Qu
   if (t.shape.size() != 2) return "not a 2-D weight";
   if (t.dtype != DType::F16 && t.dtype != DType::BF16 && t.dtype != DType::F32) return "dtype is not F16/BF16/F32";
   // Embeddings are nn.Embedding, not linear layers: no loader reads them quantized.
-  if (prefix.find("embed") != std::string::npos || prefix.find("wte") != std::string::npos)
+  if (is_embedding(prefix))
     return "embeddings stay unquantized (they are not linear layers)";
   if (prefix.find("lm_head") != std::string::npos && !o.include_lm_head)
     return "lm_head stays unquantized (--include-lm-head)";
@@ -100,8 +100,7 @@ QuantPlan plan_quantization(const Checkpoint& ck, const QuantizeOptions& o, Quan
   if (o.to == TargetFormat::Marlin24) {
     std::string left;
     for (const auto& [name, reason] : rep.skipped)
-      if (name.find("lm_head") == std::string::npos && name.find("embed") == std::string::npos &&
-          name.find("wte") == std::string::npos)
+      if (name.find("lm_head") == std::string::npos && !is_embedding(name))
         left += (left.empty() ? "" : "; ") + name + " (" + reason + ")";
     if (!left.empty())
       bad_usage("--format marlin24: marlin_24 checkpoints cannot keep linear layers unquantized (their loaders apply "

@@ -170,7 +170,7 @@ std::vector<std::string> unquantized_linears(const Checkpoint& ck, const std::fu
         name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
       continue;
     const std::string p = name.substr(0, name.size() - suffix.size());
-    if (!quantized(p) && p.find("embed") == std::string::npos && p.find("wte") == std::string::npos) out.push_back(p);
+    if (!quantized(p) && !is_embedding(p)) out.push_back(p);
   }
   bool causal_lm = false;
   if (auto a = ck.config().find("architectures"); a != ck.config().end() && a->is_array())
