@@ -118,6 +118,17 @@ if [ "${SKIP_VERIFY:-0}" != 1 ]; then
   rc=$?
   [ $rc -ne 0 ] && status=1 && tail -20 "$OUT/sample_verify.log"
   summary+=("sample gptq (--device cuda, twice: same bytes) + verify on the GPU: rc=$rc, $(grep -E "^backend" "$OUT/sample_verify.log"), $(grep -E "^layers" "$OUT/sample_verify.log")")
+  # The bf16 model path: a bf16 copy of the sample (scripts/bf16_copy.py) quantized on the GPU keeps bf16
+  # scales, and verify runs each layer through the bf16 kernel on bf16 activations.
+  rm -rf "$tmp/sample_bf16_model" "$tmp/sample_bf16"
+  python3 scripts/bf16_copy.py data/sample/model "$tmp/sample_bf16_model" &&
+    "$bin" quantize "$tmp/sample_bf16_model" "$tmp/sample_bf16" --method gptq --device cuda --format marlin --group 128 > "$OUT/sample_bf16_quantize.log" 2>&1 &&
+    "$bin" verify "$tmp/sample_bf16" --reference "$tmp/sample_bf16_model" --certificate "$OUT/sample_bf16_certificate.json" > "$OUT/sample_bf16_verify.log" 2>&1
+  rc=$?
+  [ $rc -ne 0 ] && status=1 && tail -20 "$OUT/sample_bf16_quantize.log" "$OUT/sample_bf16_verify.log"
+  on_kernel=$(grep -o "bf16 activations, Marlin kernel on the GPU" "$OUT/sample_bf16_certificate.json" 2>/dev/null | wc -l)
+  worst=$(grep -oE "arith [0-9.e+-]+" "$OUT/sample_bf16_verify.log" | sort -k2 -g | tail -1)
+  summary+=("bf16 sample gptq + verify on the GPU: rc=$rc, $(grep -E "^layers" "$OUT/sample_bf16_verify.log"), $on_kernel on the bf16 kernel, worst $worst")
   if [ "${SKIP_VERIFY_8B:-0}" != 1 ]; then
     t0=$(date +%s)
     "$BUILD/bench/bench_convert" --dir "$tmp/bc" --blocks "${VERIFY_BLOCKS:-32}" --reps 1 --keep > "$OUT/bench_convert.log" 2>&1 || status=1

@@ -35,21 +35,26 @@ struct DeviceScope {
   }
 };
 
+// A 16-bit word of the kernel's type as float (bf16: the word is the top half of a float).
+__device__ __forceinline__ float word_to_float(uint16_t w, bool bf16) {
+  return bf16 ? __uint_as_float(uint32_t(w) << 16) : __half2float(__ushort_as_half(w));
+}
+
 // W[r, c0 + j] for j < nc as double, row-major [k, nc]: (code - zero) * scale is exact in double
-// (a 4-bit integer times a 16-bit float). Symmetric fp16-scaled layers only (the kernel's scope here).
+// (a 4-bit integer times a 16-bit float). Symmetric layers only (the kernel's scope here).
 __global__ void dequant_f64(const uint8_t* __restrict__ codes /*[k, n]*/, const uint16_t* __restrict__ scales /*[G, n]*/,
                             double* __restrict__ W /*[k, nc]*/, int64_t k, int64_t n, int64_t c0, int64_t nc,
-                            int group, int zero) {
+                            int group, int zero, bool bf16) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= k * nc) return;
   const int64_t r = i / nc, c = c0 + i % nc;
   const uint16_t sb = scales[(r / group) * n + c];
-  W[i] = double(int(codes[r * n + c]) - zero) * double(__half2float(__ushort_as_half(sb)));
+  W[i] = double(int(codes[r * n + c]) - zero) * double(word_to_float(sb, bf16));
 }
 
-__global__ void half_to_f64(const uint16_t* __restrict__ a, double* __restrict__ d, int64_t count) {
+__global__ void words_to_f64(const uint16_t* __restrict__ a, double* __restrict__ d, int64_t count, bool bf16) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < count) d[i] = double(__half2float(__ushort_as_half(a[i])));
+  if (i < count) d[i] = double(word_to_float(a[i], bf16));
 }
 
 int blocks_for(int64_t count, int threads) { return int((count + threads - 1) / threads); }
@@ -75,10 +80,7 @@ bool gpu_arith(const std::string& name, const QuantizedLinear& q, const std::vec
     why = name + ": the kernel runs dense symmetric 4-bit layers without act-order";
     return false;
   }
-  if (q.scale_type == ScaleType::BF16) {
-    why = name + ": bf16 scales are checked on the CPU path";  // the activations here are fp16
-    return false;
-  }
+  const bool bf16 = q.scale_type == ScaleType::BF16;  // the bf16 kernel: A, scales and C in bf16
   int64_t M = 0;
   for (int m : batches) M += m;
   if (int64_t(A.size()) != M * q.k) {
@@ -94,10 +96,10 @@ bool gpu_arith(const std::string& name, const QuantizedLinear& q, const std::vec
   const int64_t nc_max = std::max<int64_t>(1, int64_t(kRefScratchBytes / (sizeof(double) * size_t(q.k))));
   const int64_t nc_all = std::min<int64_t>(q.n, nc_max);
   DeviceScope d;
-  auto* dA = static_cast<uint16_t*>(d.alloc(A.size() * 2));                              // [M, k] fp16
+  auto* dA = static_cast<uint16_t*>(d.alloc(A.size() * 2));                              // [M, k] fp16/bf16
   auto* dB = static_cast<int32_t*>(d.alloc(B.size() * 4));                               // [k/16, 2n]
   auto* ds = static_cast<uint16_t*>(d.alloc(s.size() * 2));                              // [G, n] permuted
-  auto* dC = static_cast<uint16_t*>(d.alloc(size_t(M) * size_t(q.n) * 2));               // [M, n] fp16
+  auto* dC = static_cast<uint16_t*>(d.alloc(size_t(M) * size_t(q.n) * 2));               // [M, n] fp16/bf16
   void* dw = d.alloc(ws_bytes);
   auto* dcodes = static_cast<uint8_t*>(d.alloc(q.codes.size()));                         // [k, n]
   auto* dscales = static_cast<uint16_t*>(d.alloc(q.scales.size() * 2));                  // [G, n] plain
@@ -117,7 +119,7 @@ bool gpu_arith(const std::string& name, const QuantizedLinear& q, const std::vec
   cudaMemcpy(ds, s.data(), s.size() * 2, cudaMemcpyHostToDevice);
   cudaMemcpy(dcodes, q.codes.data(), q.codes.size(), cudaMemcpyHostToDevice);
   cudaMemcpy(dscales, q.scales.data(), q.scales.size() * 2, cudaMemcpyHostToDevice);
-  cudaMemset(dC, 0xff, size_t(M) * size_t(q.n) * 2);  // NaN poison: every output must be written
+  cudaMemset(dC, 0xff, size_t(M) * size_t(q.n) * 2);  // NaN poison (fp16 and bf16): every output must be written
   cudaMemset(dw, 0, ws_bytes);
 
   // Our kernel, one call per batch (each its own m).
@@ -126,7 +128,7 @@ bool gpu_arith(const std::string& name, const QuantizedLinear& q, const std::vec
     kernels::MarlinGemm g;
     g.A = dA + row * q.k; g.B = dB; g.s = ds; g.C = dC + row * q.n;
     g.m = m; g.n = int(q.n); g.k = int(q.k); g.group_size = gs;
-    g.act = kernels::ActType::F16;
+    g.act = bf16 ? kernels::ActType::BF16 : kernels::ActType::F16;
     g.workspace = dw; g.workspace_bytes = ws_bytes; g.num_sms = sms;
     g.path = kernels::MarlinPath::Marlin;
     const kernels::MarlinStatus st = kernels::marlin_gemm(g);
@@ -139,13 +141,13 @@ bool gpu_arith(const std::string& name, const QuantizedLinear& q, const std::vec
 
   // The float64 reference, all batches at once: R^T [n, M] (column-major, = R [M, n] row-major)
   // = W^T [n, k] · A^T [k, M], one column chunk of W at a time.
-  half_to_f64<<<blocks_for(M * q.k, 256), 256>>>(dA, dAd, M * q.k);
+  words_to_f64<<<blocks_for(M * q.k, 256), 256>>>(dA, dAd, M * q.k, bf16);
   const double one = 1.0, zero = 0.0;
   const int zp = q.zero_of(0, 0);
   const int group = q.groups() == 1 ? int(q.k) : int(q.group_size);
   for (int64_t c0 = 0; c0 < q.n; c0 += nc_all) {
     const int64_t nc = std::min(nc_all, q.n - c0);
-    dequant_f64<<<blocks_for(q.k * nc, 256), 256>>>(dcodes, dscales, dW, q.k, q.n, c0, nc, group, zp);
+    dequant_f64<<<blocks_for(q.k * nc, 256), 256>>>(dcodes, dscales, dW, q.k, q.n, c0, nc, group, zp, bf16);
     if (cublasDgemm(d.cublas, CUBLAS_OP_N, CUBLAS_OP_N, int(nc), int(M), int(q.k), &one, dW, int(nc), dAd, int(q.k),
                     &zero, dR + c0, int(q.n)) != CUBLAS_STATUS_SUCCESS) {
       why = name + ": cublasDgemm failed";
@@ -160,7 +162,8 @@ bool gpu_arith(const std::string& name, const QuantizedLinear& q, const std::vec
     return false;
   }
   C.resize(out.size());
-  half_to_float_n(out.data(), C.data(), out.size());
+  if (bf16) bf16_to_float_n(out.data(), C.data(), out.size());
+  else half_to_float_n(out.data(), C.data(), out.size());
   return true;
 }
 

@@ -11,9 +11,10 @@
 namespace marlinc {
 
 bool gpu_available(std::string& device_name);
-// The arithmetic check of one layer on the GPU. A [M, k] fp16 stacks batches of `batches[i]` rows;
-// each batch runs through our Marlin kernel on the packed form of q (C [M, n], fp16 results as
-// float), and R [M, n] is the float64 reference from the exact dequantized weights (cuBLAS DGEMM).
+// The arithmetic check of one layer on the GPU. A [M, k] stacks batches of `batches[i]` rows, words of
+// the layer's kernel type (bf16 where q's scales are bf16, else fp16: verify/arith.h, bf16_kernel);
+// each batch runs through our Marlin kernel of that type on the packed form of q (C [M, n], results
+// as float), and R [M, n] is the float64 reference from the exact dequantized weights (cuBLAS DGEMM).
 // Returns false with `why` when the layer is outside what the kernel runs, or on a CUDA failure
 // (the caller then falls back to the CPU path).
 bool gpu_arith(const std::string& name, const QuantizedLinear& q, const std::vector<uint16_t>& A,

@@ -134,11 +134,15 @@ CheckResult check_layout(const Checkpoint& ck, const ModuleDesc& d, const Quanti
 }
 
 void check_arithmetic(LayerReport& L, const QuantizedLinear& q, const VerifyOptions& opt, bool gpu) {
-  const double gate = L.sparse24 ? opt.tol.arith_mean_rel_24 : opt.tol.arith_mean_rel_dense;
+  const bool bf16 = bf16_kernel(q);
+  const double gate = std::max(L.sparse24 ? opt.tol.arith_mean_rel_24 : opt.tol.arith_mean_rel_dense,
+                               bf16 ? opt.tol.arith_mean_rel_bf16 : 0.0);
   CheckResult c{"arithmetic", true, ""};
+  L.activations = bf16 ? "bf16" : "fp16";
   const size_t nb = opt.batch_sizes.size();
-  std::vector<std::vector<uint16_t>> As(nb);  // [m_i, k] fp16 per batch
-  for (size_t bi = 0; bi < nb; ++bi) As[bi] = random_activations(opt.batch_sizes[bi], q.k, opt.seed * 1000003ULL + bi);
+  std::vector<std::vector<uint16_t>> As(nb);  // [m_i, k] fp16 or bf16 (the layer's kernel) per batch
+  for (size_t bi = 0; bi < nb; ++bi)
+    As[bi] = random_activations(opt.batch_sizes[bi], q.k, opt.seed * 1000003ULL + bi, bf16);
   // GPU: every batch through the kernel and every column against a float64 reference, in one call.
   std::vector<float> got_all;
   std::vector<double> ref_all;
@@ -177,9 +181,10 @@ void check_arithmetic(LayerReport& L, const QuantizedLinear& q, const VerifyOpti
     for (auto& a : L.arith) worst = std::max(worst, a.mean_rel_err);
     c.detail = "worst mean relative error " + fmt_double(worst) + " over m in {" ;
     for (size_t i = 0; i < nb; ++i) c.detail += (i ? "," : "") + std::to_string(opt.batch_sizes[i]);
-    c.detail += "}" + std::string(on_gpu ? ", Marlin kernel on the GPU, every column"
-                                         : ", CPU kernel numerics, " + std::to_string(cols.size()) + " of " +
-                                               std::to_string(q.n) + " columns");
+    c.detail += "}, " + L.activations + " activations" +
+                (on_gpu ? ", Marlin kernel on the GPU, every column"
+                        : ", CPU kernel numerics, " + std::to_string(cols.size()) + " of " + std::to_string(q.n) +
+                              " columns");
   }
   L.checks.push_back(c);
 }
@@ -329,7 +334,7 @@ VerifyReport verify_checkpoint(const std::filesystem::path& dir, const VerifyOpt
   if (opt.reference) rep.reference = opt.reference->string();
   std::string gpu_name;
   const bool gpu = !opt.force_cpu && gpu_available(gpu_name);
-  rep.backend = gpu ? "cuda:" + gpu_name : "cpu (fp16-emulating reference GEMM)";
+  rep.backend = gpu ? "cuda:" + gpu_name : "cpu (kernel-emulating reference GEMM)";
 
   // The files' hashes on a thread of their own, beside the per-layer work (which reads the same
   // bytes through the mmap, so the page cache serves both).
@@ -444,6 +449,7 @@ nlohmann::json VerifyReport::certificate() const {
   j["checkpoint"]["files"] = files_j;
   j["options"] = {{"seed", seed}, {"reference", reference.empty() ? json(nullptr) : json(reference)}};
   j["tolerances"] = {{"arith_mean_rel_dense", tol.arith_mean_rel_dense}, {"arith_mean_rel_24", tol.arith_mean_rel_24},
+                     {"arith_mean_rel_bf16", tol.arith_mean_rel_bf16},
                      {"outlier_factor", tol.outlier_factor}, {"cpu_max_columns", kCpuMaxColumns}};
   j["global_problems"] = global_problems;
   json layers_j = json::array();
@@ -461,6 +467,7 @@ nlohmann::json VerifyReport::certificate() const {
     for (auto& a : L.arith)
       arith.push_back({{"m", a.m}, {"mean_rel_err", a.mean_rel_err}, {"max_rel_err", a.max_rel_err}, {"finite", a.finite}});
     l["arithmetic"] = arith;
+    if (!L.activations.empty()) l["activations"] = L.activations;
     if (L.output_rel_err >= 0)
       l["reference"] = {{"weight_rel_err", L.weight_rel_err}, {"output_rel_err", L.output_rel_err}, {"outlier", L.outlier}};
     passed += L.ok();

@@ -20,6 +20,10 @@ namespace marlinc {
 struct VerifyTolerances {
   double arith_mean_rel_dense = 1e-3;
   double arith_mean_rel_24 = 2e-3;
+  // Layers with bf16 scales run the bf16 kernel: bf16 keeps 8 significant bits, so the scaled weight
+  // and the output each round at 2^-9 relative (fp16: 2^-12). The kernel tests' bf16 gate
+  // (tests/gpu/test_marlin.cpp, kTolBF16).
+  double arith_mean_rel_bf16 = 4e-3;
   // A layer whose error against the reference is this many times its peers' median is an outlier.
   double outlier_factor = 4.0;
 };
@@ -52,6 +56,7 @@ struct LayerReport {
   std::vector<std::pair<std::string, std::string>> tensor_sha256;  // tensor name -> hash of its bytes
   std::vector<CheckResult> checks;
   std::vector<ArithSample> arith;
+  std::string activations;  // "fp16" or "bf16": the kernel the arithmetic check ran (the scales' type)
   double weight_rel_err = -1, output_rel_err = -1;  // against --reference; -1 when not run
   bool outlier = false;
   double seconds = 0;
@@ -61,7 +66,7 @@ struct LayerReport {
 struct VerifyReport {
   std::string checkpoint;
   std::string format;          // detected format name
-  std::string backend;         // "cuda:<gpu name>" or "cpu (fp16-emulating reference GEMM)"
+  std::string backend;         // "cuda:<gpu name>" or "cpu (kernel-emulating reference GEMM)"
   std::vector<std::string> format_notes;
   std::vector<std::pair<std::string, std::string>> files;  // file name -> sha256
   std::vector<std::string> global_problems;  // unexpected tensors, config disagreements, ...

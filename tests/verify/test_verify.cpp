@@ -85,12 +85,19 @@ void write_reference(const fs::path& dir) {
   w.commit();
 }
 
-void write_quantized(const fs::path& dir, TargetFormat t, WriterOptions opts = {}) {
+// bf16_scales: the scales stored as bf16 (a bf16 model's output), times scale_factor.
+void write_quantized(const fs::path& dir, TargetFormat t, WriterOptions opts = {}, bool bf16_scales = false,
+                     float scale_factor = 1.f) {
   const bool sparse = t == TargetFormat::Marlin24;
   std::vector<std::vector<PackedTensor>> mods;
   std::vector<TensorSpec> plan;
   for (size_t i = 0; i < kLayers.size(); ++i) {
-    mods.push_back(write_module(t, rtn(kLayers[i], random_weights(kLayers[i], 100 + i), sparse)));
+    QuantizedLinear q = rtn(kLayers[i], random_weights(kLayers[i], 100 + i), sparse);
+    if (bf16_scales) {
+      for (auto& s : q.scales) s = float_to_bf16(half_to_float(s) * scale_factor);
+      q.scale_type = ScaleType::BF16;
+    }
+    mods.push_back(write_module(t, q));
     for (auto& p : mods.back()) plan.push_back(p.spec);
   }
   CheckpointWriter w(dir, plan, opts);
@@ -181,6 +188,45 @@ TEST_CASE("a clean Marlin checkpoint verifies, with and without the reference", 
   bool named = false;
   for (auto& p : problems) named |= p.find("model.layers.0.mlp.down_proj.s") != std::string::npos;
   CHECK(named);
+}
+
+TEST_CASE("bf16 scales run the bf16 kernel's numerics: bf16 activations, their gate, no fp16 overflow", "[verify]") {
+  // A bf16 model's Marlin output (bf16 scales) runs the bf16 kernel, whose weights (q - 8) * s and
+  // outputs are bf16. Scales 2^18 times larger give weights of std ~5000 and outputs of std ~50000 over
+  // 256-512 deep sums, many past fp16's 65504, which bf16 holds (fp16 numerics would give inf there).
+  test::TempDir tmp("verify-bf16");
+  for (float factor : {1.f, 4096.f * 64.f}) {
+    write_quantized(tmp.path / "q", TargetFormat::Marlin, {}, true, factor);
+    VerifyOptions opt;
+    opt.force_cpu = true;
+    VerifyReport r = verify_checkpoint(tmp.path / "q", opt);
+    INFO("scale factor " << factor << "\n" << r.certificate().dump(1));
+    CHECK(r.ok());
+    double worst = 0;
+    for (const auto& l : r.layers) {
+      CHECK(l.activations == "bf16");
+      for (const auto& a : l.arith) {
+        CHECK(a.finite);
+        worst = std::max(worst, a.mean_rel_err);
+      }
+      for (const auto& c : l.checks)
+        if (c.name == "arithmetic") CHECK(c.detail.find("bf16 activations") != std::string::npos);
+    }
+    // Above fp16's gate (bf16 rounds at 2^-9, not 2^-12) and within bf16's.
+    CHECK(worst > VerifyTolerances{}.arith_mean_rel_dense);  // measured 2.1e-3: fp16's gate would fail it
+    CHECK(worst <= VerifyTolerances{}.arith_mean_rel_bf16);
+    const nlohmann::json cert = r.certificate();
+    CHECK(cert["tolerances"]["arith_mean_rel_bf16"] == VerifyTolerances{}.arith_mean_rel_bf16);
+    CHECK(cert["layers"][0]["activations"] == "bf16");
+    fs::remove_all(tmp.path / "q");
+  }
+  // The fp16 checkpoint keeps fp16 activations.
+  write_quantized(tmp.path / "q16", TargetFormat::Marlin);
+  VerifyOptions opt;
+  opt.force_cpu = true;
+  VerifyReport r16 = verify_checkpoint(tmp.path / "q16", opt);
+  CHECK(r16.ok());
+  for (const auto& l : r16.layers) CHECK(l.activations == "fp16");
 }
 
 TEST_CASE("a flipped high bit in B is caught against the reference and named", "[verify]") {

@@ -1,0 +1,72 @@
+// verify's arithmetic check on the GPU (verify/gpu_gemm.cu): fp16- and bf16-scaled layers run through
+// our Marlin kernel of their type, against the float64 reference, and the kernel's outputs agree with
+// the CPU path's emulation of its numerics (verify/arith.cpp), which machines without a GPU rely on.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "tests/common.h"
+#include "tests/verify/arith_fixture.h"
+#include "verify/arith.h"
+#include "verify/gpu_gemm.h"
+#include "verify/verify.h"
+
+using namespace marlinc;
+
+namespace {
+// Kernel against the CPU emulation, mean|C_gpu - C_cpu| / mean|R|. The two differ only in the order
+// of the fp32 sums, which moves an output by one 16-bit ulp where the sums straddle a rounding
+// boundary: about 1e-5 for these sizes. An emulation that rounded the weights or the output in the
+// other type would differ by 1e-4-2e-3 (the two types' errors against R, tests/verify/test_arith.cpp).
+constexpr double kEmulationTol = 1e-4;
+}  // namespace
+
+TEST_CASE("verify on the GPU: each layer runs the kernel of its scale type and matches the CPU numerics",
+          "[gpu][verify]") {
+  std::string device;
+  if (!gpu_available(device)) {
+    WARN("skipped: no CUDA device");
+    return;
+  }
+  const std::vector<int> batches = {1, 13, 67};
+  const VerifyTolerances tol;
+  for (int group : {128, -1})
+    for (bool bf16 : {false, true}) {
+      // bf16 with large scales: outputs past fp16's range, which only the bf16 kernel holds.
+      const QuantizedLinear q = test::random_arith_layer(1024, 512, group, bf16, bf16 ? 2048.f : 0.01f, 9);
+      std::vector<std::vector<uint16_t>> As;
+      std::vector<uint16_t> stacked;
+      for (size_t i = 0; i < batches.size(); ++i) {
+        As.push_back(random_activations(batches[i], q.k, 100 + i, bf16));
+        stacked.insert(stacked.end(), As.back().begin(), As.back().end());
+      }
+      std::vector<float> C;
+      std::vector<double> R;
+      std::string why;
+      INFO("group " << group << (bf16 ? ", bf16" : ", fp16"));
+      REQUIRE(gpu_arith(q.name, q, stacked, batches, C, R, why));
+      std::vector<int64_t> cols;
+      for (int64_t c = 0; c < q.n; ++c) cols.push_back(c);
+      size_t row = 0;
+      for (size_t i = 0; i < batches.size(); ++i) {
+        const size_t off = row * size_t(q.n), len = size_t(batches[i]) * size_t(q.n);
+        const std::vector<float> got(C.begin() + std::ptrdiff_t(off), C.begin() + std::ptrdiff_t(off + len));
+        const std::vector<double> ref(R.begin() + std::ptrdiff_t(off), R.begin() + std::ptrdiff_t(off + len));
+        row += size_t(batches[i]);
+        const RelErr e = compare(got, ref);
+        INFO("m = " << batches[i] << ", mean relative error " << e.mean_rel);
+        CHECK(e.finite);
+        CHECK(e.mean_rel <= (bf16 ? tol.arith_mean_rel_bf16 : tol.arith_mean_rel_dense));
+        // The reference here is the GPU's DGEMM; the CPU's float64 sums agree to rounding.
+        const std::vector<double> cpu_ref = gemm_reference(As[i], batches[i], q, cols);
+        double dr = 0, sr = 0;
+        for (size_t j = 0; j < len; ++j) dr += std::fabs(cpu_ref[j] - ref[j]), sr += std::fabs(ref[j]);
+        CHECK(dr / sr <= 1e-12);
+        const std::vector<float> emu = gemm_kernel_numerics(As[i], batches[i], q, cols);
+        double de = 0;
+        for (size_t j = 0; j < len; ++j) de += std::fabs(double(emu[j]) - double(got[j]));
+        INFO("kernel against the CPU emulation: " << de / sr);
+        CHECK(de / sr <= kEmulationTol);
+      }
+    }
+}

@@ -1,0 +1,27 @@
+// A random symmetric 4-bit layer for the arithmetic check's tests (tests/verify/test_arith.cpp and the
+// GPU test tests/gpu/test_verify_gpu.cpp).
+#pragma once
+#include <cstdint>
+#include <random>
+
+#include "packer/quantized_linear.h"
+#include "verify/arith.h"
+
+namespace marlinc::test {
+
+// Random codes, and scales uniform in [scale / 2, 3 scale / 2) rounded to the layer's type (bf16 or fp16).
+inline QuantizedLinear random_arith_layer(int64_t k, int64_t n, int group, bool bf16, float scale, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int> code(0, 15);
+  std::uniform_real_distribution<float> sd(0.5f * scale, 1.5f * scale);
+  QuantizedLinear q;
+  q.name = "layer"; q.k = k; q.n = n; q.bits = 4; q.group_size = group;
+  q.scale_type = bf16 ? ScaleType::BF16 : ScaleType::F16;
+  q.codes.resize(size_t(k * n));
+  for (auto& c : q.codes) c = uint8_t(code(rng));
+  q.scales.resize(size_t(q.groups() * n));
+  for (auto& s : q.scales) s = float_to_act(sd(rng), bf16);
+  return q;
+}
+
+}  // namespace marlinc::test
