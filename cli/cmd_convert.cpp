@@ -26,6 +26,7 @@ std::string kn_str(int64_t k, int64_t n) { return "[" + std::to_string(k) + " x 
 struct Args {
   std::string in, out, to, shard = "5GB";
   bool keep = false, overwrite = false, json = false;
+  int tp = 1;
 };
 
 void run_convert(const Args& a) {
@@ -35,6 +36,7 @@ void run_convert(const Args& a) {
   if (!t) bad_usage("--to " + a.to + ": unknown format (use marlin, marlin24, gptq, gptq_v2, compressed-tensors, awq)");
   o.to = *t;
   o.keep_incompatible = a.keep;
+  o.tp = a.tp;
   o.overwrite = a.overwrite;
   o.max_shard_bytes = parse_size(a.shard);
   if (!a.json) {
@@ -112,6 +114,10 @@ void register_convert(CLI::App& app) {
                 "keep layers the target cannot hold as dequantized weights instead of stopping");
   cmd->add_option("--shard-size", a.shard, "max tensor bytes per shard, e.g. 5GB, 500MB; 0 = one file (default 5GB)");
   cmd->add_flag("--overwrite", a.overwrite, "replace an existing output directory");
+  cmd->add_option("--tp", a.tp,
+                  "tensor-parallel size the output will be served at: a layer whose part on one GPU breaks the "
+                  "target's rules is incompatible (default 1)")
+      ->check(CLI::Range(1, 65536));
   cmd->add_flag("--json", a.json, "print the report as JSON on stdout");
   cmd->callback([] { run_convert(a); });
 }

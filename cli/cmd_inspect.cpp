@@ -10,6 +10,7 @@
 #include "checkpoint/format.h"
 #include "cli/commands.h"
 #include "cli/output.h"
+#include "packer/adapters.h"
 
 namespace marlinc::cli {
 
@@ -28,24 +29,49 @@ struct LayerRow {
   int64_t k, n;
   int bits, group;
   MarlinRuleCheck check;
+  TpShard part;  // one rank's part at --tp (the whole layer at 1)
 };
+
+// The Marlin rules on the layer, then (tp > 1) on one tensor-parallel rank's part of it (packer's
+// target_rule_tp). A part that passes reports its own caveats (e.g. the IST kernel's n % 256).
+void check_layer(LayerRow& l, bool sparse, int tp, const TpHeads& heads) {
+  l.check = marlin_compatible(l.k, l.n, l.group, l.bits, sparse);
+  l.part = tp_shard(l.name, l.k, l.n, tp, heads);
+  if (!l.check.ok || tp <= 1) return;
+  ModuleDesc d;
+  d.prefix = l.name, d.k = l.k, d.n = l.n, d.bits = l.bits;
+  d.group_size = l.group == l.k ? -1 : l.group;  // one group over all of k is per-channel (§9.16)
+  d.groups = d.group_size > 0 ? l.k / d.group_size : 1;
+  d.sparse24 = sparse;
+  const std::string rule = target_rule_tp(sparse ? TargetFormat::Marlin24 : TargetFormat::Marlin, d, tp, heads);
+  if (!rule.empty()) {
+    l.check = {false, rule};
+    return;
+  }
+  l.check = marlin_compatible(l.part.k, l.part.n, d.group_size, l.bits, sparse);
+  l.check.rule = "tensor parallel " + std::to_string(tp) + ": part [" + std::to_string(l.part.k) + " x " +
+                 std::to_string(l.part.n) + "]" + (l.part.replicated ? " (k/v heads replicated)" : "") +
+                 (l.check.rule.empty() ? "" : "; " + l.check.rule);
+}
 
 // Linear weights of a plain checkpoint that a quantizer would take (2-D "*.weight" inside decoder
 // blocks), checked against the kernel rules for 4-bit group 128: what quantizing would run into.
-std::vector<LayerRow> candidate_layers(const Checkpoint& ck) {
+std::vector<LayerRow> candidate_layers(const Checkpoint& ck, int tp, const TpHeads& heads) {
   std::vector<LayerRow> rows;
   for (const std::string& name : ck.tensor_names()) {
     const TensorInfo& t = *ck.at(name).info;
     if (t.shape.size() != 2 || name.size() < 7 || name.compare(name.size() - 7, 7, ".weight") != 0) continue;
     if (name.find("layers.") == std::string::npos) continue;
     const int64_t n = t.shape[0], k = t.shape[1];  // nn.Linear stores [out, in]
-    rows.push_back({name.substr(0, name.size() - 7), k, n, 4, 128, marlin_compatible(k, n, 128, 4, false)});
+    rows.push_back({name.substr(0, name.size() - 7), k, n, 4, 128, {}, {}});
+    check_layer(rows.back(), false, tp, heads);
   }
   return rows;
 }
 
-void run_inspect(const std::string& path, bool as_json) {
+void run_inspect(const std::string& path, bool as_json, int tp) {
   Checkpoint ck = Checkpoint::open(path);
+  const TpHeads heads = tp_heads(ck.config());
   FormatInfo fi = detect_format(ck);
   std::vector<QuantizedModuleShape> mods = quantized_module_shapes(ck, fi);
   const bool sparse = fi.format == Format::Marlin24 || fi.format == Format::CompressedTensorsMarlin24;
@@ -57,11 +83,11 @@ void run_inspect(const std::string& path, bool as_json) {
     packed.insert(m.tensors.begin(), m.tensors.end());
     q_bytes += m.stored_bytes;
     q_weights += uint64_t(m.k) * uint64_t(m.n);
-    layers.push_back({m.prefix.empty() ? "<root>" : m.prefix, m.k, m.n, m.bits, m.group_size,
-                      marlin_compatible(m.k, m.n, m.group_size, m.bits, sparse)});
+    layers.push_back({m.prefix.empty() ? "<root>" : m.prefix, m.k, m.n, m.bits, m.group_size, {}, {}});
+    check_layer(layers.back(), sparse, tp, heads);
   }
   const bool candidates = fi.format == Format::Plain;
-  if (candidates) layers = candidate_layers(ck);
+  if (candidates) layers = candidate_layers(ck, tp, heads);
 
   uint64_t total_bytes = 0, params = q_weights;
   size_t name_w = 6, shape_w = 5, file_w = 4, dtype_w = 5;
@@ -94,11 +120,16 @@ void run_inspect(const std::string& path, bool as_json) {
     j["totals"] = {{"tensors", ck.tensor_names().size()}, {"parameters", params}, {"bytes", total_bytes},
                    {"quantized_layers", mods.size()}, {"quantized_bytes", q_bytes}, {"quantized_weights", q_weights},
                    {"bits_per_weight", bpw}};
+    j["tp"] = tp;
     j[candidates ? "candidate_layers" : "layers"] = ojson::array();
-    for (const auto& l : layers)
-      j[candidates ? "candidate_layers" : "layers"].push_back(
-          {{"name", l.name}, {"k", l.k}, {"n", l.n}, {"bits", l.bits}, {"group_size", l.group},
-           {"marlin_ok", l.check.ok}, {"rule", l.check.rule}});
+    for (const auto& l : layers) {
+      ojson row = {{"name", l.name}, {"k", l.k}, {"n", l.n}, {"bits", l.bits}, {"group_size", l.group},
+                   {"marlin_ok", l.check.ok}, {"rule", l.check.rule}};
+      if (tp > 1 && l.part.error.empty())
+        row["tp_part"] = {{"k", l.part.k}, {"n", l.part.n}, {"split", tp_split_name(l.part.split)},
+                          {"replicated", l.part.replicated}};
+      j[candidates ? "candidate_layers" : "layers"].push_back(row);
+    }
     std::cout << json_text(j) << "\n";
     return;
   }
@@ -134,7 +165,8 @@ void run_inspect(const std::string& path, bool as_json) {
   for (const auto& l : layers)
     std::printf("%-*s  %7lld  %7lld  %4d  %5d  %-6s  %s\n", int(lw), l.name.c_str(), (long long)l.k, (long long)l.n,
                 l.bits, l.group, l.check.ok ? "ok" : "FAIL", l.check.rule.c_str());
-  std::printf("marlin: %d of %zu layers compatible\n", n_ok, layers.size());
+  std::printf("marlin: %d of %zu layers compatible%s\n", n_ok, layers.size(),
+              tp > 1 ? (" at tensor parallel " + std::to_string(tp)).c_str() : "");
 }
 
 }  // namespace
@@ -143,11 +175,16 @@ void register_inspect(CLI::App& app) {
   auto* cmd = app.add_subcommand("inspect", "List tensors, detected format and Marlin compatibility");
   static std::string path;
   static bool as_json = false;
+  static int tp = 1;
   cmd->add_option("PATH", path, "safetensors file, or checkpoint directory (single or sharded)")->required();
   cmd->add_flag("--json", as_json, "print the report as JSON on stdout");
+  cmd->add_option("--tp", tp,
+                  "check the Marlin rules on one GPU's part of each layer at this tensor-parallel size (vLLM's "
+                  "split: o/down projections along k, the rest along n; default 1)")
+      ->check(CLI::Range(1, 65536));
   cmd->footer("Exit codes: 0 success, 1 bad data (the error names file, tensor and rule), 2 bad usage.");
   cmd->callback([] {
-    run_inspect(path, as_json);
+    run_inspect(path, as_json, tp);
     std::fflush(stdout);
     set_status(0);
   });

@@ -24,7 +24,7 @@ namespace {
 
 struct QuantizeArgs {
   std::string in, out, format = "marlin", method = "rtn", json, shard_size = "5GB";
-  int group = 128, bits = 4;
+  int group = 128, bits = 4, tp = 1;
   bool clip = true, overwrite = false, include_lm_head = false;
   std::vector<std::string> skip;
   // gptq
@@ -83,6 +83,7 @@ int run_quantize(const QuantizeArgs& a) {
   o.skip = a.skip;
   o.include_lm_head = a.include_lm_head;
   o.overwrite = a.overwrite;
+  o.tp = a.tp;
   o.max_shard_bytes = parse_size(a.shard_size);
   auto t0 = std::chrono::steady_clock::now();
   auto on_layer = [&](const QuantizedLayerReport& l, size_t i, size_t total) {
@@ -153,6 +154,11 @@ void register_quantize(CLI::App& app) {
   cmd->add_flag("--include-lm-head", a->include_lm_head, "quantize lm_head too (embeddings never: they are not linear layers)");
   cmd->add_option("--shard-size", a->shard_size, "largest shard, e.g. 5GB, 500MB, 0 = one file");
   cmd->add_flag("--overwrite", a->overwrite, "replace OUT_DIR if it exists");
+  cmd->add_option("--tp", a->tp,
+                  "tensor-parallel size the output will be served at: layers whose part on one GPU breaks the "
+                  "format's rules (e.g. k / tp % 128 for Marlin) stay unquantized, as other incompatible layers do "
+                  "(default 1)")
+      ->check(CLI::Range(1, 65536));
   cmd->add_option("--json", a->json, "write a JSON report to this file");
   auto gptq_opt = [&](CLI::Option* o) { a->gptq_only.push_back(o); return o; };
   gptq_opt(cmd->add_option("--calib", a->calib,

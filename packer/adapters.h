@@ -26,6 +26,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/format.h"
+#include "checkpoint/tensor_parallel.h"
 #include "checkpoint/writer.h"
 #include "packer/quantized_linear.h"
 
@@ -81,6 +82,10 @@ struct PackedTensor {
 
 // Why `t` cannot hold the module ("" when it can), naming the rule, e.g. "k % 128 == 0 (k = 4000)".
 std::string target_rule(TargetFormat t, const ModuleDesc& d);
+// target_rule on one tensor-parallel rank's part of the module (checkpoint/tensor_parallel.h) at size
+// tp > 1, grouped layers keeping whole groups per rank; "" when it holds or tp <= 1, else the rule
+// prefixed with "tensor parallel <tp>: ".
+std::string target_rule_tp(TargetFormat t, const ModuleDesc& d, int tp, const TpHeads& heads);
 // Checkpoint-wide choices that every module of an output follows. Loaders size each module from the
 // config: when it says asymmetric (or act-order), vLLM and compressed-tensors expect zero points (or
 // g_idx) in every module, also in one whose zero points are all 2^(bits-1) (or whose g_idx is trivial).

@@ -62,6 +62,8 @@ QuantPlan plan_quantization(const Checkpoint& ck, const QuantizeOptions& o, Quan
   if (fi.format != Format::Plain)
     bad_usage(ck.source().string() + ": already quantized (" + format_name(fi.format) +
               "); use `marlinc convert` to change its format");
+  if (o.tp < 1) bad_usage("--tp " + std::to_string(o.tp) + ": the tensor-parallel size is at least 1");
+  const TpHeads heads = tp_heads(ck.config());
   QuantPlan P;
   for (const auto& name : ck.tensor_names()) {
     auto ref = ck.at(name);
@@ -78,6 +80,7 @@ QuantPlan plan_quantization(const Checkpoint& ck, const QuantizeOptions& o, Quan
         d.act_order = o.act_order;
         why = d.groups == 0 ? "group size " + std::to_string(o.group_size) + " does not divide k = " + std::to_string(d.k)
                             : target_rule(o.to, d);
+        if (why.empty()) why = target_rule_tp(o.to, d, o.tp, heads);
         if (why.empty()) {
           P.job_of_tensor[name] = P.jobs.size();
           for (auto& s : plan_module(o.to, d, ModuleLayout{false, o.act_order})) P.specs.push_back(s);

@@ -28,6 +28,7 @@ struct QuantizeOptions {
   bool act_order = false;              // every module stores g_idx, configs say desc_act (GPTQ --order dynamic)
   uint64_t max_shard_bytes = 5'000'000'000ull;
   bool overwrite = false;
+  int tp = 1;                          // layers whose tensor-parallel part breaks the target's rules stay unquantized
 };
 
 struct QuantizedLayerReport {

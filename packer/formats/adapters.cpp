@@ -86,6 +86,23 @@ std::string target_rule(TargetFormat t, const ModuleDesc& d) {
   return "";
 }
 
+std::string target_rule_tp(TargetFormat t, const ModuleDesc& d, int tp, const TpHeads& heads) {
+  if (tp <= 1) return "";
+  const std::string at = "tensor parallel " + std::to_string(tp) + ": ";
+  const TpShard s = tp_shard(d.prefix, d.k, d.n, tp, heads);
+  if (!s.error.empty()) return at + s.error;
+  ModuleDesc part = d;
+  part.k = s.k, part.n = s.n;
+  if (d.groups > 1) {  // each rank holds whole groups of its k rows (vLLM refuses a split group)
+    if (s.k % d.group_size != 0)
+      return at + "group size " + std::to_string(d.group_size) + " does not divide one rank's k = " + std::to_string(s.k) +
+             " (" + std::to_string(d.k) + " / " + std::to_string(tp) + ", row-parallel)";
+    part.groups = s.k / d.group_size;
+  }
+  const std::string rule = target_rule(t, part);
+  return rule.empty() ? "" : at + "one rank's " + tp_split_name(s.split) + "-parallel part: " + rule;
+}
+
 namespace {
 
 // Whether the module stores zero points / g_idx in target t under the checkpoint-wide layout.

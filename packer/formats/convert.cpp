@@ -284,8 +284,11 @@ ConvertReport convert_checkpoint(const fs::path& in, const fs::path& out, const 
   if (descs.empty()) bad_data(ck.source().string() + ": detected " + rep.source_format + " but found no quantized modules");
   std::vector<std::string> rules(descs.size());
   std::map<std::string, size_t> note_count;
+  if (opts.tp < 1) bad_usage("--tp " + std::to_string(opts.tp) + ": the tensor-parallel size is at least 1");
+  const TpHeads heads = tp_heads(ck.config());
   for (size_t i = 0; i < descs.size(); ++i) {
     rules[i] = target_rule(opts.to, descs[i]);
+    if (rules[i].empty()) rules[i] = target_rule_tp(opts.to, descs[i], opts.tp, heads);
     if (!rules[i].empty()) {
       const ModuleDesc& d = descs[i];
       rep.incompatible.push_back({d.prefix, d.k, d.n, d.bits, effective_group(d), rules[i], d.tensors});

@@ -43,6 +43,8 @@ struct ConvertOptions {
   // Keep modules the target cannot hold as plain `<p>.weight` [n, k] in the scale dtype (dequantized,
   // listed as not converted in the config) instead of stopping.
   bool keep_incompatible = false;
+  // Check each module's part at this tensor-parallel size too (checkpoint/tensor_parallel.h); 1 = whole layers.
+  int tp = 1;
   uint64_t max_shard_bytes = 5'000'000'000ull;  // tensor bytes per shard (HF's "5GB"); 0 = one file
   bool overwrite = false;
   // Called after every module (index from 0), for progress lines; never required.

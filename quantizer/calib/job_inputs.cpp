@@ -70,6 +70,7 @@ JobInputs job_inputs(const Checkpoint& ck, const QuantizeOptions& qo, const Gptq
                         {"device", g.device == GptqOptions::Device::Cuda ? "cuda" : "cpu"},
                         {"skip", qo.skip},
                         {"include_lm_head", qo.include_lm_head},
+                        {"tp", qo.tp},
                         {"shard_size", qo.max_shard_bytes},
                         {"marlinc", MARLINC_VERSION}};
   // Each sample as its length then its ids, so [[1, 2], [3]] and [[1], [2, 3]] hash differently.

@@ -129,3 +129,33 @@ TEST_CASE("marlinc convert: dense marlin -> marlin24 is refused unless the codes
   CHECK(rep.at("error").get<std::string>().find("2 of every 4") != std::string::npos);
   REQUIRE_FALSE(fs::exists(td.path / "s"));
 }
+
+TEST_CASE("marlinc convert --tp: a layer whose part on one GPU breaks the target's rules is incompatible", "[cli][convert]") {
+  TempDir td("cli-tp");
+  synth::Options o;  // hidden 256, group 128: k_proj/v_proj n = 64, o_proj k = 256, down_proj k = 512
+  o.seed = 107;
+  synth::write_checkpoint(td.path / "src", o);
+  // 2 ranks: k_proj/v_proj keep 32 columns each, below Marlin's 64; GPTQ packs 8 and takes them.
+  Result m = run_cli("convert " + q(td.path / "src") + " " + q(td.path / "m") + " --to marlin --tp 2", td.path);
+  INFO(m.out << m.err);
+  REQUIRE(m.rc == 1);
+  CHECK(m.err.find("4 module(s) cannot be written as marlin") != std::string::npos);
+  CHECK(m.err.find("model.layers.0.self_attn.k_proj") != std::string::npos);
+  CHECK(m.err.find("tensor parallel 2: one rank's column-parallel part: n % 64 == 0 required") != std::string::npos);
+  REQUIRE_FALSE(fs::exists(td.path / "m"));
+  Result g = run_cli("convert " + q(td.path / "src") + " " + q(td.path / "g") + " --to gptq --tp 2", td.path);
+  INFO(g.out << g.err);
+  CHECK(g.rc == 0);
+  // 4 ranks: o_proj keeps 64 of its 256 input rows, half a group of 128.
+  Result g4 = run_cli("convert " + q(td.path / "src") + " " + q(td.path / "g4") + " --to gptq --tp 4", td.path);
+  INFO(g4.out << g4.err);
+  CHECK(g4.rc == 1);
+  CHECK(g4.err.find("model.layers.1.self_attn.o_proj") != std::string::npos);
+  CHECK(g4.err.find("does not divide one rank's k = 64") != std::string::npos);
+  // Without --tp (1) the same checkpoint converts to Marlin.
+  Result one = run_cli("convert " + q(td.path / "src") + " " + q(td.path / "m1") + " --to marlin", td.path);
+  CHECK(one.rc == 0);
+  Result bad = run_cli("convert " + q(td.path / "src") + " " + q(td.path / "x") + " --to marlin --tp 0", td.path);
+  CHECK(bad.rc == 2);
+  CHECK(bad.err.find("--tp") != std::string::npos);
+}

@@ -166,3 +166,36 @@ TEST_CASE("inspect: errors are one line naming file, tensor and rule, with exit 
     CHECK(contains(r.out, "--json"));
   }
 }
+
+TEST_CASE("inspect --tp: the rules on one GPU's part of each layer, text and JSON") {
+  const std::string sample = q(fs::path(MARLINC_SOURCE_DIR) / "data" / "sample" / "model");
+  // The sample: hidden 256, intermediate 768, 4 heads of 64 (also 4 k/v heads), group 128 candidates.
+  Run two = run_marlinc("inspect " + sample + " --tp 2");
+  REQUIRE(two.rc == 0);
+  CHECK(contains(two.out, "marlin: 14 of 14 layers compatible at tensor parallel 2"));
+  CHECK(contains(two.out, "tensor parallel 2: part [384 x 256]"));  // down_proj split along k
+  Run four = run_marlinc("inspect " + sample + " --tp 4");
+  REQUIRE(four.rc == 0);
+  // o_proj (k 256 -> 64) and down_proj (768 -> 192) break whole groups of 128 in both blocks.
+  CHECK(contains(four.out, "marlin: 10 of 14 layers compatible at tensor parallel 4"));
+  CHECK(contains(four.out, "does not divide one rank's k = 192"));
+  Run eight = run_marlinc("inspect " + sample + " --tp 8 --json", "2>/dev/null");
+  REQUIRE(eight.rc == 0);
+  const auto j = nlohmann::json::parse(eight.out);
+  CHECK(j["tp"] == 8);
+  int ok = 0;
+  for (const auto& l : j["candidate_layers"]) {
+    ok += l["marlin_ok"].get<bool>();
+    if (l["name"] == "model.layers.0.self_attn.k_proj") {
+      CHECK(l["marlin_ok"] == true);  // 4 k/v heads on 8 ranks: one replicated head of 64 each
+      CHECK(l["tp_part"]["n"] == 64);
+      CHECK(l["tp_part"]["replicated"] == true);
+      CHECK(l["tp_part"]["split"] == "column");
+    }
+    if (l["name"] == "model.layers.0.self_attn.q_proj") CHECK(l["marlin_ok"] == false);  // 32 columns
+  }
+  CHECK(ok == 4);  // k_proj and v_proj of both blocks
+  Run bad = run_marlinc("inspect " + sample + " --tp 0");
+  CHECK(bad.rc == 2);
+  CHECK(contains(bad.out, "--tp"));
+}

@@ -120,3 +120,32 @@ TEST_CASE("act-order outputs store g_idx in every module and their configs say s
   quantize_checkpoint(model, td.path / "gptq", o);
   CHECK(Checkpoint::open(td.path / "gptq").quantize_config().at("desc_act") == true);
 }
+
+TEST_CASE("quantize --tp: layers whose part on one GPU breaks the target's rules stay unquantized, named", "[quantizer][config]") {
+  // The sample: o_proj k = 256 and down_proj k = 768 leave 64 and 192 rows per rank at tp 4, not whole
+  // groups of 128; q/k/v/gate/up split along n into parts Marlin still takes.
+  const fs::path model = fs::path(MARLINC_SOURCE_DIR) / "data" / "sample" / "model";
+  test::TempDir td("qtp");
+  QuantizeOptions o;
+  o.tp = 4;
+  const QuantizeReport rep = quantize_checkpoint(model, td.path / "m", o);
+  CHECK(rep.layers.size() == 10);
+  int named = 0;
+  for (const auto& [name, why] : rep.skipped) {
+    if (name.find("o_proj") == std::string::npos && name.find("down_proj") == std::string::npos) continue;
+    INFO(name << ": " << why);
+    CHECK(why.find("tensor parallel 4: group size 128 does not divide one rank's k = ") == 0);
+    ++named;
+  }
+  CHECK(named == 4);
+  const Checkpoint out = Checkpoint::open(td.path / "m");
+  CHECK(out.contains("model.layers.0.mlp.down_proj.weight"));  // kept in the model's dtype
+  CHECK(out.contains("model.layers.0.mlp.gate_proj.B"));
+  // tp 1 (the default) quantizes every decoder linear, and tp 0 is refused.
+  QuantizeOptions one;
+  CHECK(quantize_checkpoint(model, td.path / "m1", one).layers.size() == 14);
+  QuantizeOptions zero;
+  zero.tp = 0;
+  CHECK_THROWS_WITH(quantize_checkpoint(model, td.path / "m0", zero), Catch::Contains("--tp 0"));
+  CHECK_FALSE(fs::exists(td.path / "m0"));
+}
