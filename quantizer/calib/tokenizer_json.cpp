@@ -177,6 +177,39 @@ class JsonTokenizer final : public Tokenizer {
     bool split = false;        // Metaspace
   };
 
+  // Token ids come from the file: integers in [0, kMaxTokenId], and the id -> token table they size must be
+  // mostly used (real vocabularies are dense: Llama-3 128256 ids for 128256 tokens). One large id in a
+  // small file would otherwise allocate gigabytes.
+  static constexpr int64_t kMaxTokenId = (int64_t(1) << 24) - 1;
+  static constexpr size_t kIdSlack = 1024;  // ids may run this far past 4 x the tokens (unused ids, padding)
+  int32_t token_id(const json& v, const std::string& what) const {
+    if (!v.is_number_integer()) bad_data(label_ + ": " + what + " is " + v.dump() + ", not an integer id");
+    const int64_t id = v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(kMaxTokenId) ? -1 : v.get<int64_t>();
+    if (id < 0 || id > kMaxTokenId)
+      bad_data(label_ + ": " + what + " = " + v.dump() + " is outside 0.." + std::to_string(kMaxTokenId));
+    return static_cast<int32_t>(id);
+  }
+  // An id the encoder emits (post-processor specials): one of the vocabulary's, parsed before.
+  int32_t vocab_id(const json& v, const std::string& what) const {
+    const int32_t id = token_id(v, what);
+    if (id >= static_cast<int32_t>(pieces_.size()))
+      bad_data(label_ + ": " + what + " = " + std::to_string(id) + " is past the vocabulary (" +
+               std::to_string(pieces_.size()) + " ids)");
+    return id;
+  }
+  void check_dense(int64_t max_id, size_t tokens, const std::string& where) const {
+    if (max_id >= 0 && static_cast<size_t>(max_id) + 1 > 4 * tokens + kIdSlack)
+      bad_data(label_ + ": " + where + " reaches id " + std::to_string(max_id) + " with only " + std::to_string(tokens) +
+               " tokens (ids must be mostly used: at most 4 x tokens + " + std::to_string(kIdSlack) + ")");
+  }
+  // Sequence steps (normalizers, pre-tokenizers, post-processors, decoders) nest at most this deep; real
+  // files nest one level. Deeper nesting in a crafted file would recurse without bound.
+  static constexpr int kMaxNesting = 8;
+  void check_nesting(int depth, const char* what) const {
+    if (depth > kMaxNesting)
+      bad_data(label_ + ": " + what + " Sequence nested deeper than " + std::to_string(kMaxNesting) + " levels");
+  }
+
   [[noreturn]] void unsupported(const std::string& what) const {
     bad_data(label_ + ": " + what + " is not supported (supported: BPE models with SentencePiece-style or "
              "byte-level pipelines as Llama, Mistral and Qwen ship them)");
@@ -195,11 +228,11 @@ class JsonTokenizer final : public Tokenizer {
     if (!vocab.is_object()) bad_data(label_ + ": model.vocab must be an object of token -> id");
     int32_t max_id = -1;
     for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-      int32_t id = it.value().get<int32_t>();
-      if (id < 0) bad_data(label_ + ": model.vocab: token '" + it.key() + "' has negative id");
+      const int32_t id = token_id(it.value(), "model.vocab: the id of token '" + it.key() + "'");
       vocab_[it.key()] = id;
       max_id = std::max(max_id, id);
     }
+    check_dense(max_id, vocab.size(), "model.vocab");
     pieces_.assign(static_cast<size_t>(max_id + 1), std::string());
     for (const auto& [tok, id] : vocab_) pieces_[id] = tok;
     if (m.contains("unk_token") && m["unk_token"].is_string()) {
@@ -244,10 +277,13 @@ class JsonTokenizer final : public Tokenizer {
 
   void parse_added(const json& tj) {
     if (!tj.contains("added_tokens") || tj["added_tokens"].is_null()) return;
-    for (const json& t : tj["added_tokens"]) {
-      Added a{t.at("content").get<std::string>(), t.at("id").get<int32_t>(), t.value("lstrip", false),
+    const json& list = tj["added_tokens"];
+    int64_t max_id = -1;
+    for (const json& t : list) max_id = std::max<int64_t>(max_id, token_id(t.at("id"), "added token id"));
+    check_dense(max_id, vocab_.size() + list.size(), "added_tokens");
+    for (const json& t : list) {
+      Added a{t.at("content").get<std::string>(), token_id(t.at("id"), "added token id"), t.value("lstrip", false),
               t.value("rstrip", false)};
-      if (a.id < 0) bad_data(label_ + ": added token '" + a.content + "' has a negative id");
       if (a.id >= static_cast<int32_t>(pieces_.size())) pieces_.resize(static_cast<size_t>(a.id) + 1);
       if (pieces_[a.id].empty()) pieces_[a.id] = a.content;
       vocab_.emplace(a.content, a.id);
@@ -261,11 +297,12 @@ class JsonTokenizer final : public Tokenizer {
       added_by_first_[static_cast<uint8_t>(added_[i].content[0])].push_back(static_cast<uint32_t>(i));
   }
 
-  void parse_normalizer(const json& n) {
+  void parse_normalizer(const json& n, int depth = 0) {
     if (n.is_null()) return;
+    check_nesting(depth, "normalizer");
     const std::string type = n.value("type", std::string());
     if (type == "Sequence") {
-      for (const json& s : n.at("normalizers")) parse_normalizer(s);
+      for (const json& s : n.at("normalizers")) parse_normalizer(s, depth + 1);
     } else if (type == "Prepend") {
       norm_.push_back({NormKind::Prepend, n.at("prepend").get<std::string>(), {}});
     } else if (type == "Replace") {
@@ -279,11 +316,12 @@ class JsonTokenizer final : public Tokenizer {
     }
   }
 
-  void parse_pre_tokenizer(const json& p) {
+  void parse_pre_tokenizer(const json& p, int depth = 0) {
     if (p.is_null()) return;
+    check_nesting(depth, "pre_tokenizer");
     const std::string type = p.value("type", std::string());
     if (type == "Sequence") {
-      for (const json& s : p.at("pretokenizers")) parse_pre_tokenizer(s);
+      for (const json& s : p.at("pretokenizers")) parse_pre_tokenizer(s, depth + 1);
     } else if (type == "Split") {
       const json& pat = p.at("pattern");
       std::string regex = pat.contains("Regex") ? pat["Regex"].get<std::string>() : std::string();
@@ -317,18 +355,22 @@ class JsonTokenizer final : public Tokenizer {
 
   // Ids of a template's SpecialToken entry, through the template's own special_tokens table.
   std::vector<int32_t> special_ids(const json& tp, const std::string& name) const {
-    if (tp.contains("special_tokens") && tp["special_tokens"].contains(name))
-      return tp["special_tokens"][name].at("ids").get<std::vector<int32_t>>();
+    if (tp.contains("special_tokens") && tp["special_tokens"].contains(name)) {
+      std::vector<int32_t> ids;
+      for (const json& v : tp["special_tokens"][name].at("ids")) ids.push_back(vocab_id(v, "post_processor special token '" + name + "'"));
+      return ids;
+    }
     auto it = vocab_.find(name);
     if (it == vocab_.end()) bad_data(label_ + ": post_processor names special token '" + name + "' that is not in the vocab");
     return {it->second};
   }
 
-  void parse_post_processor(const json& p) {
+  void parse_post_processor(const json& p, int depth = 0) {
     if (p.is_null()) return;
+    check_nesting(depth, "post_processor");
     const std::string type = p.value("type", std::string());
     if (type == "Sequence") {
-      for (const json& s : p.at("processors")) parse_post_processor(s);
+      for (const json& s : p.at("processors")) parse_post_processor(s, depth + 1);
     } else if (type == "ByteLevel") {
       // Only adjusts offsets; ids are unchanged.
     } else if (type == "TemplateProcessing") {
@@ -345,18 +387,19 @@ class JsonTokenizer final : public Tokenizer {
         }
       }
     } else if (type == "RobertaProcessing" || type == "BertProcessing") {
-      prefix_ = {p.at("cls").at(1).get<int32_t>()};
-      suffix_ = {p.at("sep").at(1).get<int32_t>()};
+      prefix_ = {vocab_id(p.at("cls").at(1), "post_processor cls id")};
+      suffix_ = {vocab_id(p.at("sep").at(1), "post_processor sep id")};
     } else {
       unsupported("post_processor '" + type + "'");
     }
   }
 
-  void parse_decoder(const json& d) {
+  void parse_decoder(const json& d, int depth = 0) {
     if (d.is_null()) return;
+    check_nesting(depth, "decoder");
     const std::string type = d.value("type", std::string());
     if (type == "Sequence") {
-      for (const json& s : d.at("decoders")) parse_decoder(s);
+      for (const json& s : d.at("decoders")) parse_decoder(s, depth + 1);
     } else if (type == "Replace") {
       const json& p = d.at("pattern");
       if (p.contains("String") && p["String"] == std::string(kMetaspace)) decode_metaspace_ = true;

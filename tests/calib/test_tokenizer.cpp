@@ -302,3 +302,45 @@ TEST_CASE("Byte-level BPE tokenizer.json (Llama-3 style) built in the test", "[t
   }
   CHECK(msg.find("BertNormalizer") != std::string::npos);
 }
+
+TEST_CASE("tokenizer.json ids and nesting from a crafted file are refused by name, not allocated", "[tokenizer]") {
+  // Found by fuzz_tokenizer_json: one vocab id of 232000000 sized the id -> token table at 7.4 GB.
+  int32_t bos = -1;
+  std::map<std::string, int32_t> vocab;
+  const json good = byte_level_tokenizer(false, bos, vocab);
+  auto refusal = [](const json& tj) {
+    try {
+      tokenizer_from_json_text(tj.dump(), "", "crafted");
+    } catch (const Error& e) {
+      CHECK(e.kind() == ErrorKind::BadData);
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  REQUIRE(refusal(good).empty());
+  json huge = good;
+  huge["model"]["vocab"]["H"] = 232000000;
+  CHECK(refusal(huge).find("is outside 0..16777215") != std::string::npos);
+  json sparse = good;
+  sparse["model"]["vocab"]["H"] = 100000;  // 267 tokens cannot reach id 100000
+  CHECK(refusal(sparse).find("model.vocab reaches id 100000 with only 267 tokens") != std::string::npos);
+  json fractional = good;
+  fractional["model"]["vocab"]["H"] = 72.5;
+  CHECK(refusal(fractional).find("72.5, not an integer id") != std::string::npos);
+  json added = good;
+  added["added_tokens"][0]["id"] = 9000000;
+  CHECK(refusal(added).find("added_tokens reaches id 9000000") != std::string::npos);
+  json special = good;
+  special["post_processor"]["processors"][1]["special_tokens"]["<|begin_of_text|>"]["ids"] = json::array({5000});
+  CHECK(refusal(special).find("is past the vocabulary") != std::string::npos);
+  json deep = good;
+  json n = {{"type", "NFC"}};
+  for (int i = 0; i < 12; ++i) n = {{"type", "Sequence"}, {"normalizers", json::array({n})}};
+  deep["normalizer"] = n;
+  CHECK(refusal(deep).find("normalizer Sequence nested deeper than 8 levels") != std::string::npos);
+  json shallow = good;
+  json s1 = {{"type", "NFC"}};
+  for (int i = 0; i < 3; ++i) s1 = {{"type", "Sequence"}, {"normalizers", json::array({s1})}};
+  shallow["normalizer"] = s1;
+  CHECK(refusal(shallow).empty());
+}
