@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds and runs every test that needs no GPU, then fuzzes the safetensors header parser, the resume
-# job's readers, the model's config.json reader and the tokenizer.json reader for a bounded time each.
+# job's readers, the model's config.json reader, the tokenizer.json reader and the quantization configs'
+# readers (format detection) for a bounded time each.
 # Prints "N passed, M failed" last.
 #
 # Two builds, so that both sides of MARLINC_CUDA are compiled and tested without building everything
@@ -47,14 +48,15 @@ cmake --build --preset asan
 ASAN_OPTIONS=detect_leaks=1 ctest --preset asan 2>&1 | tee "$logs/asan.log" || true
 count "$logs/asan.log"
 
-stamp "fuzzing the safetensors header parser, the resume job's readers, config.json and tokenizer.json, ${FUZZ_SECONDS}s each"
+stamp "fuzzing the safetensors header parser, the resume job's readers, config.json, tokenizer.json and the quantization configs, ${FUZZ_SECONDS}s each"
 cmake --preset fuzz >/dev/null
-cmake --build build/fuzz --target fuzz_safetensors_header fuzz_job_file fuzz_model_config fuzz_tokenizer_json
-for target in safetensors_header job_file model_config tokenizer_json; do
+cmake --build build/fuzz --target fuzz_safetensors_header fuzz_job_file fuzz_model_config fuzz_tokenizer_json fuzz_quant_config
+for target in safetensors_header job_file model_config tokenizer_json quant_config; do
   corpus=tests/fuzz/corpus max_len=4096
   [ "$target" = job_file ] && corpus=tests/fuzz/corpus_job
   [ "$target" = model_config ] && corpus=tests/fuzz/corpus_config
   [ "$target" = tokenizer_json ] && corpus=tests/fuzz/corpus_tokenizer max_len=8192  # seeds of 3-4 KB
+  [ "$target" = quant_config ] && corpus=tests/fuzz/corpus_quant_config
   mkdir -p "build/fuzz/corpus_$target"
   if ./build/fuzz/tests/fuzz/fuzz_$target -max_total_time="$FUZZ_SECONDS" -max_len=$max_len -print_final_stats=1 \
       "build/fuzz/corpus_$target" "$corpus" > "$logs/fuzz_$target.log" 2>&1; then
