@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <numeric>
 
 #include "checkpoint/half.h"
 #include "kernels/marlin.h"
@@ -41,14 +42,15 @@ __device__ __forceinline__ float word_to_float(uint16_t w, bool bf16) {
 }
 
 // W[r, c0 + j] for j < nc as double, row-major [k, nc]: (code - zero) * scale is exact in double
-// (a 4-bit integer times a 16-bit float). Symmetric layers only (the kernel's scope here).
+// (a 4-bit integer times a 16-bit float). Symmetric layers only (the kernel's scope here). The group of
+// row r is g_idx[r] (act-order), or r / group when g_idx is null.
 __global__ void dequant_f64(const uint8_t* __restrict__ codes /*[k, n]*/, const uint16_t* __restrict__ scales /*[G, n]*/,
-                            double* __restrict__ W /*[k, nc]*/, int64_t k, int64_t n, int64_t c0, int64_t nc,
-                            int group, int zero, bool bf16) {
+                            const int32_t* __restrict__ g_idx /*[k] or null*/, double* __restrict__ W /*[k, nc]*/,
+                            int64_t k, int64_t n, int64_t c0, int64_t nc, int group, int zero, bool bf16) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= k * nc) return;
   const int64_t r = i / nc, c = c0 + i % nc;
-  const uint16_t sb = scales[(r / group) * n + c];
+  const uint16_t sb = scales[int64_t(g_idx ? g_idx[r] : r / group) * n + c];
   W[i] = double(int(codes[r * n + c]) - zero) * double(word_to_float(sb, bf16));
 }
 
@@ -58,6 +60,19 @@ __global__ void words_to_f64(const uint16_t* __restrict__ a, double* __restrict_
 }
 
 int blocks_for(int64_t count, int threads) { return int((count + threads - 1) / threads); }
+
+// Act-order (g_idx not row / group_size): the rows sorted by group, stably, as vLLM's gptq_marlin does at
+// load. The layer is then a plain grouped one over permuted inputs, A[:, perm] · W[perm, :] = A · W, which
+// the kernel runs. Needs every group to hold exactly group_size rows (GPTQ's desc_act order gives that);
+// returns an empty perm otherwise.
+std::vector<int64_t> act_order_perm(const QuantizedLinear& q) {
+  std::vector<int64_t> perm(size_t(q.k));
+  std::iota(perm.begin(), perm.end(), int64_t(0));
+  std::stable_sort(perm.begin(), perm.end(), [&](int64_t a, int64_t b) { return q.g_idx[size_t(a)] < q.g_idx[size_t(b)]; });
+  for (int64_t i = 0; i < q.k; ++i)
+    if (q.g_idx[size_t(perm[size_t(i)])] != i / q.group_size) return {};
+  return perm;
+}
 
 }  // namespace
 
@@ -76,8 +91,14 @@ bool gpu_available(std::string& device_name) {
 
 bool gpu_arith(const std::string& name, const QuantizedLinear& q, const std::vector<uint16_t>& A,
                const std::vector<int>& batches, std::vector<float>& C, std::vector<double>& R, std::string& why) {
-  if (q.bits != 4 || !q.sym || !q.mask.empty() || !q.trivial_g_idx()) {
-    why = name + ": the kernel runs dense symmetric 4-bit layers without act-order";
+  if (q.bits != 4 || !q.sym || !q.mask.empty()) {
+    why = name + ": the kernel runs dense symmetric 4-bit layers";
+    return false;
+  }
+  const bool act_order = !q.trivial_g_idx();
+  const std::vector<int64_t> perm = act_order && q.group_size > 0 ? act_order_perm(q) : std::vector<int64_t>();
+  if (act_order && perm.empty()) {
+    why = name + ": act-order groups of unequal sizes (the kernel needs group_size rows per group)";
     return false;
   }
   const bool bf16 = q.scale_type == ScaleType::BF16;  // the bf16 kernel: A, scales and C in bf16
@@ -88,7 +109,19 @@ bool gpu_arith(const std::string& name, const QuantizedLinear& q, const std::vec
     return false;
   }
   const int gs = q.groups() == 1 ? -1 : int(q.group_size);
-  std::vector<int32_t> B = marlin::pack_weights(q.codes.data(), q.k, q.n, 4);           // [k/16, 2n]
+  // The kernel's operands: with act-order the code rows and A's columns in perm order.
+  std::vector<uint8_t> sorted_codes;
+  std::vector<uint16_t> A_sorted;
+  if (act_order) {
+    sorted_codes.resize(q.codes.size());
+    for (int64_t r = 0; r < q.k; ++r)
+      std::copy_n(q.codes.begin() + std::ptrdiff_t(perm[size_t(r)] * q.n), q.n, sorted_codes.begin() + std::ptrdiff_t(r * q.n));
+    A_sorted.resize(A.size());
+    for (size_t row = 0; row < A.size() / size_t(q.k); ++row)
+      for (int64_t r = 0; r < q.k; ++r) A_sorted[row * size_t(q.k) + size_t(r)] = A[row * size_t(q.k) + size_t(perm[size_t(r)])];
+  }
+  const std::vector<uint16_t>& A_kernel = act_order ? A_sorted : A;
+  std::vector<int32_t> B = marlin::pack_weights(act_order ? sorted_codes.data() : q.codes.data(), q.k, q.n, 4);  // [k/16, 2n]
   std::vector<uint16_t> s = marlin::permute_scales(q.scales.data(), q.groups(), q.n);  // [G, n]
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
@@ -103,10 +136,12 @@ bool gpu_arith(const std::string& name, const QuantizedLinear& q, const std::vec
   void* dw = d.alloc(ws_bytes);
   auto* dcodes = static_cast<uint8_t*>(d.alloc(q.codes.size()));                         // [k, n]
   auto* dscales = static_cast<uint16_t*>(d.alloc(q.scales.size() * 2));                  // [G, n] plain
+  auto* dgidx = act_order ? static_cast<int32_t*>(d.alloc(q.g_idx.size() * 4)) : nullptr;  // [k]
+  auto* dAk = act_order ? static_cast<uint16_t*>(d.alloc(A.size() * 2)) : dA;             // [M, k] A[:, perm]
   auto* dAd = static_cast<double*>(d.alloc(A.size() * sizeof(double)));                  // [M, k]
   auto* dW = static_cast<double*>(d.alloc(size_t(q.k) * size_t(nc_all) * sizeof(double)));  // [k, nc]
   auto* dR = static_cast<double*>(d.alloc(size_t(M) * size_t(q.n) * sizeof(double)));    // [M, n]
-  if (!dA || !dB || !ds || !dC || !dw || !dcodes || !dscales || !dAd || !dW || !dR) {
+  if (!dA || !dB || !ds || !dC || !dw || !dcodes || !dscales || !dAd || !dW || !dR || (act_order && (!dgidx || !dAk))) {
     why = name + ": cudaMalloc failed";
     return false;
   }
@@ -119,6 +154,10 @@ bool gpu_arith(const std::string& name, const QuantizedLinear& q, const std::vec
   cudaMemcpy(ds, s.data(), s.size() * 2, cudaMemcpyHostToDevice);
   cudaMemcpy(dcodes, q.codes.data(), q.codes.size(), cudaMemcpyHostToDevice);
   cudaMemcpy(dscales, q.scales.data(), q.scales.size() * 2, cudaMemcpyHostToDevice);
+  if (act_order) {
+    cudaMemcpy(dgidx, q.g_idx.data(), q.g_idx.size() * 4, cudaMemcpyHostToDevice);
+    cudaMemcpy(dAk, A_kernel.data(), A_kernel.size() * 2, cudaMemcpyHostToDevice);
+  }
   cudaMemset(dC, 0xff, size_t(M) * size_t(q.n) * 2);  // NaN poison (fp16 and bf16): every output must be written
   cudaMemset(dw, 0, ws_bytes);
 
@@ -126,7 +165,7 @@ bool gpu_arith(const std::string& name, const QuantizedLinear& q, const std::vec
   int64_t row = 0;
   for (int m : batches) {
     kernels::MarlinGemm g;
-    g.A = dA + row * q.k; g.B = dB; g.s = ds; g.C = dC + row * q.n;
+    g.A = dAk + row * q.k; g.B = dB; g.s = ds; g.C = dC + row * q.n;
     g.m = m; g.n = int(q.n); g.k = int(q.k); g.group_size = gs;
     g.act = bf16 ? kernels::ActType::BF16 : kernels::ActType::F16;
     g.workspace = dw; g.workspace_bytes = ws_bytes; g.num_sms = sms;
@@ -140,14 +179,15 @@ bool gpu_arith(const std::string& name, const QuantizedLinear& q, const std::vec
   }
 
   // The float64 reference, all batches at once: R^T [n, M] (column-major, = R [M, n] row-major)
-  // = W^T [n, k] · A^T [k, M], one column chunk of W at a time.
+  // = W^T [n, k] · A^T [k, M], one column chunk of W at a time, from the layer as stored (A and the
+  // rows in their own order, groups by g_idx): independent of the permutation the kernel ran.
   words_to_f64<<<blocks_for(M * q.k, 256), 256>>>(dA, dAd, M * q.k, bf16);
   const double one = 1.0, zero = 0.0;
   const int zp = q.zero_of(0, 0);
   const int group = q.groups() == 1 ? int(q.k) : int(q.group_size);
   for (int64_t c0 = 0; c0 < q.n; c0 += nc_all) {
     const int64_t nc = std::min(nc_all, q.n - c0);
-    dequant_f64<<<blocks_for(q.k * nc, 256), 256>>>(dcodes, dscales, dW, q.k, q.n, c0, nc, group, zp, bf16);
+    dequant_f64<<<blocks_for(q.k * nc, 256), 256>>>(dcodes, dscales, dgidx, dW, q.k, q.n, c0, nc, group, zp, bf16);
     if (cublasDgemm(d.cublas, CUBLAS_OP_N, CUBLAS_OP_N, int(nc), int(M), int(q.k), &one, dW, int(nc), dAd, int(q.k),
                     &zero, dR + c0, int(q.n)) != CUBLAS_STATUS_SUCCESS) {
       why = name + ": cublasDgemm failed";

@@ -30,10 +30,11 @@ TEST_CASE("verify on the GPU: each layer runs the kernel of its scale type and m
   }
   const std::vector<int> batches = {1, 13, 67};
   const VerifyTolerances tol;
-  for (int group : {128, -1})
+  for (int group : {128, -1, 0})  // 0: act-order g_idx over groups of 64
     for (bool bf16 : {false, true}) {
       // bf16 with large scales: outputs past fp16's range, which only the bf16 kernel holds.
-      const QuantizedLinear q = test::random_arith_layer(1024, 512, group, bf16, bf16 ? 2048.f : 0.01f, 9);
+      QuantizedLinear q = test::random_arith_layer(1024, 512, group == 0 ? 64 : group, bf16, bf16 ? 2048.f : 0.01f, 9);
+      if (group == 0) test::make_act_order(q, 10 + uint64_t(bf16));
       std::vector<std::vector<uint16_t>> As;
       std::vector<uint16_t> stacked;
       for (size_t i = 0; i < batches.size(); ++i) {
@@ -69,4 +70,21 @@ TEST_CASE("verify on the GPU: each layer runs the kernel of its scale type and m
         CHECK(de / sr <= kEmulationTol);
       }
     }
+}
+
+TEST_CASE("verify on the GPU: act-order groups of unequal sizes stay on the CPU path, saying why", "[gpu][verify]") {
+  std::string device;
+  if (!gpu_available(device)) {
+    WARN("skipped: no CUDA device");
+    return;
+  }
+  QuantizedLinear q = test::random_arith_layer(256, 128, 64, false, 0.01f, 3);
+  test::make_act_order(q, 4);
+  q.g_idx[0] = (q.g_idx[0] + 1) % 4;  // one group of 64 rows one row short, the next one row long
+  const std::vector<int> batches = {2};
+  std::vector<float> C;
+  std::vector<double> R;
+  std::string why;
+  CHECK_FALSE(gpu_arith(q.name, q, random_activations(2, q.k, 5, false), batches, C, R, why));
+  CHECK(why.find("act-order groups of unequal sizes") != std::string::npos);
 }

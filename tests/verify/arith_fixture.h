@@ -1,8 +1,10 @@
 // A random symmetric 4-bit layer for the arithmetic check's tests (tests/verify/test_arith.cpp and the
 // GPU test tests/gpu/test_verify_gpu.cpp).
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <random>
+#include <vector>
 
 #include "packer/quantized_linear.h"
 #include "verify/arith.h"
@@ -22,6 +24,16 @@ inline QuantizedLinear random_arith_layer(int64_t k, int64_t n, int group, bool 
   q.scales.resize(size_t(q.groups() * n));
   for (auto& s : q.scales) s = float_to_act(sd(rng), bf16);
   return q;
+}
+
+// GPTQ act-order (desc_act): rows are quantized in a random order and each run of group_size rows of that
+// order is one group, so g_idx[r] = (position of r in the order) / group_size.
+inline void make_act_order(QuantizedLinear& q, uint64_t seed) {
+  std::vector<int64_t> order(size_t(q.k));
+  for (int64_t i = 0; i < q.k; ++i) order[size_t(i)] = i;
+  std::shuffle(order.begin(), order.end(), std::mt19937_64(seed));
+  q.g_idx.assign(size_t(q.k), 0);
+  for (int64_t pos = 0; pos < q.k; ++pos) q.g_idx[size_t(order[size_t(pos)])] = int32_t(pos / q.group_size);
 }
 
 }  // namespace marlinc::test
