@@ -129,6 +129,16 @@ if [ "${SKIP_VERIFY:-0}" != 1 ]; then
   on_kernel=$(grep -o "bf16 activations, Marlin kernel on the GPU" "$OUT/sample_bf16_certificate.json" 2>/dev/null | wc -l)
   worst=$(grep -oE "arith [0-9.e+-]+" "$OUT/sample_bf16_verify.log" | sort -k2 -g | tail -1)
   summary+=("bf16 sample gptq + verify on the GPU: rc=$rc, $(grep -E "^layers" "$OUT/sample_bf16_verify.log"), $on_kernel on the bf16 kernel, worst $worst")
+  # Act-order: GPTQ with --order dynamic (g_idx in every layer) to a GPTQ file; verify runs each layer on the
+  # kernel with its rows sorted by group, as vLLM's gptq_marlin does.
+  rm -rf "$tmp/sample_act"
+  "$bin" quantize data/sample/model "$tmp/sample_act" --method gptq --device cuda --format gptq --order dynamic > "$OUT/sample_act_quantize.log" 2>&1 &&
+    "$bin" verify "$tmp/sample_act" --reference data/sample/model --certificate "$OUT/sample_act_certificate.json" > "$OUT/sample_act_verify.log" 2>&1
+  rc=$?
+  [ $rc -ne 0 ] && status=1 && tail -20 "$OUT/sample_act_quantize.log" "$OUT/sample_act_verify.log"
+  on_kernel=$(grep -o "Marlin kernel on the GPU" "$OUT/sample_act_certificate.json" 2>/dev/null | wc -l)
+  act=$(grep -o '"act_order": true' "$OUT/sample_act_certificate.json" 2>/dev/null | wc -l)
+  summary+=("act-order sample (gptq --order dynamic) + verify on the GPU: rc=$rc, $(grep -E "^layers" "$OUT/sample_act_verify.log"), $act act-order, $on_kernel on the kernel")
   if [ "${SKIP_VERIFY_8B:-0}" != 1 ]; then
     t0=$(date +%s)
     "$BUILD/bench/bench_convert" --dir "$tmp/bc" --blocks "${VERIFY_BLOCKS:-32}" --reps 1 --keep > "$OUT/bench_convert.log" 2>&1 || status=1
