@@ -139,6 +139,15 @@ if [ "${SKIP_VERIFY:-0}" != 1 ]; then
   on_kernel=$(grep -o "Marlin kernel on the GPU" "$OUT/sample_act_certificate.json" 2>/dev/null | wc -l)
   act=$(grep -o '"act_order": true' "$OUT/sample_act_certificate.json" 2>/dev/null | wc -l)
   summary+=("act-order sample (gptq --order dynamic) + verify on the GPU: rc=$rc, $(grep -E "^layers" "$OUT/sample_act_verify.log"), $act act-order, $on_kernel on the kernel")
+  # 2:4: GPTQ + SparseGPT to Sparse-Marlin; verify runs each layer's values on the dense kernel.
+  rm -rf "$tmp/sample_24"
+  "$bin" quantize data/sample/model "$tmp/sample_24" --method gptq --device cuda --format marlin24 > "$OUT/sample_24_quantize.log" 2>&1 &&
+    "$bin" verify "$tmp/sample_24" --reference data/sample/model --certificate "$OUT/sample_24_certificate.json" > "$OUT/sample_24_verify.log" 2>&1
+  rc=$?
+  [ $rc -ne 0 ] && status=1 && tail -20 "$OUT/sample_24_quantize.log" "$OUT/sample_24_verify.log"
+  on_kernel=$(grep -o "pruned weights as zeros), every column" "$OUT/sample_24_certificate.json" 2>/dev/null | wc -l)
+  worst=$(grep -oE "arith [0-9.e+-]+" "$OUT/sample_24_verify.log" | sort -k2 -g | tail -1)
+  summary+=("2:4 sample (gptq --format marlin24) + verify on the GPU: rc=$rc, $(grep -E "^layers" "$OUT/sample_24_verify.log"), $on_kernel on the dense kernel, worst $worst")
   if [ "${SKIP_VERIFY_8B:-0}" != 1 ]; then
     t0=$(date +%s)
     "$BUILD/bench/bench_convert" --dir "$tmp/bc" --blocks "${VERIFY_BLOCKS:-32}" --reps 1 --keep > "$OUT/bench_convert.log" 2>&1 || status=1

@@ -91,8 +91,8 @@ bool gpu_available(std::string& device_name) {
 
 bool gpu_arith(const std::string& name, const QuantizedLinear& q, const std::vector<uint16_t>& A,
                const std::vector<int>& batches, std::vector<float>& C, std::vector<double>& R, std::string& why) {
-  if (q.bits != 4 || !q.sym || !q.mask.empty()) {
-    why = name + ": the kernel runs dense symmetric 4-bit layers";
+  if (q.bits != 4 || !q.sym) {
+    why = name + ": the kernel runs symmetric 4-bit layers";
     return false;
   }
   const bool act_order = !q.trivial_g_idx();
@@ -109,19 +109,29 @@ bool gpu_arith(const std::string& name, const QuantizedLinear& q, const std::vec
     return false;
   }
   const int gs = q.groups() == 1 ? -1 : int(q.group_size);
+  // 2:4 layers run the dense kernel on the layer's values, each pruned weight a zero code: Sparse-Marlin's
+  // numerics are the same (16-bit scaled weights, fp32 sums), and the reference reads the same codes.
+  std::vector<uint8_t> dense_codes;
+  if (!q.mask.empty()) {
+    dense_codes = q.codes;
+    const uint8_t zero = uint8_t(q.zero_of(0, 0));
+    for (size_t i = 0; i < dense_codes.size(); ++i)
+      if (!q.mask[i]) dense_codes[i] = zero;
+  }
+  const std::vector<uint8_t>& codes = q.mask.empty() ? q.codes : dense_codes;
   // The kernel's operands: with act-order the code rows and A's columns in perm order.
   std::vector<uint8_t> sorted_codes;
   std::vector<uint16_t> A_sorted;
   if (act_order) {
-    sorted_codes.resize(q.codes.size());
+    sorted_codes.resize(codes.size());
     for (int64_t r = 0; r < q.k; ++r)
-      std::copy_n(q.codes.begin() + std::ptrdiff_t(perm[size_t(r)] * q.n), q.n, sorted_codes.begin() + std::ptrdiff_t(r * q.n));
+      std::copy_n(codes.begin() + std::ptrdiff_t(perm[size_t(r)] * q.n), q.n, sorted_codes.begin() + std::ptrdiff_t(r * q.n));
     A_sorted.resize(A.size());
     for (size_t row = 0; row < A.size() / size_t(q.k); ++row)
       for (int64_t r = 0; r < q.k; ++r) A_sorted[row * size_t(q.k) + size_t(r)] = A[row * size_t(q.k) + size_t(perm[size_t(r)])];
   }
   const std::vector<uint16_t>& A_kernel = act_order ? A_sorted : A;
-  std::vector<int32_t> B = marlin::pack_weights(act_order ? sorted_codes.data() : q.codes.data(), q.k, q.n, 4);  // [k/16, 2n]
+  std::vector<int32_t> B = marlin::pack_weights(act_order ? sorted_codes.data() : codes.data(), q.k, q.n, 4);  // [k/16, 2n]
   std::vector<uint16_t> s = marlin::permute_scales(q.scales.data(), q.groups(), q.n);  // [G, n]
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
@@ -152,7 +162,7 @@ bool gpu_arith(const std::string& name, const QuantizedLinear& q, const std::vec
   cudaMemcpy(dA, A.data(), A.size() * 2, cudaMemcpyHostToDevice);
   cudaMemcpy(dB, B.data(), B.size() * 4, cudaMemcpyHostToDevice);
   cudaMemcpy(ds, s.data(), s.size() * 2, cudaMemcpyHostToDevice);
-  cudaMemcpy(dcodes, q.codes.data(), q.codes.size(), cudaMemcpyHostToDevice);
+  cudaMemcpy(dcodes, codes.data(), codes.size(), cudaMemcpyHostToDevice);
   cudaMemcpy(dscales, q.scales.data(), q.scales.size() * 2, cudaMemcpyHostToDevice);
   if (act_order) {
     cudaMemcpy(dgidx, q.g_idx.data(), q.g_idx.size() * 4, cudaMemcpyHostToDevice);

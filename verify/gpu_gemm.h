@@ -16,9 +16,10 @@ bool gpu_available(std::string& device_name);
 // each batch runs through our Marlin kernel of that type on the packed form of q (C [M, n], results
 // as float), and R [M, n] is the float64 reference from the exact dequantized weights (cuBLAS DGEMM).
 // Act-order layers (g_idx) run as vLLM runs them: rows sorted by group and A's columns in that order;
-// the reference stays in the stored order. Returns false with `why` when the layer is outside what the
-// kernel runs (zero points, 8 bits, 2:4, act-order groups of unequal sizes), or on a CUDA failure (the
-// caller then falls back to the CPU path).
+// the reference stays in the stored order. 2:4 layers run the dense kernel with their pruned weights as
+// zero codes. Returns false with `why` when the layer is outside what the kernel runs (zero points, 8
+// bits, act-order groups of unequal sizes), or on a CUDA failure (the caller then falls back to the CPU
+// path).
 bool gpu_arith(const std::string& name, const QuantizedLinear& q, const std::vector<uint16_t>& A,
                const std::vector<int>& batches, std::vector<float>& C, std::vector<double>& R, std::string& why);
 

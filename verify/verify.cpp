@@ -182,7 +182,8 @@ void check_arithmetic(LayerReport& L, const QuantizedLinear& q, const VerifyOpti
     c.detail = "worst mean relative error " + fmt_double(worst) + " over m in {" ;
     for (size_t i = 0; i < nb; ++i) c.detail += (i ? "," : "") + std::to_string(opt.batch_sizes[i]);
     c.detail += "}, " + L.activations + " activations" +
-                (on_gpu ? ", Marlin kernel on the GPU, every column"
+                (on_gpu ? std::string(L.sparse24 ? ", dense Marlin kernel on the GPU (2:4: pruned weights as zeros)"
+                                                 : ", Marlin kernel on the GPU") + ", every column"
                         : ", CPU kernel numerics, " + std::to_string(cols.size()) + " of " + std::to_string(q.n) +
                               " columns");
   }

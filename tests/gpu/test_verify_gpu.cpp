@@ -1,6 +1,7 @@
-// verify's arithmetic check on the GPU (verify/gpu_gemm.cu): fp16- and bf16-scaled layers run through
-// our Marlin kernel of their type, against the float64 reference, and the kernel's outputs agree with
-// the CPU path's emulation of its numerics (verify/arith.cpp), which machines without a GPU rely on.
+// verify's arithmetic check on the GPU (verify/gpu_gemm.cu): fp16- and bf16-scaled layers (per-channel,
+// grouped, act-order, 2:4) run through our Marlin kernel of their type, against the float64 reference,
+// and the kernel's outputs agree with the CPU path's emulation of its numerics (verify/arith.cpp), which
+// machines without a GPU rely on.
 #include <cmath>
 #include <string>
 #include <vector>
@@ -30,11 +31,13 @@ TEST_CASE("verify on the GPU: each layer runs the kernel of its scale type and m
   }
   const std::vector<int> batches = {1, 13, 67};
   const VerifyTolerances tol;
-  for (int group : {128, -1, 0})  // 0: act-order g_idx over groups of 64
+  for (int group : {128, -1, 0, 24})  // 0: act-order g_idx over groups of 64; 24: 2:4 sparse, group 128
     for (bool bf16 : {false, true}) {
       // bf16 with large scales: outputs past fp16's range, which only the bf16 kernel holds.
-      QuantizedLinear q = test::random_arith_layer(1024, 512, group == 0 ? 64 : group, bf16, bf16 ? 2048.f : 0.01f, 9);
+      QuantizedLinear q = test::random_arith_layer(1024, 512, group == 0 ? 64 : group == 24 ? 128 : group, bf16,
+                                                   bf16 ? 2048.f : 0.01f, 9);
       if (group == 0) test::make_act_order(q, 10 + uint64_t(bf16));
+      if (group == 24) test::make_24(q, 12 + uint64_t(bf16));
       std::vector<std::vector<uint16_t>> As;
       std::vector<uint16_t> stacked;
       for (size_t i = 0; i < batches.size(); ++i) {
@@ -57,7 +60,7 @@ TEST_CASE("verify on the GPU: each layer runs the kernel of its scale type and m
         const RelErr e = compare(got, ref);
         INFO("m = " << batches[i] << ", mean relative error " << e.mean_rel);
         CHECK(e.finite);
-        CHECK(e.mean_rel <= (bf16 ? tol.arith_mean_rel_bf16 : tol.arith_mean_rel_dense));
+        CHECK(e.mean_rel <= (bf16 ? tol.arith_mean_rel_bf16 : group == 24 ? tol.arith_mean_rel_24 : tol.arith_mean_rel_dense));
         // The reference here is the GPU's DGEMM; the CPU's float64 sums agree to rounding.
         const std::vector<double> cpu_ref = gemm_reference(As[i], batches[i], q, cols);
         double dr = 0, sr = 0;

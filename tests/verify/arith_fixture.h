@@ -36,4 +36,19 @@ inline void make_act_order(QuantizedLinear& q, uint64_t seed) {
   for (int64_t pos = 0; pos < q.k; ++pos) q.g_idx[size_t(order[size_t(pos)])] = int32_t(pos / q.group_size);
 }
 
+// 2:4 along k: in every column each aligned group of 4 rows keeps 2 (random), and the pruned rows get
+// random codes, which every reader of the layer must ignore.
+inline void make_24(QuantizedLinear& q, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  q.mask.assign(size_t(q.k * q.n), 0);
+  for (int64_t c = 0; c < q.n; ++c)
+    for (int64_t g = 0; g < q.k / 4; ++g) {
+      int rows[4] = {0, 1, 2, 3};
+      std::shuffle(rows, rows + 4, rng);
+      for (int i = 0; i < 2; ++i) q.mask[size_t((4 * g + rows[i]) * q.n + c)] = 1;
+    }
+  for (size_t i = 0; i < q.codes.size(); ++i)
+    if (!q.mask[i]) q.codes[i] = uint8_t(rng() % 16);
+}
+
 }  // namespace marlinc::test
