@@ -29,14 +29,14 @@ inline double abs_pow(double d, double norm) {
 }  // namespace
 
 float lp_clip_scale(const float* x, int64_t len, int64_t stride, int bits, float norm, int grid,
-                    int candidates) {
+                    int candidates, bool bf16) {
   float absmax = 0.0f;
   for (int64_t i = 0; i < len; ++i) absmax = std::max(absmax, std::fabs(x[i * stride]));
-  float best_s = sym_scale(absmax, bits);
+  float best_s = sym_scale(absmax, bits, bf16);
   if (absmax == 0.0f) return best_s;
   double best = std::numeric_limits<double>::infinity();
   for (int c = 0; c < candidates; ++c) {
-    const float s = candidate_scale(absmax, c, grid, bits);
+    const float s = candidate_scale(absmax, c, grid, bits, bf16);
     double err = 0.0;
     for (int64_t i = 0; i < len; ++i) {
       const float w = x[i * stride];
@@ -48,15 +48,15 @@ float lp_clip_scale(const float* x, int64_t len, int64_t stride, int bits, float
 }
 
 float weighted_clip_scale_ref(const double* x, int64_t g, int64_t stride, const double* M, int bits,
-                              int grid, int candidates) {
+                              int grid, int candidates, bool bf16) {
   double absmax = 0.0;
   for (int64_t t = 0; t < g; ++t) absmax = std::max(absmax, std::fabs(x[t * stride]));
-  float best_s = sym_scale(absmax, bits);
+  float best_s = sym_scale(absmax, bits, bf16);
   if (absmax == 0.0) return best_s;
   std::vector<double> delta(static_cast<size_t>(g));
   double best = std::numeric_limits<double>::infinity();
   for (int c = 0; c < candidates; ++c) {
-    const float s = candidate_scale(absmax, c, grid, bits);
+    const float s = candidate_scale(absmax, c, grid, bits, bf16);
     for (int64_t t = 0; t < g; ++t) {
       const double w = x[t * stride];
       delta[size_t(t)] = double(dequant(quantize_code(w, s, bits), s, bits)) - w;
@@ -73,12 +73,12 @@ float weighted_clip_scale_ref(const double* x, int64_t g, int64_t stride, const 
 }
 
 void weighted_clip_scales(const double* X, int64_t g, int64_t cols, int64_t ld, const double* M, Tri tri,
-                          int bits, int grid, int candidates, float* scales) {
+                          int bits, int grid, int candidates, bool bf16, float* scales) {
   std::vector<double> absmax(static_cast<size_t>(cols), 0.0);  // [cols]
   for (int64_t t = 0; t < g; ++t)
     for (int64_t r = 0; r < cols; ++r) absmax[size_t(r)] = std::max(absmax[size_t(r)], std::fabs(X[t * ld + r]));
   std::vector<double> best(static_cast<size_t>(cols), std::numeric_limits<double>::infinity());  // [cols]
-  for (int64_t r = 0; r < cols; ++r) scales[r] = sym_scale(absmax[size_t(r)], bits);
+  for (int64_t r = 0; r < cols; ++r) scales[r] = sym_scale(absmax[size_t(r)], bits, bf16);
 
   Eigen::Map<const RowMat> Mm(M, g, g);
   const int nb_max = std::min(candidates, kCandidateBatch);
@@ -88,7 +88,7 @@ void weighted_clip_scales(const double* X, int64_t g, int64_t cols, int64_t ld, 
   for (int c0 = 0; c0 < candidates; c0 += nb_max) {
     const int nb = std::min(nb_max, candidates - c0);
     for (int b = 0; b < nb; ++b)
-      for (int64_t r = 0; r < cols; ++r) cand_s[size_t(b * cols + r)] = candidate_scale(absmax[size_t(r)], c0 + b, grid, bits);
+      for (int64_t r = 0; r < cols; ++r) cand_s[size_t(b * cols + r)] = candidate_scale(absmax[size_t(r)], c0 + b, grid, bits, bf16);
     for (int64_t t = 0; t < g; ++t) {
       double* drow = D.data() + t * D.cols();
       const double* xrow = X + t * ld;

@@ -42,11 +42,11 @@ QuantizedLinear make_result(const GptqOptions& o, const Prepared& P) {
   q.bits = o.bits;
   q.group_size = o.group_size;
   q.sym = true;
-  q.scale_type = ScaleType::F16;
+  q.scale_type = o.bf16_scales ? ScaleType::BF16 : ScaleType::F16;
   q.codes.assign(size_t(P.k * P.n), uint8_t(quant::zero_code(o.bits)));
   q.scales.assign(size_t(q.groups() * P.n), 0);
   if (!P.static_scales.empty())
-    for (size_t i = 0; i < q.scales.size(); ++i) q.scales[i] = float_to_half(P.static_scales[i]);
+    for (size_t i = 0; i < q.scales.size(); ++i) q.scales[i] = quant::scale_bits(P.static_scales[i], o.bf16_scales);
   if (o.sparse24) q.mask.assign(size_t(P.k * P.n), 1);
   if (o.order == GptqOptions::DynamicActOrder && o.group_size > 0) {
     q.g_idx.assign(size_t(P.k), 0);
@@ -85,7 +85,7 @@ double run_chunk(const GptqOptions& o, const gptq::Prepared& P, const std::vecto
   RowMatrixXd Wc(k, nc);  // [k, nc] working weights, processing order
   for (int64_t p = 0; p < k; ++p) std::copy_n(P.Wt.data() + p * n + c0, nc, Wc.data() + p * nc);
   RowMatrixXd E(B, nc);   // [B, nc] scaled errors of the current block
-  std::vector<float> s(static_cast<size_t>(nc));          // [nc] scales of the current group (fp16 values)
+  std::vector<float> s(static_cast<size_t>(nc));          // [nc] scales of the current group (fp16/bf16 values)
   std::vector<double> amax(static_cast<size_t>(nc));     // [nc] absmax of the current group
   std::vector<uint8_t> pruned(static_cast<size_t>(4 * nc));  // [4, nc] 2:4 decisions of the current 4-group
   double loss = 0.0;
@@ -99,16 +99,16 @@ double run_chunk(const GptqOptions& o, const gptq::Prepared& P, const std::vecto
         // Fit on the working copy, which already carries every earlier column's error feedback.
         if (!Minv.empty()) {
           quant::weighted_clip_scales(w, g, nc, nc, Minv[size_t(p / g)].data(), quant::Tri::Upper, bits,
-                                      quant::kMarlinClipGrid, quant::kMarlinClipCandidates, s.data());
+                                      quant::kMarlinClipGrid, quant::kMarlinClipCandidates, o.bf16_scales, s.data());
         } else {
           std::fill(amax.begin(), amax.end(), 0.0);
           for (int64_t t = 0; t < g; ++t) {
             const double* x = w + t * nc;
             for (int64_t r = 0; r < nc; ++r) amax[size_t(r)] = std::max(amax[size_t(r)], std::fabs(x[r]));
           }
-          for (int64_t r = 0; r < nc; ++r) s[size_t(r)] = quant::sym_scale(amax[size_t(r)], bits);
+          for (int64_t r = 0; r < nc; ++r) s[size_t(r)] = quant::sym_scale(amax[size_t(r)], bits, o.bf16_scales);
         }
-        for (int64_t r = 0; r < nc; ++r) q.scales[size_t(srow * n + c0 + r)] = float_to_half(s[size_t(r)]);
+        for (int64_t r = 0; r < nc; ++r) q.scales[size_t(srow * n + c0 + r)] = quant::scale_bits(s[size_t(r)], o.bf16_scales);
       } else if (!dyn) {
         std::copy_n(P.static_scales.data() + srow * n + c0, nc, s.data());  // written by make_result
       }

@@ -1,18 +1,18 @@
 // GPTQ for one linear layer (spec: gptq.md §1, §2.1, §4): dead columns, relative damping with
 // automatic increase, upper Cholesky factor of H⁻¹, blocked lazy updates, symmetric 4/8-bit groups
-// fitted on the working copy with fp16-rounded scales, Marlin's Hessian-weighted clip search,
+// fitted on the working copy with scales rounded to the stored type (fp16, or bf16), Marlin's Hessian-weighted clip search,
 // column orders (natural / static-group act-order / GAR / dynamic act-order) and SparseGPT 2:4
 // jointly with quantization. CPU back end: Eigen + OpenMP over output rows.
 //
 // Precision: everything that decides a code is double on both back ends (damped Hessian, its
 // factorisation, working weights and error feedback, the clip objective, the 2:4 saliency, the
-// loss); only the inputs are float and the scales fp16. The CPU and CUDA back ends then differ by
+// loss); only the inputs are float and the scales 16-bit. The CPU and CUDA back ends then differ by
 // double rounding amplified by H's conditioning (~1e-12 relative) instead of fp32's 1e-6..1e-4, so
 // a code can differ only where a value sits that close to a rounding tie.
 //
 // Orientation: W is the float weight in Hugging Face orientation [n, k] row-major (row = output
 // channel); H is the finalized [k, k] Hessian (HessianAccumulator::finalize()). The result's codes
-// are [k, n] in the ORIGINAL input order, scales [G, n] fp16 bits, g_idx set only for dynamic
+// are [k, n] in the ORIGINAL input order, scales [G, n] fp16 bits (bf16 with bf16_scales), g_idx set only for dynamic
 // act-order, mask [k, n] only for 2:4.
 #pragma once
 #include <Eigen/Dense>
@@ -43,6 +43,7 @@ struct GptqOptions {
   enum class Device { Cpu, Cuda };
   Device device = Device::Cpu;  // Cuda needs a build with MARLINC_CUDA (gptq_cuda.cu)
   std::string name;        // tensor/module name for errors; copied to QuantizedLinear::name
+  bool bf16_scales = false;  // the grid's scales are bf16 (a bf16 model's output), else fp16
 };
 
 struct GptqStats {
@@ -92,7 +93,7 @@ struct Prepared {
   std::vector<int32_t> perm;     // [k] processing position -> original column
   std::vector<double> Wt;        // [k, n] weights transposed, rows in processing order, dead zeroed
   RowMatrixXd U;                 // [k, k] upper factor of the damped permuted H⁻¹
-  std::vector<float> static_scales;  // [G, n] fp16-rounded scales, StaticActOrder only (natural groups)
+  std::vector<float> static_scales;  // [G, n] rounded scales (fp16 or bf16), StaticActOrder only (natural groups)
   double damp_used = 0;
   bool fell_back = false;
   int dead = 0;

@@ -153,16 +153,18 @@ bool factor_with_retry(const std::string& who, Ctx& c, const GptqOptions& o, con
 void fit_group(const std::string& who, Ctx& c, const GptqOptions& o, const double* dWt, int64_t n, const int32_t* rows,
                int64_t p0, int g, const double* M, int64_t srow, float* dS, uint16_t* dSh, double* Ds) {
   if (!M) {
-    absmax_scale_kernel<<<blocks_for(n), kThreads, 0, c.stream>>>(dWt, n, rows, p0, g, o.bits, srow, dS, dSh);
+    absmax_scale_kernel<<<blocks_for(n), kThreads, 0, c.stream>>>(dWt, n, rows, p0, g, o.bits, o.bf16_scales, srow, dS,
+                                                                  dSh);
   } else if (clip_tiled(c, g)) {
     const size_t smem = clip_smem_bytes(g);
     const unsigned grid = unsigned((n + kClipRows - 1) / kClipRows);
     CUDA_CHECK(cudaFuncSetAttribute(clip_search_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    clip_search_kernel<<<grid, g, smem, c.stream>>>(dWt, n, rows, p0, g, M, o.bits, quant::kMarlinClipGrid,
+    clip_search_kernel<<<grid, g, smem, c.stream>>>(dWt, n, rows, p0, g, M, o.bits, o.bf16_scales, quant::kMarlinClipGrid,
                                                     quant::kMarlinClipCandidates, srow, dS, dSh);
   } else {
     clip_search_generic_kernel<<<blocks_for(n, 64), 64, 0, c.stream>>>(
-        dWt, n, rows, p0, g, M, o.bits, quant::kMarlinClipGrid, quant::kMarlinClipCandidates, srow, dS, dSh, Ds);
+        dWt, n, rows, p0, g, M, o.bits, o.bf16_scales, quant::kMarlinClipGrid, quant::kMarlinClipCandidates, srow, dS,
+        dSh, Ds);
   }
   CUDA_CHECK(cudaGetLastError());
 }
@@ -264,8 +266,8 @@ QuantizedLinear quantize(const float* W, int64_t n, int64_t k, const Eigen::Matr
   dH.reset();
   dW.reset();
 
-  DBuf<float> dS(size_t(G * n), who);       // [G, n] scales as fp16-rounded floats
-  DBuf<uint16_t> dSh(size_t(G * n), who);   // [G, n] the same as fp16 bits
+  DBuf<float> dS(size_t(G * n), who);       // [G, n] scales as rounded floats (fp16 or bf16 values)
+  DBuf<uint16_t> dSh(size_t(G * n), who);   // [G, n] the same as fp16 / bf16 bits
   const bool clip = o.clip == GptqOptions::Marlin && o.group_size > 0;
   const bool dyn = gptq::dynamic_groups(o);
   DBuf<double> dM;  // [G, g, g] upper clip weights per group

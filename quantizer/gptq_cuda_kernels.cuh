@@ -3,9 +3,10 @@
 // so the threads of a warp, one output row each, read and write coalesced); U is the [k, k]
 // row-major upper factor of the damped permuted H⁻¹. Precision as on the CPU (gptq.h): everything
 // that decides a code is double; the grid helpers below are quantizer/grid.h operation for
-// operation (IEEE double division, rint = nearbyint (ties to even), double → float → fp16 for the
+// operation (IEEE double division, rint = nearbyint (ties to even), double → float → fp16 or bf16 for the
 // scale), so the same double input gives the same code and scale on both back ends.
 #pragma once
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
@@ -23,12 +24,15 @@ constexpr int kClipPairs = kClipRows * kClipCandPass;
 constexpr int kClipMaxGroup = 128;  // packed M (70 KB of doubles at 128) must fit in shared memory beside the tiles
 static_assert(kClipPairs == 64, "thread layout below assumes 16 pair-groups of 4 pairs");
 
-__device__ __forceinline__ float d_round_fp16(float x) { return __half2float(__float2half_rn(x)); }
+// quant::round_scale: the round trip through the stored scale type (fp16, or bf16).
+__device__ __forceinline__ float d_round_scale(float x, bool bf16) {
+  return bf16 ? __bfloat162float(__float2bfloat16_rn(x)) : __half2float(__float2half_rn(x));
+}
 
-// quant::sym_scale: 2c/maxq in double, rounded to float, then to fp16.
-__device__ __forceinline__ float d_sym_scale(double c, int bits) {
+// quant::sym_scale: 2c/maxq in double, rounded to float, then to the scale type.
+__device__ __forceinline__ float d_sym_scale(double c, int bits, bool bf16) {
   if (!(c > 0.0)) c = 1.0;
-  return d_round_fp16(__double2float_rn((c + c) / double((1 << bits) - 1)));
+  return d_round_scale(__double2float_rn((c + c) / double((1 << bits) - 1)), bf16);
 }
 
 // quant::quantize_code: rint of the double quotient, clamped.
@@ -42,19 +46,19 @@ __device__ __forceinline__ int d_quantize_code(double w, float s, int bits) {
   return int(c);
 }
 
-// Exact (code of ≤ 8 bits times an fp16 scale), so contraction cannot change it.
+// Exact (code of ≤ 8 bits times a 16-bit scale), so contraction cannot change it.
 __device__ __forceinline__ float d_dequant(int code, float s, int bits) {
   return __fmul_rn(float(code - (1 << (bits - 1))), s);
 }
 
 // quant::candidate_scale: shrink factor 1 − i/grid and its product with absmax in double.
-__device__ __forceinline__ float d_candidate_scale(double absmax, int i, int grid, int bits) {
+__device__ __forceinline__ float d_candidate_scale(double absmax, int i, int grid, int bits, bool bf16) {
   const double p = 1.0 - double(i) / double(grid);
-  return d_sym_scale(__dmul_rn(p, absmax), bits);
+  return d_sym_scale(__dmul_rn(p, absmax), bits, bf16);
 }
 
 // quant::round_error: the rounding error dequant(quantize_code(w, s)) − w in double, branch-free and
-// without integer conversions (they run on the H100's quarter-rate conversion unit). s is the fp16
+// without integer conversions (they run on the H100's quarter-rate conversion unit). s is the 16-bit
 // scale held as a double. Adding ±2^52 rounds to an integer exactly as rint does; the clamp covers
 // larger quotients; (c − zero)·s is exact, so a fused multiply-add gives the same value.
 __device__ __forceinline__ double d_round_error(double w, double s, int bits) {
@@ -162,19 +166,20 @@ __device__ __forceinline__ int64_t group_row(const int32_t* rows, int64_t p0, in
   return rows ? int64_t(rows[t]) : p0 + t;
 }
 
-__device__ __forceinline__ void store_scale(float s, int64_t srow, int64_t n, int64_t r, float* S, uint16_t* Sh) {
+__device__ __forceinline__ void store_scale(float s, int64_t srow, int64_t n, int64_t r, float* S, uint16_t* Sh,
+                                            bool bf16) {
   S[srow * n + r] = s;
-  Sh[srow * n + r] = __half_as_ushort(__float2half_rn(s));
+  Sh[srow * n + r] = bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(s)) : __half_as_ushort(__float2half_rn(s));
 }
 
 // Plain absmax scales (no clip search) for one group.
-__global__ void absmax_scale_kernel(const double* Wt, int64_t n, const int32_t* rows, int64_t p0, int g, int bits,
+__global__ void absmax_scale_kernel(const double* Wt, int64_t n, const int32_t* rows, int64_t p0, int g, int bits, bool bf16,
                                     int64_t srow, float* S /*[G, n]*/, uint16_t* Sh /*[G, n]*/) {
   const int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (r >= n) return;
   double a = 0.0;
   for (int t = 0; t < g; ++t) a = fmax(a, fabs(Wt[group_row(rows, p0, t) * n + r]));
-  store_scale(d_sym_scale(a, bits), srow, n, r, S, Sh);
+  store_scale(d_sym_scale(a, bits, bf16), srow, n, r, S, Sh, bf16);
 }
 
 // Packed upper-triangular weighting in shared memory: strip ch holds columns 8ch..8ch+7 of rows
@@ -197,8 +202,8 @@ __host__ __device__ constexpr size_t clip_smem_bytes(int g) {
 // does. Launch: g threads (g % 16 == 0, g <= kClipMaxGroup), dynamic shared memory clip_smem_bytes(g).
 __global__ void __launch_bounds__(kClipMaxGroup)
     clip_search_kernel(const double* Wt, int64_t n, const int32_t* rows, int64_t p0, int g,
-                       const double* M /*[g, g]*/, int bits, int grid, int candidates, int64_t srow, float* S,
-                       uint16_t* Sh) {
+                       const double* M /*[g, g]*/, int bits, bool bf16, int grid, int candidates, int64_t srow,
+                       float* S, uint16_t* Sh) {
   extern __shared__ __align__(16) unsigned char clip_smem[];
   const int nch = g / 8;
   double* Ms = reinterpret_cast<double*>(clip_smem);  // packed strips, clip_strip_offset(nch)
@@ -208,7 +213,7 @@ __global__ void __launch_bounds__(kClipMaxGroup)
   double* err = red + (g / 16) * kClipPairs;          // [kClipPairs]
   double* amax = err + kClipPairs;                    // [kClipRows]
   double* best = amax + kClipRows;                    // [kClipRows]
-  double* cs = best + kClipRows;                      // [kClipPairs] fp16 candidate scales of the pass
+  double* cs = best + kClipRows;                      // [kClipPairs] 16-bit candidate scales of the pass
   float* best_s = reinterpret_cast<float*>(cs + kClipPairs);  // [kClipRows]
   const int tid = threadIdx.x, nt = blockDim.x;
   const int64_t r0 = int64_t(blockIdx.x) * kClipRows;
@@ -226,7 +231,7 @@ __global__ void __launch_bounds__(kClipMaxGroup)
     for (int t = 0; t < g; ++t) a = fmax(a, fabs(X[t * kClipRows + tid]));
     amax[tid] = a;
     best[tid] = INFINITY;
-    best_s[tid] = d_sym_scale(a, bits);
+    best_s[tid] = d_sym_scale(a, bits, bf16);
   }
   __syncthreads();
   const int pg = tid % 16;  // pair group: pairs 4·pg .. 4·pg+3 (candidate pg/4, rows 4·(pg%4) ..)
@@ -235,7 +240,7 @@ __global__ void __launch_bounds__(kClipMaxGroup)
     // Pair q = cand·kClipRows + row.
     for (int q = tid; q < kClipPairs; q += nt) {
       const int c = c0 + q / kClipRows;
-      cs[q] = c < candidates ? double(d_candidate_scale(amax[q % kClipRows], c, grid, bits)) : 1.0;
+      cs[q] = c < candidates ? double(d_candidate_scale(amax[q % kClipRows], c, grid, bits, bf16)) : 1.0;
     }
     __syncthreads();
 #pragma unroll 4
@@ -294,24 +299,24 @@ __global__ void __launch_bounds__(kClipMaxGroup)
     }
     __syncthreads();
   }
-  if (tid < kClipRows && r0 + tid < n) store_scale(best_s[tid], srow, n, r0 + tid, S, Sh);
+  if (tid < kClipRows && r0 + tid < n) store_scale(best_s[tid], srow, n, r0 + tid, S, Sh, bf16);
 }
 
 // Any group length (slow path for groups the tiled kernel does not cover): one thread per row. The
 // candidate's δ goes to the caller's scratch column Ds[:, r] (coalesced across the warp) so each
 // is divided once, then the upper-triangular M is applied from there.
 __global__ void clip_search_generic_kernel(const double* Wt, int64_t n, const int32_t* rows, int64_t p0, int g,
-                                           const double* M /*[g, g] upper*/, int bits, int grid, int candidates,
+                                           const double* M /*[g, g] upper*/, int bits, bool bf16, int grid, int candidates,
                                            int64_t srow, float* S, uint16_t* Sh, double* Ds /*[g, n]*/) {
   const int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (r >= n) return;
   double a = 0.0;
   for (int t = 0; t < g; ++t) a = fmax(a, fabs(Wt[group_row(rows, p0, t) * n + r]));
-  float bs = d_sym_scale(a, bits);
+  float bs = d_sym_scale(a, bits, bf16);
   double be = INFINITY;
   if (a != 0.0)
     for (int c = 0; c < candidates; ++c) {
-      const float s = d_candidate_scale(a, c, grid, bits);
+      const float s = d_candidate_scale(a, c, grid, bits, bf16);
       for (int t = 0; t < g; ++t) Ds[int64_t(t) * n + r] = d_round_error(Wt[group_row(rows, p0, t) * n + r], s, bits);
       double e = 0.0;
       for (int u = 0; u < g; ++u) {
@@ -321,7 +326,7 @@ __global__ void clip_search_generic_kernel(const double* Wt, int64_t n, const in
       }
       if (e < be) { be = e; bs = s; }
     }
-  store_scale(bs, srow, n, r, S, Sh);
+  store_scale(bs, srow, n, r, S, Sh, bf16);
 }
 
 // ---- the column loop -------------------------------------------------------------------------------
@@ -343,7 +348,7 @@ __device__ __forceinline__ unsigned d_prune_24(const double w[4], const double d
 struct LoopArgs {
   double* Wt;             // [k, n] working weights, processing order
   const double* U;        // [k, k] row-major upper factor
-  const float* S;         // [G, n] current scales (fp16-rounded floats)
+  const float* S;         // [G, n] current scales (rounded floats)
   const int32_t* srow;    // [k] scale row of each processing position
   const int32_t* perm;    // [k] processing position -> original column
   uint8_t* codes;         // [k, n] original order

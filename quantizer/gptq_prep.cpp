@@ -239,19 +239,20 @@ Prepared prepare(const float* W, int64_t n, int64_t k, const Eigen::MatrixXf& H,
         if (ref) {
           for (int64_t r = 0; r < n; ++r)
             out[r] = quant::weighted_clip_scale_ref(X.data() + r, g, n, M.data(), o.bits, quant::kMarlinClipGrid,
-                                                    quant::kMarlinClipCandidates);
+                                                    quant::kMarlinClipCandidates, o.bf16_scales);
         } else {
           constexpr int64_t kCols = 128;
 #pragma omp parallel for schedule(dynamic, 1)
           for (int64_t c0 = 0; c0 < n; c0 += kCols)
             quant::weighted_clip_scales(X.data() + c0, g, std::min(kCols, n - c0), n, M.data(), quant::Tri::Lower,
-                                        o.bits, quant::kMarlinClipGrid, quant::kMarlinClipCandidates, out + c0);
+                                        o.bits, quant::kMarlinClipGrid, quant::kMarlinClipCandidates, o.bf16_scales,
+                                        out + c0);
         }
       } else {
         for (int64_t r = 0; r < n; ++r) {
           double absmax = 0.0;
           for (int64_t t = 0; t < g; ++t) absmax = std::max(absmax, std::fabs(X[size_t(t * n + r)]));
-          out[r] = quant::sym_scale(absmax, o.bits);
+          out[r] = quant::sym_scale(absmax, o.bits, o.bf16_scales);
         }
       }
     }

@@ -31,13 +31,13 @@ QuantizedLinear gptq_quantize_ref(const float* W, int64_t n, int64_t k, const Ei
       if (gptq::dynamic_groups(o) && p % g == 0) {
         if (!Minv.empty()) {
           s = quant::weighted_clip_scale_ref(w.data() + p, g, 1, Minv[size_t(p / g)].data(), bits,
-                                             quant::kMarlinClipGrid, quant::kMarlinClipCandidates);
+                                             quant::kMarlinClipGrid, quant::kMarlinClipCandidates, o.bf16_scales);
         } else {
           double absmax = 0.0;
           for (int64_t t = p; t < p + g; ++t) absmax = std::max(absmax, std::fabs(w[size_t(t)]));
-          s = quant::sym_scale(absmax, bits);
+          s = quant::sym_scale(absmax, bits, o.bf16_scales);
         }
-        q.scales[size_t(srow * n + r)] = float_to_half(s);
+        q.scales[size_t(srow * n + r)] = quant::scale_bits(s, o.bf16_scales);
       } else if (!gptq::dynamic_groups(o)) {
         s = P.static_scales[size_t(srow * n + r)];
       }

@@ -112,15 +112,19 @@ QuantPlan plan_quantization(const Checkpoint& ck, const QuantizeOptions& o, Quan
   return P;
 }
 
+bool grid_bf16(const QuantizeOptions& o, const QuantJob& job) {
+  return job.desc.scale_type == ScaleType::BF16 && o.to != TargetFormat::Marlin24;
+}
+
 QuantizedLinear write_quantized(CheckpointWriter& w, const QuantizeOptions& o, const QuantJob& job, QuantizedLinear q,
                                 QuantizeReport& rep) {
   q.name = job.prefix;
-  if (job.desc.scale_type == ScaleType::BF16 && q.scale_type == ScaleType::F16 && o.to != TargetFormat::Marlin24) {
-    // The grid used fp16-rounded scales; bf16 files keep the model's dtype, so re-encode them (not for
-    // Sparse-Marlin, whose kernels take fp16 scales only).
-    for (auto& s : q.scales) s = float_to_bf16(half_to_float(s));
-    q.scale_type = ScaleType::BF16;
-  }
+  // The codes were chosen for these scales: re-encoding them here would leave codes that are not the
+  // nearest for the stored scale (before the bf16 grid: 3% more weight error at 8 bits).
+  if ((q.scale_type == ScaleType::BF16) != grid_bf16(o, job))
+    fail(ErrorKind::Internal, job.prefix + ": quantized with " +
+                                  (q.scale_type == ScaleType::BF16 ? "bf16" : "fp16") + " scales for an output that stores " +
+                                  (grid_bf16(o, job) ? "bf16" : "fp16"));
   for (const auto& p : write_module(o.to, q, ModuleLayout{false, o.act_order})) {
     w.write(p.spec.name, p.bytes);
     rep.bytes_out += p.bytes.size();
@@ -182,6 +186,7 @@ QuantizeReport quantize_checkpoint(const std::filesystem::path& in, const std::f
     std::vector<float> W = to_float(bytes, job.info->dtype);  // [n, k]
     RtnOptions ro;
     ro.bits = o.bits; ro.group_size = o.group_size; ro.clip = o.clip; ro.name = job.prefix;
+    ro.bf16_scales = grid_bf16(o, job);
     RtnStats st;
     write_quantized(w, o, job, rtn_quantize(W.data(), job.desc.n, job.desc.k, ro, &st), rep);
     QuantizedLayerReport lr{job.prefix, job.desc.n, job.desc.k, st.rel_weight_err,

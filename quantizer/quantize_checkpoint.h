@@ -65,9 +65,11 @@ struct QuantPlan {
   std::map<std::string, size_t> job_of_tensor;  // "<p>.weight" -> index into jobs
 };
 QuantPlan plan_quantization(const Checkpoint& ck, const QuantizeOptions& o, QuantizeReport& rep);
-// Packs q for the target and writes its tensors; q's scales are re-encoded to the model's dtype (bf16
-// models keep bf16 scales, except in Sparse-Marlin, which is fp16-only). Adds the bytes written to
-// rep.bytes_out; returns q as written.
+// The scale type the job's grid rounds to, which is the one the output stores: bf16 for a bf16 model
+// (the dtype its bf16 Marlin kernel takes), except in Sparse-Marlin, whose kernels take fp16 only.
+bool grid_bf16(const QuantizeOptions& o, const QuantJob& job);
+// Packs q for the target and writes its tensors (q's scales of the type grid_bf16 gives; another type is
+// an internal error). Adds the bytes written to rep.bytes_out; returns q as written.
 QuantizedLinear write_quantized(CheckpointWriter& w, const QuantizeOptions& o, const QuantJob& job, QuantizedLinear q,
                      QuantizeReport& rep);
 // config.json (+ quantize_config.json) for the target, the non-tensor files, commit. The config names

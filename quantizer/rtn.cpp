@@ -83,7 +83,7 @@ QuantizedLinear empty_result(const RtnOptions& o, int64_t n, int64_t k) {
   q.bits = o.bits;
   q.group_size = o.group_size;
   q.sym = true;
-  q.scale_type = ScaleType::F16;
+  q.scale_type = o.bf16_scales ? ScaleType::BF16 : ScaleType::F16;
   q.codes.assign(size_t(k * n), 0);
   q.scales.assign(size_t(q.groups() * n), 0);
   return q;
@@ -103,13 +103,13 @@ void quantize_row_group(const float* wrow, int64_t row, int64_t n, int64_t g0, i
                         const RtnOptions& o, QuantizedLinear& q) {
   float s;
   if (o.clip) {
-    s = quant::lp_clip_scale(wrow + g0, len, 1, o.bits, o.clip_norm, o.clip_grid, o.clip_candidates);
+    s = quant::lp_clip_scale(wrow + g0, len, 1, o.bits, o.clip_norm, o.clip_grid, o.clip_candidates, o.bf16_scales);
   } else {
     float absmax = 0.0f;
     for (int64_t i = 0; i < len; ++i) absmax = std::max(absmax, std::fabs(wrow[g0 + i]));
-    s = quant::sym_scale(absmax, o.bits);
+    s = quant::sym_scale(absmax, o.bits, o.bf16_scales);
   }
-  q.scales[size_t(gid * n + row)] = float_to_half(s);
+  q.scales[size_t(gid * n + row)] = quant::scale_bits(s, o.bf16_scales);
   for (int64_t i = 0; i < len; ++i)
     q.codes[size_t((g0 + i) * n + row)] = uint8_t(quant::quantize_code(wrow[g0 + i], s, o.bits));
 }

@@ -3,7 +3,7 @@
 //
 // Orientation: the input is a float weight in Hugging Face orientation W [n, k] row-major (row =
 // output channel, as stored in a checkpoint's `*.weight`); the result is a QuantizedLinear whose
-// codes are [k, n] (transposed), scales [G, n] fp16 bits, g_idx empty (trivial).
+// codes are [k, n] (transposed), scales [G, n] fp16 bits (bf16 with bf16_scales), g_idx empty (trivial).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -21,6 +21,7 @@ struct RtnOptions {
   int clip_grid = quant::kMseClipGrid;               // p = 1 − i/grid
   int clip_candidates = quant::kMseClipCandidates;   // i = 0 .. candidates−1
   std::string name;      // tensor/module name, used in errors and copied to QuantizedLinear::name
+  bool bf16_scales = false;  // the grid's scales are bf16 (a bf16 model's output), else fp16
 };
 
 struct RtnStats {

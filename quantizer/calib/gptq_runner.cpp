@@ -304,6 +304,7 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
         ls.push_back(l);
         os.push_back(base);
         os.back().name = prefix;
+        os.back().bf16_scales = grid_bf16(qo, P.jobs[it->second]);
         jobs.push_back(it->second);
       }
       if (ls.empty()) return;
@@ -374,6 +375,7 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
     std::vector<float> Wf = to_float(ck.data(job.prefix + ".weight"), job.info->dtype);  // [n, k]
     RtnOptions ro;
     ro.bits = qo.bits; ro.group_size = qo.group_size; ro.clip = true; ro.name = job.prefix;
+    ro.bf16_scales = grid_bf16(qo, job);
     RtnStats st;
     write_quantized(w, qo, job, rtn_quantize(Wf.data(), job.desc.n, job.desc.k, ro, &st), rep);
     report(j, QuantizedLayerReport{job.prefix, job.desc.n, job.desc.k, st.rel_weight_err, since(t_q)});

@@ -71,6 +71,9 @@ JobInputs job_inputs(const Checkpoint& ck, const QuantizeOptions& qo, const Gptq
                         {"skip", qo.skip},
                         {"include_lm_head", qo.include_lm_head},
                         {"tp", qo.tp},
+                        // Scales rounded to the stored type (bf16 for bf16 models): jobs from before
+                        // that grid hold fp16-grid layers and must not be replayed into a new output.
+                        {"scale_grid", "stored-type"},
                         {"shard_size", qo.max_shard_bytes},
                         {"marlinc", MARLINC_VERSION}};
   // Each sample as its length then its ids, so [[1, 2], [3]] and [[1], [2, 3]] hash differently.

@@ -10,8 +10,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/checkpoint.h"
 #include "tests/cli/cli_runner.h"
 #include "tests/common.h"
+#include "tests/quantizer/bf16_sample.h"
 
 namespace fs = std::filesystem;
 using marlinc::test::q;
@@ -107,6 +109,31 @@ TEST_CASE("gptq + 2:4 on the sample: a Marlin-24 checkpoint verify accepts, the 
   CHECK(v.rc == 0);
   CHECK(v.out.find("format     marlin24") != std::string::npos);
   CHECK(v.out.find("14 passed, 0 failed") != std::string::npos);
+}
+
+TEST_CASE("gptq on a bf16 model: Marlin keeps bf16 scales, Marlin-24 fp16, and verify accepts both", "[cli][gptq]") {
+  // The grid rounds each scale to the type the output stores (bf16, or fp16 for Sparse-Marlin), so
+  // verify's step check against the model (each code the nearest for its scale, up to GPTQ's moves)
+  // and the arithmetic check on the bf16 (or fp16) kernel's numerics both hold.
+  TempDir td("gptq-bf16");
+  marlinc::test::write_bf16_sample(td.path / "model");
+  for (const char* format : {"marlin", "marlin24"}) {
+    INFO(format);
+    const fs::path out = td.path / format;
+    Result r = run_cli("quantize " + q(td.path / "model") + " " + q(out) + " --method gptq --samples 8 --format " + format,
+                       td.path);
+    INFO(r.out << r.err);
+    REQUIRE(r.rc == 0);
+    const marlinc::Checkpoint ck = marlinc::Checkpoint::open(out);
+    const auto s = ck.at("model.layers.0.mlp.down_proj.s");
+    CHECK(s.info->dtype == (std::string(format) == "marlin" ? marlinc::DType::BF16 : marlinc::DType::F16));
+    Result v = run_cli("verify " + q(out) + " --reference " + q(td.path / "model") + " --json", td.path);
+    INFO(v.out << v.err);
+    CHECK(v.rc == 0);
+    const auto cert = nlohmann::json::parse(v.out);
+    for (const auto& l : cert.at("layers"))
+      CHECK(l.at("activations") == (std::string(format) == "marlin" ? "bf16" : "fp16"));
+  }
 }
 
 TEST_CASE("gptq options that do not fit exit 2 naming the option, leaving no output", "[cli][gptq]") {

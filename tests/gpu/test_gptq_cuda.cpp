@@ -87,7 +87,7 @@ void compare(const Layer& s, GptqOptions o) {
   o.device = GptqOptions::Device::Cuda;
   const QuantizedLinear g = gptq_quantize(s.L.W.data(), s.n, s.k, s.H, o, &gs);
   INFO("n " << s.n << " k " << s.k << " bits " << o.bits << " group " << o.group_size << " order "
-            << order_name(o.order) << " clip " << int(o.clip) << " 2:4 " << o.sparse24);
+            << order_name(o.order) << " clip " << int(o.clip) << " 2:4 " << o.sparse24 << " bf16 " << o.bf16_scales);
   const double codes = mismatch(g.codes, c.codes), scales = mismatch(g.scales, c.scales);
   const double mask = mismatch(g.mask, c.mask);
   const double loss_rel = std::fabs(gs.loss - cs.loss) / cs.loss;
@@ -97,6 +97,8 @@ void compare(const Layer& s, GptqOptions o) {
               o.block, codes, scales, mask, cs.loss, gs.loss, loss_rel);
   g.validate();
   CHECK(g.name == c.name);
+  CHECK(g.scale_type == c.scale_type);
+  CHECK(g.scale_type == (o.bf16_scales ? ScaleType::BF16 : ScaleType::F16));
   CHECK(codes < kCodeMismatchMax);
   CHECK(scales < kScaleMismatchMax);
   CHECK(mask < kMaskMismatchMax);
@@ -134,6 +136,23 @@ TEST_CASE("GPTQ CUDA matches the CPU back end: orders, clip, bits, groups, shape
           }
       }
   }
+}
+
+TEST_CASE("GPTQ CUDA matches the CPU back end on the bf16 grid (bf16 models)", "[gpu][gptq]") {
+  REQUIRE_GPU();
+  const Layer s(512, 1024, kSeed + 40);
+  for (int bits : {4, 8})
+    for (auto order : {GptqOptions::Natural, GptqOptions::StaticActOrder, GptqOptions::DynamicActOrder})
+      for (auto clip : {GptqOptions::None, GptqOptions::Marlin}) {
+        GptqOptions o;
+        o.name = "layers.0.mlp.up_proj";
+        o.bits = bits;
+        o.group_size = 128;
+        o.order = order;
+        o.clip = clip;
+        o.bf16_scales = true;
+        compare(s, o);
+      }
 }
 
 TEST_CASE("GPTQ CUDA matches the CPU back end: SparseGPT 2:4 jointly with quantization", "[gpu][gptq]") {

@@ -97,23 +97,30 @@ TEST_CASE("dead input channels get zero weights and the zero code", "[quantizer]
     for (int64_t r = 0; r < s.n; ++r) CHECK(q.codes[size_t(c * s.n + r)] == 8);
 }
 
-TEST_CASE("codes in range, dequant == (code-8)·s, fp16 scales used in the loop", "[quantizer][gptq]") {
+TEST_CASE("codes in range, dequant == (code-8)·s, fp16 (or bf16) scales used in the loop", "[quantizer][gptq]") {
   const Small s(48, 256, 4);
+  for (bool bf16 : {false, true})
   for (int bits : {4, 8})
     for (int group : {-1, 32, 128}) {
       GptqOptions o;
       o.bits = bits;
       o.group_size = group;
       o.clip = GptqOptions::Marlin;
+      o.bf16_scales = bf16;
       GptqStats st;
       const QuantizedLinear q = gptq_quantize(s.L.W.data(), s.n, s.k, s.H, o, &st);
       q.validate();
+      CHECK(q.scale_type == (bf16 ? ScaleType::BF16 : ScaleType::F16));
+      // The scalar reference reaches the same scales on the same grid.
+      const QuantizedLinear ref = gptq_quantize_ref(s.L.W.data(), s.n, s.k, s.H, o);
+      CHECK(ref.scale_type == q.scale_type);
       const std::vector<float> w = dequantize(q);
       const int zero = 1 << (bits - 1);
       int bad = 0;
       for (int64_t r = 0; r < s.k; ++r)
         for (int64_t c = 0; c < s.n; ++c) {
-          const float sc = half_to_float(q.scales[size_t(q.group_of(r) * s.n + c)]);
+          const uint16_t sb = q.scales[size_t(q.group_of(r) * s.n + c)];
+          const float sc = bf16 ? bf16_to_float(sb) : half_to_float(sb);
           bad += w[size_t(r * s.n + c)] != float(int(q.codes[size_t(r * s.n + c)]) - zero) * sc;
         }
       CHECK(bad == 0);

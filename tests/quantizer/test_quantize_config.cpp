@@ -1,13 +1,16 @@
 // The config `quantize` writes names every linear it leaves unquantized, so loaders do not expect
 // quantized tensors there: compressed-tensors `ignore`, GPTQ `dynamic` "-:" rules, AWQ
 // `modules_to_not_convert`.
+#include <cmath>
 #include <filesystem>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/error.h"
 #include "checkpoint/writer.h"
+#include "packer/adapters.h"
 #include "quantizer/quantize_checkpoint.h"
 #include "tests/common.h"
+#include "tests/quantizer/bf16_sample.h"
 
 using namespace marlinc;
 namespace fs = std::filesystem;
@@ -148,4 +151,48 @@ TEST_CASE("quantize --tp: layers whose part on one GPU breaks the target's rules
   zero.tp = 0;
   CHECK_THROWS_WITH(quantize_checkpoint(model, td.path / "m0", zero), Catch::Contains("--tp 0"));
   CHECK_FALSE(fs::exists(td.path / "m0"));
+}
+
+
+TEST_CASE("a bf16 model's outputs hold bf16 scales its codes were chosen for, marlin24 fp16", "[quantizer][config]") {
+  test::TempDir td("qbf16");
+  test::write_bf16_sample(td.path / "model");
+  for (TargetFormat to : {TargetFormat::Marlin, TargetFormat::GptqV1, TargetFormat::CompressedTensors}) {
+    QuantizeOptions o;
+    o.to = to;
+    o.bits = to == TargetFormat::GptqV1 ? 8 : 4;
+    const fs::path out = td.path / ("out-" + target_name(to));
+    const QuantizeReport rep = quantize_checkpoint(td.path / "model", out, o);
+    REQUIRE(!rep.layers.empty());
+    const Checkpoint ck = Checkpoint::open(out);
+    const FormatInfo fi = detect_format(ck);
+    const Checkpoint model = Checkpoint::open(td.path / "model");
+    for (const auto& L : rep.layers) {
+      INFO(target_name(to) << " " << L.name);
+      const QuantizedLinear q = read_module(ck, describe_module(ck, L.name, fi), fi);
+      CHECK(q.scale_type == ScaleType::BF16);
+      // The report describes the stored weights: the error recomputed from the file is the same.
+      const auto r = model.at(L.name + ".weight");
+      const std::vector<float> W = to_float(r.file->data(*r.info), r.info->dtype);  // [n, k]
+      const std::vector<float> Wq = dequantize(q);                                   // [k, n]
+      double d = 0, nw = 0;
+      for (int64_t row = 0; row < q.n; ++row)
+        for (int64_t c = 0; c < q.k; ++c) {
+          const double w = W[size_t(row * q.k + c)], e = double(Wq[size_t(c * q.n + row)]) - w;
+          d += e * e, nw += w * w;
+        }
+      CHECK(std::fabs(std::sqrt(d / nw) - L.rel_weight_err) <= 1e-6 * L.rel_weight_err);
+    }
+  }
+  // Sparse-Marlin kernels take fp16 scales only: its grid stays fp16 for a bf16 model (GPTQ + 2:4 runs it;
+  // tests/cli/test_quantize_gptq.cpp covers that path end to end).
+  QuantJob job;
+  job.desc.scale_type = ScaleType::BF16;
+  QuantizeOptions o24;
+  o24.to = TargetFormat::Marlin24;
+  CHECK_FALSE(grid_bf16(o24, job));
+  o24.to = TargetFormat::Awq;
+  CHECK(grid_bf16(o24, job));
+  job.desc.scale_type = ScaleType::F16;
+  CHECK_FALSE(grid_bf16(o24, job));
 }
