@@ -145,6 +145,12 @@ inline bool is_embedding(const std::string& prefix) {
 // lm_head Linear, which a compressed-tensors "Linear" target would otherwise claim). Sorted.
 std::vector<std::string> unquantized_linears(const Checkpoint& ck, const std::function<bool(const std::string&)>& quantized);
 
+// Whether a tensor name ends in a leaf (after its last '.') that the quantized formats store. The
+// distinctive leaves (qweight, B_24, weight_packed, ...) appear in no plain model, so convert refuses one
+// outside every module; with `short_names` also B, s, scales, meta and perm, which some plain models use
+// too and which verify only reports as leftovers.
+bool is_quant_leaf(std::string_view tensor_name, bool short_names);
+
 struct TargetConfig {
   nlohmann::json config;                          // config.json (source keys kept, quantization_config replaced)
   std::optional<nlohmann::json> quantize_config;  // quantize_config.json when the target family uses one

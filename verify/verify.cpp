@@ -53,12 +53,6 @@ bool is_sparse(Format f) { return f == Format::Marlin24 || f == Format::Compress
 constexpr const char* kCertifiedConfigFiles[] = {"config.json", "quantize_config.json", "quant_config.json",
                                                   "model.safetensors.index.json"};
 
-// Tensor-name endings that only quantized modules use; one of these outside every module is a leftover.
-const std::set<std::string> kQuantSuffixes = {"qweight", "qzeros", "scales", "g_idx", "B", "s", "B_24",
-                                              "B_meta", "meta", "s_24", "perm", "weight_packed",
-                                              "weight_scale", "weight_zero_point", "weight_g_idx",
-                                              "weight_shape", "scale_packed"};
-
 std::string suffix_of(const std::string& name) {
   auto dot = name.rfind('.');
   return dot == std::string::npos ? name : name.substr(dot + 1);
@@ -388,7 +382,7 @@ VerifyReport verify_checkpoint(const std::filesystem::path& dir, const VerifyOpt
     }
   }
   for (const auto& name : ck.tensor_names())
-    if (!owned.count(name) && kQuantSuffixes.count(suffix_of(name)))
+    if (!owned.count(name) && is_quant_leaf(name, true))  // a leftover: reported, the short names included
       rep.global_problems.push_back("unexpected tensor " + name + ": it looks quantized but belongs to no complete module");
   for (const auto& [p, why] : undescribed) {
     LayerReport L;

@@ -2,6 +2,7 @@
 // and writers by target. The per-format code lives in gptq_adapter.cpp, marlin_adapter.cpp,
 // ct_adapter.cpp.
 #include <algorithm>
+#include <set>
 
 #include "checkpoint/half.h"
 #include "packer/adapters.h"
@@ -84,6 +85,16 @@ std::string target_rule(TargetFormat t, const ModuleDesc& d) {
       return "";
   }
   return "";
+}
+
+bool is_quant_leaf(std::string_view tensor_name, bool short_names) {
+  static const std::set<std::string_view> kDistinct = {
+      "qweight",       "qzeros",       "g_idx",        "B_24",         "B_meta",            "s_24",
+      "weight_packed", "weight_scale", "weight_shape", "weight_g_idx", "weight_zero_point", "scale_packed"};
+  static const std::set<std::string_view> kShort = {"B", "s", "scales", "meta", "perm"};
+  const size_t dot = tensor_name.rfind('.');
+  const std::string_view leaf = dot == std::string_view::npos ? tensor_name : tensor_name.substr(dot + 1);
+  return kDistinct.count(leaf) > 0 || (short_names && kShort.count(leaf) > 0);
 }
 
 std::string target_rule_tp(TargetFormat t, const ModuleDesc& d, int tp, const TpHeads& heads) {

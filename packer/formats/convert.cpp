@@ -332,14 +332,10 @@ ConvertReport convert_checkpoint(const fs::path& in, const fs::path& out, const 
   QuantSummary sum;
   // Leaves that only quantized modules have: one left over belongs to a module missing a companion
   // tensor (e.g. weight_scale without weight_packed), which would pass through as a dangling tensor.
-  static const std::set<std::string> quant_leaves = {
-      "qweight",       "qzeros",       "g_idx",       "B_24",         "B_meta",           "s_24",
-      "weight_packed", "weight_scale", "weight_shape", "weight_g_idx", "weight_zero_point", "scale_packed"};
   for (const auto& name : ck.tensor_names()) {
     if (consumed.count(name)) continue;
     const TensorInfo& t = *ck.at(name).info;
-    const size_t dot = name.rfind('.');
-    if (quant_leaves.count(dot == std::string::npos ? name : name.substr(dot + 1)))
+    if (is_quant_leaf(name, false))
       bad_data(ck.source().string() + ": " + name + ": a quantization tensor of no complete " + rep.source_format +
                " module (the module lacks a companion tensor, e.g. its packed weight or scales)");
     plan.push_back({name, t.dtype, t.shape});

@@ -298,3 +298,17 @@ TEST_CASE("target configs carry the keys loaders read", "[formats][config]") {
   REQUIRE(target_from_name("compressed-tensors") == TargetFormat::CompressedTensors);
   REQUIRE_FALSE(target_from_name("exl2").has_value());
 }
+
+TEST_CASE("quantization tensor leaves: the distinctive ones always, the short ones on request", "[formats]") {
+  for (const char* n : {"model.layers.0.mlp.up_proj.qweight", "x.B_24", "x.B_meta", "x.s_24", "x.weight_packed",
+                        "x.weight_zero_point", "x.scale_packed", "g_idx"}) {
+    CHECK(is_quant_leaf(n, false));
+    CHECK(is_quant_leaf(n, true));
+  }
+  for (const char* n : {"model.layers.0.mlp.up_proj.B", "x.s", "x.scales", "x.meta", "x.perm"}) {
+    CHECK_FALSE(is_quant_leaf(n, false));  // also names in some plain models: convert passes them through
+    CHECK(is_quant_leaf(n, true));         // verify reports them as leftovers
+  }
+  for (const char* n : {"model.layers.0.mlp.up_proj.weight", "model.norm.bias", "qweight_x", "x.qweights", ""})
+    CHECK_FALSE(is_quant_leaf(n, true));
+}
