@@ -151,6 +151,11 @@ std::vector<std::string> unquantized_linears(const Checkpoint& ck, const std::fu
 // too and which verify only reports as leftovers.
 bool is_quant_leaf(std::string_view tensor_name, bool short_names);
 
+// The tensor a Marlin-24 checkpoint holds for the name write_module gives it: the original Sparse-Marlin
+// packer names B_meta `meta` and s `s_24` (the same bytes). `name` itself where the checkpoint has it or
+// where it has no alias.
+std::string marlin24_stored_name(const Checkpoint& ck, const std::string& name);
+
 struct TargetConfig {
   nlohmann::json config;                          // config.json (source keys kept, quantization_config replaced)
   std::optional<nlohmann::json> quantize_config;  // quantize_config.json when the target family uses one

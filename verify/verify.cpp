@@ -104,15 +104,8 @@ CheckResult check_layout(const Checkpoint& ck, const ModuleDesc& d, const Quanti
   if (!target) return {"layout", true, "not re-packed: no writer for " + format_name(d.format)};
   std::vector<PackedTensor> packed = write_module(*target, q);
   for (const PackedTensor& t : packed) {
-    auto ref = ck.find(t.spec.name);
     // Sparse-Marlin files may use the original packer's names (`meta`, `s_24`); the bytes are the same.
-    if (!ref && d.format == Format::Marlin24) {
-      const size_t dot = t.spec.name.rfind('.');
-      const std::string base = dot == std::string::npos ? "" : t.spec.name.substr(0, dot + 1);
-      const std::string leaf = t.spec.name.substr(base.size());
-      if (leaf == "B_meta") ref = ck.find(base + "meta");
-      if (leaf == "s") ref = ck.find(base + "s_24");
-    }
+    auto ref = ck.find(d.format == Format::Marlin24 ? marlin24_stored_name(ck, t.spec.name) : t.spec.name);
     if (!ref) return {"layout", false, "re-packing produces " + t.spec.name + ", which the checkpoint lacks"};
     std::span<const uint8_t> stored = ref->file->data(*ref->info);
     if (stored.size() != t.bytes.size())

@@ -165,6 +165,14 @@ std::vector<PackedTensor> write_marlin(const QuantizedLinear& q, bool force_g_id
 
 // ---- Sparse-Marlin 2:4 ----------------------------------------------------------------------------
 
+std::string marlin24_stored_name(const Checkpoint& ck, const std::string& name) {
+  if (ck.contains(name)) return name;
+  const size_t dot = name.rfind('.');
+  const std::string base = dot == std::string::npos ? "" : name.substr(0, dot + 1), leaf = name.substr(base.size());
+  const std::string alias = leaf == "B_meta" ? "meta" : leaf == "s" ? "s_24" : "";
+  return !alias.empty() && ck.contains(base + alias) ? base + alias : name;
+}
+
 namespace {
 
 struct Names24 {
@@ -175,10 +183,8 @@ struct Names24 {
 Names24 names_24(const Checkpoint& ck, const std::string& prefix, bool ct) {
   if (ct) return {tname(prefix, "weight_packed"), tname(prefix, "meta"), tname(prefix, "scale_packed"),
                   Format::CompressedTensorsMarlin24};
-  Names24 n{tname(prefix, "B_24"), tname(prefix, "B_meta"), tname(prefix, "s"), Format::Marlin24};
-  if (!ck.contains(n.meta) && ck.contains(tname(prefix, "meta"))) n.meta = tname(prefix, "meta");
-  if (!ck.contains(n.s) && ck.contains(tname(prefix, "s_24"))) n.s = tname(prefix, "s_24");
-  return n;
+  return {tname(prefix, "B_24"), marlin24_stored_name(ck, tname(prefix, "B_meta")),
+          marlin24_stored_name(ck, tname(prefix, "s")), Format::Marlin24};
 }
 
 ModuleDesc describe_24(const Checkpoint& ck, const std::string& prefix, bool ct) {
