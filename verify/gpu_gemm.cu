@@ -6,10 +6,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <numeric>
 
 #include "checkpoint/half.h"
 #include "kernels/marlin.h"
+#include "packer/gptq.h"
 #include "packer/marlin.h"
 #include "verify/gpu_gemm.h"
 
@@ -61,17 +61,15 @@ __global__ void words_to_f64(const uint16_t* __restrict__ a, double* __restrict_
 
 int blocks_for(int64_t count, int threads) { return int((count + threads - 1) / threads); }
 
-// Act-order (g_idx not row / group_size): the rows sorted by group, stably, as vLLM's gptq_marlin does at
-// load. The layer is then a plain grouped one over permuted inputs, A[:, perm] · W[perm, :] = A · W, which
-// the kernel runs. Needs every group to hold exactly group_size rows (GPTQ's desc_act order gives that);
-// returns an empty perm otherwise.
-std::vector<int64_t> act_order_perm(const QuantizedLinear& q) {
-  std::vector<int64_t> perm(size_t(q.k));
-  std::iota(perm.begin(), perm.end(), int64_t(0));
-  std::stable_sort(perm.begin(), perm.end(), [&](int64_t a, int64_t b) { return q.g_idx[size_t(a)] < q.g_idx[size_t(b)]; });
+// Act-order (g_idx not row / group_size): the rows sorted by group (the packer's stable sort, as vLLM's
+// gptq_marlin does at load). The layer is then a plain grouped one over permuted inputs,
+// A[:, perm] · W[perm, :] = A · W, which the kernel runs. Needs every group to hold exactly group_size
+// rows (GPTQ's desc_act order gives that); returns an empty perm otherwise.
+std::vector<int32_t> act_order_perm(const QuantizedLinear& q) {
+  gptq::ActOrder ao = gptq::act_order_sort(q.g_idx.data(), q.k);
   for (int64_t i = 0; i < q.k; ++i)
-    if (q.g_idx[size_t(perm[size_t(i)])] != i / q.group_size) return {};
-  return perm;
+    if (ao.g_idx_sorted[size_t(i)] != i / q.group_size) return {};
+  return std::move(ao.sort_indices);
 }
 
 }  // namespace
@@ -96,7 +94,7 @@ bool gpu_arith(const std::string& name, const QuantizedLinear& q, const std::vec
     return false;
   }
   const bool act_order = !q.trivial_g_idx();
-  const std::vector<int64_t> perm = act_order && q.group_size > 0 ? act_order_perm(q) : std::vector<int64_t>();
+  const std::vector<int32_t> perm = act_order && q.group_size > 0 ? act_order_perm(q) : std::vector<int32_t>();
   if (act_order && perm.empty()) {
     why = name + ": act-order groups of unequal sizes (the kernel needs group_size rows per group)";
     return false;
@@ -123,9 +121,7 @@ bool gpu_arith(const std::string& name, const QuantizedLinear& q, const std::vec
   std::vector<uint8_t> sorted_codes;
   std::vector<uint16_t> A_sorted;
   if (act_order) {
-    sorted_codes.resize(codes.size());
-    for (int64_t r = 0; r < q.k; ++r)
-      std::copy_n(codes.begin() + std::ptrdiff_t(perm[size_t(r)] * q.n), q.n, sorted_codes.begin() + std::ptrdiff_t(r * q.n));
+    sorted_codes = gptq::gather_rows(codes.data(), q.k, q.n, perm.data());
     A_sorted.resize(A.size());
     for (size_t row = 0; row < A.size() / size_t(q.k); ++row)
       for (int64_t r = 0; r < q.k; ++r) A_sorted[row * size_t(q.k) + size_t(r)] = A[row * size_t(q.k) + size_t(perm[size_t(r)])];
