@@ -51,6 +51,12 @@ inline uint16_t float_to_bf16(float f) {
   return uint16_t(u >> 16);
 }
 
+// Code that holds either 16-bit type (scales, activations) picks it with `bf16`: bf16 words, else fp16.
+inline float word16_to_float(uint16_t w, bool bf16) { return bf16 ? bf16_to_float(w) : half_to_float(w); }
+inline uint16_t float_to_word16(float f, bool bf16) { return bf16 ? float_to_bf16(f) : float_to_half(f); }
+// The round trip through that type (round to nearest even).
+inline float round_to_word16(float f, bool bf16) { return word16_to_float(float_to_word16(f, bf16), bf16); }
+
 // Bulk conversions (OpenMP over the element range).
 void half_to_float_n(const uint16_t* in, float* out, size_t n);
 void float_to_half_n(const float* in, uint16_t* out, size_t n);

@@ -14,7 +14,7 @@ bool QuantizedLinear::trivial_g_idx() const {
 
 float QuantizedLinear::scale_of(int64_t row, int64_t col) const {
   uint16_t s = scales[size_t(group_of(row) * n + col)];
-  return scale_type == ScaleType::F16 ? half_to_float(s) : bf16_to_float(s);
+  return word16_to_float(s, scale_type == ScaleType::BF16);
 }
 
 float QuantizedLinear::weight(int64_t row, int64_t col) const {

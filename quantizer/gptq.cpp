@@ -46,7 +46,7 @@ QuantizedLinear make_result(const GptqOptions& o, const Prepared& P) {
   q.codes.assign(size_t(P.k * P.n), uint8_t(quant::zero_code(o.bits)));
   q.scales.assign(size_t(q.groups() * P.n), 0);
   if (!P.static_scales.empty())
-    for (size_t i = 0; i < q.scales.size(); ++i) q.scales[i] = quant::scale_bits(P.static_scales[i], o.bf16_scales);
+    for (size_t i = 0; i < q.scales.size(); ++i) q.scales[i] = float_to_word16(P.static_scales[i], o.bf16_scales);
   if (o.sparse24) q.mask.assign(size_t(P.k * P.n), 1);
   if (o.order == GptqOptions::DynamicActOrder && o.group_size > 0) {
     q.g_idx.assign(size_t(P.k), 0);
@@ -108,7 +108,7 @@ double run_chunk(const GptqOptions& o, const gptq::Prepared& P, const std::vecto
           }
           for (int64_t r = 0; r < nc; ++r) s[size_t(r)] = quant::sym_scale(amax[size_t(r)], bits, o.bf16_scales);
         }
-        for (int64_t r = 0; r < nc; ++r) q.scales[size_t(srow * n + c0 + r)] = quant::scale_bits(s[size_t(r)], o.bf16_scales);
+        for (int64_t r = 0; r < nc; ++r) q.scales[size_t(srow * n + c0 + r)] = float_to_word16(s[size_t(r)], o.bf16_scales);
       } else if (!dyn) {
         std::copy_n(P.static_scales.data() + srow * n + c0, nc, s.data());  // written by make_result
       }

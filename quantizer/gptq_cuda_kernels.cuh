@@ -24,7 +24,7 @@ constexpr int kClipPairs = kClipRows * kClipCandPass;
 constexpr int kClipMaxGroup = 128;  // packed M (70 KB of doubles at 128) must fit in shared memory beside the tiles
 static_assert(kClipPairs == 64, "thread layout below assumes 16 pair-groups of 4 pairs");
 
-// quant::round_scale: the round trip through the stored scale type (fp16, or bf16).
+// round_to_word16 (checkpoint/half.h): the round trip through the stored scale type (fp16, or bf16).
 __device__ __forceinline__ float d_round_scale(float x, bool bf16) {
   return bf16 ? __bfloat162float(__float2bfloat16_rn(x)) : __half2float(__float2half_rn(x));
 }

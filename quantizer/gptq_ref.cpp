@@ -37,7 +37,7 @@ QuantizedLinear gptq_quantize_ref(const float* W, int64_t n, int64_t k, const Ei
           for (int64_t t = p; t < p + g; ++t) absmax = std::max(absmax, std::fabs(w[size_t(t)]));
           s = quant::sym_scale(absmax, bits, o.bf16_scales);
         }
-        q.scales[size_t(srow * n + r)] = quant::scale_bits(s, o.bf16_scales);
+        q.scales[size_t(srow * n + r)] = float_to_word16(s, o.bf16_scales);
       } else if (!gptq::dynamic_groups(o)) {
         s = P.static_scales[size_t(srow * n + r)];
       }

@@ -20,21 +20,15 @@ namespace marlinc::quant {
 inline int max_code(int bits) { return (1 << bits) - 1; }   // 15 / 255
 inline int zero_code(int bits) { return 1 << (bits - 1); }  // 8 / 128
 
-// The round trip through the scale type the packed file will hold (fp16, or bf16 for a bf16 model's
-// outputs other than Sparse-Marlin), so the codes, the error feedback and the stored scale agree.
-inline float round_to_fp16(float x) { return half_to_float(float_to_half(x)); }
-inline float round_to_bf16(float x) { return bf16_to_float(float_to_bf16(x)); }
-inline float round_scale(float x, bool bf16) { return bf16 ? round_to_bf16(x) : round_to_fp16(x); }
-// The stored bits of a scale already rounded by round_scale.
-inline uint16_t scale_bits(float s, bool bf16) { return bf16 ? float_to_bf16(s) : float_to_half(s); }
-
 // Scale for a row-group whose clip range is [−c, c] (c = shrink·absmax). An all-zero group gets the
 // reference quantizer's [−1, 1] range so the scale is never 0 (its codes are all `zero` anyway).
-// 2c/maxq is rounded to float, then to the scale type (the device does the same two steps); for a
-// float c the first rounding equals a float division, so RTN's scales are what they always were.
+// 2c/maxq is rounded to float, then to the scale type the packed file will hold (fp16, or bf16 for a
+// bf16 model's outputs other than Sparse-Marlin), so the codes, the error feedback and the stored scale
+// agree (the device does the same two steps); for a float c the first rounding equals a float
+// division, so RTN's scales are what they always were.
 inline float sym_scale(double c, int bits, bool bf16) {
   if (!(c > 0.0)) c = 1.0;
-  return round_scale(float((c + c) / double(max_code(bits))), bf16);
+  return round_to_word16(float((c + c) / double(max_code(bits))), bf16);
 }
 
 // nearbyint in the default rounding mode (to nearest, ties to even), inline: the x86-64 baseline has

@@ -52,7 +52,7 @@ double relative_weight_error(const float* W, const QuantizedLinear& q) {
       const uint8_t* mask = q.mask.empty() ? nullptr : q.mask.data() + r * n;
       for (int64_t c = c0; c < c1; ++c) {
         const uint16_t sb = q.scales[size_t(grow + c)];
-        const float s = q.scale_type == ScaleType::F16 ? half_to_float(sb) : bf16_to_float(sb);
+        const float s = word16_to_float(sb, q.scale_type == ScaleType::BF16);
         const int zero = q.sym ? zero_code(q.bits) : int(q.zeros[size_t(grow + c)]);
         const float v = mask && !mask[c] ? 0.0f : float(int(codes[c]) - zero) * s;  // QuantizedLinear::weight
         const double w = W[c * k + r], d = double(v) - w;
@@ -109,7 +109,7 @@ void quantize_row_group(const float* wrow, int64_t row, int64_t n, int64_t g0, i
     for (int64_t i = 0; i < len; ++i) absmax = std::max(absmax, std::fabs(wrow[g0 + i]));
     s = quant::sym_scale(absmax, o.bits, o.bf16_scales);
   }
-  q.scales[size_t(gid * n + row)] = quant::scale_bits(s, o.bf16_scales);
+  q.scales[size_t(gid * n + row)] = float_to_word16(s, o.bf16_scales);
   for (int64_t i = 0; i < len; ++i)
     q.codes[size_t((g0 + i) * n + row)] = uint8_t(quant::quantize_code(wrow[g0 + i], s, o.bits));
 }

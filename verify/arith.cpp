@@ -16,9 +16,6 @@ std::vector<int64_t> sample_columns(int64_t n, int64_t max_cols) {
   return cols;
 }
 
-float act_to_float(uint16_t bits, bool bf16) { return bf16 ? bf16_to_float(bits) : half_to_float(bits); }
-uint16_t float_to_act(float v, bool bf16) { return bf16 ? float_to_bf16(v) : float_to_half(v); }
-
 namespace {
 // Per selected column, the weights exactly as the kernel's tensor cores see them.
 std::vector<float> kernel_weights(const QuantizedLinear& q, int64_t col, bool per_channel) {
@@ -29,7 +26,7 @@ std::vector<float> kernel_weights(const QuantizedLinear& q, int64_t col, bool pe
     float v = float(int(q.codes[i]) - q.zero_of(r, col));
     // The kernel multiplies in 16-bit registers (grouped), so the product is rounded to that type.
     const bool bf16 = bf16_kernel(q);
-    w[size_t(r)] = per_channel ? v : act_to_float(float_to_act(v * q.scale_of(r, col), bf16), bf16);
+    w[size_t(r)] = per_channel ? v : round_to_word16(v * q.scale_of(r, col), bf16);
   }
   return w;
 }
@@ -39,7 +36,7 @@ std::vector<float> gemm_kernel_numerics(const std::vector<uint16_t>& A, int m, c
                                         const std::vector<int64_t>& cols) {
   const bool per_channel = q.groups() == 1, bf16 = bf16_kernel(q);
   std::vector<float> a(A.size());
-  for (size_t i = 0; i < A.size(); ++i) a[i] = act_to_float(A[i], bf16);
+  for (size_t i = 0; i < A.size(); ++i) a[i] = word16_to_float(A[i], bf16);
   std::vector<float> c(size_t(m) * cols.size());
 #pragma omp parallel for schedule(dynamic)
   for (long long ci = 0; ci < (long long)cols.size(); ++ci) {
@@ -49,7 +46,7 @@ std::vector<float> gemm_kernel_numerics(const std::vector<uint16_t>& A, int m, c
       float acc = 0.f;
       const float* ai = a.data() + size_t(i) * size_t(q.k);
       for (int64_t r = 0; r < q.k; ++r) acc += ai[r] * w[size_t(r)];
-      c[size_t(i) * cols.size() + size_t(ci)] = act_to_float(float_to_act(acc * s, bf16), bf16);
+      c[size_t(i) * cols.size() + size_t(ci)] = round_to_word16(acc * s, bf16);
     }
   }
   return c;
@@ -58,7 +55,7 @@ std::vector<float> gemm_kernel_numerics(const std::vector<uint16_t>& A, int m, c
 std::vector<double> gemm_reference(const std::vector<uint16_t>& A, int m, const QuantizedLinear& q,
                                    const std::vector<int64_t>& cols) {
   std::vector<double> a(A.size());  // [m, k], exact
-  for (size_t i = 0; i < A.size(); ++i) a[i] = double(act_to_float(A[i], bf16_kernel(q)));
+  for (size_t i = 0; i < A.size(); ++i) a[i] = double(word16_to_float(A[i], bf16_kernel(q)));
   std::vector<double> c(size_t(m) * cols.size());
 #pragma omp parallel for schedule(dynamic)
   for (long long ci = 0; ci < (long long)cols.size(); ++ci) {
@@ -99,7 +96,7 @@ std::vector<uint16_t> random_activations(int m, int64_t k, uint64_t seed, bool b
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
     z ^= z >> 31;
     float u = float(z >> 40) / float(1ULL << 24) * 2.f - 1.f;
-    v = float_to_act(u, bf16);
+    v = float_to_word16(u, bf16);
   }
   return a;
 }

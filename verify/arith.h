@@ -18,8 +18,6 @@ std::vector<int64_t> sample_columns(int64_t n, int64_t max_cols);
 // scale type decides it: fp16 scales -> the fp16 kernel, bf16 scales -> the bf16 kernel (formats.md §2.6).
 // A, C and the activations below are words of that type.
 inline bool bf16_kernel(const QuantizedLinear& q) { return q.scale_type == ScaleType::BF16; }
-float act_to_float(uint16_t bits, bool bf16);
-uint16_t float_to_act(float v, bool bf16);  // round to nearest even
 
 // C[m, cols] with the kernel's numerics in the layer's 16-bit type (bf16_kernel): grouped scales ->
 // each weight (code - z) * s rounded to that type, products accumulated in fp32; per-channel scale ->

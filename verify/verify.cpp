@@ -88,7 +88,7 @@ CheckResult check_structure(const ModuleDesc& d, const FormatInfo& fi, const Qua
   if (d.act_order && !fi.desc_act)
     fail("config says no act-order (desc_act / actorder) but g_idx is not k // group_size: loaders would ignore it");
   for (size_t i = 0; i < q.scales.size(); ++i) {
-    float s = q.scale_type == ScaleType::F16 ? half_to_float(q.scales[i]) : bf16_to_float(q.scales[i]);
+    float s = word16_to_float(q.scales[i], q.scale_type == ScaleType::BF16);
     if (!std::isfinite(s) || s == 0.f) {
       fail("scale at group " + std::to_string(i / size_t(q.n)) + ", column " + std::to_string(i % size_t(q.n)) +
            " is " + (s == 0.f ? "zero" : "not finite"));

@@ -210,7 +210,7 @@ PackedTensor write_dequantized(const QuantizedLinear& q) {
   for (long long c = 0; c < q.n; ++c)
     for (int64_t r = 0; r < q.k; ++r) {
       const float v = q.weight(r, c);  // (q - z) * s: exact in fp32 (<= 8-bit code x 11-bit mantissa)
-      w[size_t(c * q.k + r)] = bf ? float_to_bf16(v) : float_to_half(v);
+      w[size_t(c * q.k + r)] = float_to_word16(v, bf);
     }
   return fmt::make_tensor(tname(q.name, "weight"), fmt::dtype_of(q.scale_type), {q.n, q.k}, w);
 }

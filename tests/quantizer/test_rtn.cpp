@@ -119,7 +119,7 @@ TEST_CASE("weighted clip: identity weighting equals the unweighted L2 search, ba
       const float b = quant::lp_clip_scale(Xf.data() + r, g, cols, 4, 2.0f, quant::kMarlinClipGrid,
                                            quant::kMarlinClipCandidates, bf16);
       CHECK(a == b);
-      CHECK(a == quant::round_scale(a, bf16));  // a value the stored type holds exactly
+      CHECK(a == round_to_word16(a, bf16));  // a value the stored type holds exactly
     }
     std::vector<float> fast(static_cast<size_t>(cols));
     quant::weighted_clip_scales(X.data(), g, cols, cols, M.data(), quant::Tri::Upper, 4, quant::kMarlinClipGrid,
@@ -133,7 +133,7 @@ TEST_CASE("weighted clip: identity weighting equals the unweighted L2 search, ba
                                                        quant::kMarlinClipCandidates, bf16);
       mismatch += fast[size_t(r)] != ref;
       CHECK(fast[size_t(r)] == dense[size_t(r)]);
-      CHECK(fast[size_t(r)] == quant::round_scale(fast[size_t(r)], bf16));
+      CHECK(fast[size_t(r)] == round_to_word16(fast[size_t(r)], bf16));
     }
     CHECK(double(mismatch) / double(cols) <= kClipMismatchMax);
   }

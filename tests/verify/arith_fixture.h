@@ -6,6 +6,7 @@
 #include <random>
 #include <vector>
 
+#include "checkpoint/half.h"
 #include "packer/quantized_linear.h"
 #include "verify/arith.h"
 
@@ -22,7 +23,7 @@ inline QuantizedLinear random_arith_layer(int64_t k, int64_t n, int group, bool 
   q.codes.resize(size_t(k * n));
   for (auto& c : q.codes) c = uint8_t(code(rng));
   q.scales.resize(size_t(q.groups() * n));
-  for (auto& s : q.scales) s = float_to_act(sd(rng), bf16);
+  for (auto& s : q.scales) s = float_to_word16(sd(rng), bf16);
   return q;
 }
 

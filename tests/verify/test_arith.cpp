@@ -13,7 +13,7 @@ using namespace marlinc;
 
 namespace {
 
-bool representable(float v, bool bf16) { return act_to_float(float_to_act(v, bf16), bf16) == v; }
+bool representable(float v, bool bf16) { return round_to_word16(v, bf16) == v; }
 
 }  // namespace
 
