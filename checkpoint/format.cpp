@@ -15,20 +15,12 @@ namespace {
 // Which packed-tensor family a module prefix belongs to, from its leaf names alone.
 enum class Kind { QWeight /* GPTQ or AWQ */, Marlin, Marlin24, CtPack, CtMarlin24 };
 
-struct Split {
-  std::string prefix, leaf;
-};
-Split split_name(const std::string& name) {
-  auto dot = name.rfind('.');
-  if (dot == std::string::npos) return {"", name};
-  return {name.substr(0, dot), name.substr(dot + 1)};
-}
-std::string join(const std::string& prefix, const char* leaf) { return prefix.empty() ? leaf : prefix + "." + leaf; }
+std::string join(const std::string& prefix, const char* leaf) { return join_tensor_name(prefix, leaf); }
 
 std::map<std::string, std::set<std::string>> leaves_by_prefix(const Checkpoint& ck) {
   std::map<std::string, std::set<std::string>> m;
   for (const std::string& n : ck.tensor_names()) {
-    Split s = split_name(n);
+    const TensorName s = split_tensor_name(n);
     m[s.prefix].insert(s.leaf);
   }
   return m;
@@ -266,10 +258,8 @@ std::vector<QuantizedModuleShape> quantized_module_shapes(const Checkpoint& ck, 
       case Format::Marlin: case Format::Marlin24: {
         const bool sp = fi.format == Format::Marlin24;
         const std::string bn = join(p, sp ? "B_24" : "B");
-        std::string sn = join(p, "s");
-        if (sp && !ck.contains(sn)) sn = join(p, "s_24");
-        std::string mn = join(p, "B_meta");
-        if (sp && !ck.contains(mn)) mn = join(p, "meta");
+        const std::string sn = sp ? marlin24_stored_name(ck, join(p, "s")) : join(p, "s");
+        const std::string mn = marlin24_stored_name(ck, join(p, "B_meta"));
         if (!ck.contains(sn)) bad_data(ck.source().string() + ": " + p + ": Sparse-Marlin module has no scales (s or s_24)");
         const TensorInfo& B = need_2d(ck, bn, {DType::I32, DType::U32});
         const TensorInfo& s = need_2d(ck, sn, {DType::F16, DType::BF16});
@@ -374,7 +364,7 @@ FormatInfo detect_format(const Checkpoint& ck) {
   if (counts.empty()) {
     fi.format = Format::Plain;
     for (const std::string& n : ck.tensor_names()) {
-      const std::string leaf = split_name(n).leaf;
+      const std::string leaf = split_tensor_name(n).leaf;
       if (leaf == "qweight" || leaf == "qzeros" || leaf == "B_24" || leaf == "weight_packed" || leaf == "B_meta") {
         fi.format = Format::Unknown;
         fi.notes.push_back(n + ": looks like a packed quantized tensor but its module lacks the companion tensors");
@@ -553,6 +543,23 @@ FormatInfo detect_format(const Checkpoint& ck) {
     }
   }
   return fi;
+}
+
+TensorName split_tensor_name(const std::string& name) {
+  const size_t dot = name.rfind('.');
+  if (dot == std::string::npos) return {"", name};
+  return {name.substr(0, dot), name.substr(dot + 1)};
+}
+
+std::string join_tensor_name(const std::string& prefix, const std::string& leaf) {
+  return prefix.empty() ? leaf : prefix + "." + leaf;
+}
+
+std::string marlin24_stored_name(const Checkpoint& ck, const std::string& name) {
+  if (ck.contains(name)) return name;
+  const TensorName t = split_tensor_name(name);
+  const std::string alias = t.leaf == "B_meta" ? "meta" : t.leaf == "s" ? "s_24" : "";
+  return !alias.empty() && ck.contains(join_tensor_name(t.prefix, alias)) ? join_tensor_name(t.prefix, alias) : name;
 }
 
 MarlinRuleCheck marlin_compatible(int64_t k, int64_t n, int group_size, int bits, bool sparse24) {

@@ -23,6 +23,18 @@ enum class Format {
   Unknown,                    // quantized-looking tensors that fit no format
 };
 
+// A tensor name split at its last '.': the module prefix ("" for a bare file's "B", "s") and the leaf.
+struct TensorName {
+  std::string prefix, leaf;
+};
+TensorName split_tensor_name(const std::string& name);
+// prefix + "." + leaf, or just leaf for the bare-file prefix "".
+std::string join_tensor_name(const std::string& prefix, const std::string& leaf);
+// The tensor a Marlin-24 checkpoint holds for the Marlin-24 name `name`: the original Sparse-Marlin packer
+// names B_meta `meta` and s `s_24` (the same bytes). `name` itself where the checkpoint has it or where it
+// has no alias.
+std::string marlin24_stored_name(const Checkpoint& ck, const std::string& name);
+
 struct FormatInfo {
   Format format = Format::Unknown;
   int bits = 0;          // 0 for Plain

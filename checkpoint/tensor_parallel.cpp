@@ -2,14 +2,11 @@
 
 #include <array>
 
+#include "checkpoint/format.h"
+
 namespace marlinc {
 
 namespace {
-
-std::string last_component(const std::string& module) {
-  const size_t dot = module.rfind('.');
-  return dot == std::string::npos ? module : module.substr(dot + 1);
-}
 
 // A positive integer config value, or 0 (absent, another type, or not positive: the heads stay unknown).
 int64_t positive(const nlohmann::json& c, const char* key) {
@@ -23,7 +20,7 @@ int64_t positive(const nlohmann::json& c, const char* key) {
 TpSplit tp_split(const std::string& module) {
   static const std::array<const char*, 8> kRow = {"o_proj", "down_proj", "out_proj", "dense_4h_to_h",
                                                   "fc2",    "w2",        "wo",       "c_proj"};
-  const std::string leaf = last_component(module);
+  const std::string leaf = split_tensor_name(module).leaf;
   for (const char* r : kRow)
     if (leaf == r) return TpSplit::Row;
   return TpSplit::Column;
@@ -56,7 +53,7 @@ TpShard tp_shard(const std::string& module, int64_t k, int64_t n, int tp, const 
     else s.k = k / tp;
     return s;
   }
-  const std::string leaf = last_component(module);
+  const std::string leaf = split_tensor_name(module).leaf;
   if ((leaf == "k_proj" || leaf == "v_proj") && heads.kv_heads > 0 && n == heads.kv_heads * heads.head_dim) {
     if (heads.kv_heads % tp == 0) {
       s.n = n / tp;

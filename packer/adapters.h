@@ -149,12 +149,7 @@ std::vector<std::string> unquantized_linears(const Checkpoint& ck, const std::fu
 // distinctive leaves (qweight, B_24, weight_packed, ...) appear in no plain model, so convert refuses one
 // outside every module; with `short_names` also B, s, scales, meta and perm, which some plain models use
 // too and which verify only reports as leftovers.
-bool is_quant_leaf(std::string_view tensor_name, bool short_names);
-
-// The tensor a Marlin-24 checkpoint holds for the name write_module gives it: the original Sparse-Marlin
-// packer names B_meta `meta` and s `s_24` (the same bytes). `name` itself where the checkpoint has it or
-// where it has no alias.
-std::string marlin24_stored_name(const Checkpoint& ck, const std::string& name);
+bool is_quant_leaf(const std::string& tensor_name, bool short_names);
 
 struct TargetConfig {
   nlohmann::json config;                          // config.json (source keys kept, quantization_config replaced)

@@ -53,11 +53,6 @@ bool is_sparse(Format f) { return f == Format::Marlin24 || f == Format::Compress
 constexpr const char* kCertifiedConfigFiles[] = {"config.json", "quantize_config.json", "quant_config.json",
                                                   "model.safetensors.index.json"};
 
-std::string suffix_of(const std::string& name) {
-  auto dot = name.rfind('.');
-  return dot == std::string::npos ? name : name.substr(dot + 1);
-}
-
 std::string fmt_double(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.3g", v);
@@ -268,7 +263,7 @@ void flag_outliers(std::vector<LayerReport>& layers, double factor) {
   std::map<std::string, std::vector<double>> by_kind;
   std::vector<double> all;
   for (auto& L : layers)
-    if (L.output_rel_err >= 0) { by_kind[suffix_of(L.name)].push_back(L.output_rel_err); all.push_back(L.output_rel_err); }
+    if (L.output_rel_err >= 0) { by_kind[split_tensor_name(L.name).leaf].push_back(L.output_rel_err); all.push_back(L.output_rel_err); }
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v.empty() ? 0.0 : v[v.size() / 2];
@@ -276,7 +271,7 @@ void flag_outliers(std::vector<LayerReport>& layers, double factor) {
   const double overall = median(all);
   for (auto& L : layers) {
     if (L.output_rel_err < 0) continue;
-    const auto& peers = by_kind[suffix_of(L.name)];
+    const auto& peers = by_kind[split_tensor_name(L.name).leaf];
     const double med = peers.size() >= 3 ? median(peers) : overall;
     if (L.output_rel_err > kOutlierFloor && L.output_rel_err > factor * med) {
       L.outlier = true;

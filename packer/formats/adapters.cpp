@@ -87,13 +87,12 @@ std::string target_rule(TargetFormat t, const ModuleDesc& d) {
   return "";
 }
 
-bool is_quant_leaf(std::string_view tensor_name, bool short_names) {
-  static const std::set<std::string_view> kDistinct = {
+bool is_quant_leaf(const std::string& tensor_name, bool short_names) {
+  static const std::set<std::string> kDistinct = {
       "qweight",       "qzeros",       "g_idx",        "B_24",         "B_meta",            "s_24",
       "weight_packed", "weight_scale", "weight_shape", "weight_g_idx", "weight_zero_point", "scale_packed"};
-  static const std::set<std::string_view> kShort = {"B", "s", "scales", "meta", "perm"};
-  const size_t dot = tensor_name.rfind('.');
-  const std::string_view leaf = dot == std::string_view::npos ? tensor_name : tensor_name.substr(dot + 1);
+  static const std::set<std::string> kShort = {"B", "s", "scales", "meta", "perm"};
+  const std::string leaf = split_tensor_name(tensor_name).leaf;
   return kDistinct.count(leaf) > 0 || (short_names && kShort.count(leaf) > 0);
 }
 

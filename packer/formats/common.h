@@ -80,9 +80,7 @@ PackedTensor make_tensor(std::string name, DType dt, std::vector<int64_t> shape,
 }
 
 // name + "." + suffix, or just suffix for the bare-file prefix "".
-inline std::string tname(const std::string& prefix, const char* suffix) {
-  return prefix.empty() ? std::string(suffix) : prefix + "." + suffix;
-}
+inline std::string tname(const std::string& prefix, const char* suffix) { return join_tensor_name(prefix, suffix); }
 
 uint64_t tensor_bytes(const Checkpoint& ck, const std::vector<std::string>& names);
 

@@ -165,14 +165,6 @@ std::vector<PackedTensor> write_marlin(const QuantizedLinear& q, bool force_g_id
 
 // ---- Sparse-Marlin 2:4 ----------------------------------------------------------------------------
 
-std::string marlin24_stored_name(const Checkpoint& ck, const std::string& name) {
-  if (ck.contains(name)) return name;
-  const size_t dot = name.rfind('.');
-  const std::string base = dot == std::string::npos ? "" : name.substr(0, dot + 1), leaf = name.substr(base.size());
-  const std::string alias = leaf == "B_meta" ? "meta" : leaf == "s" ? "s_24" : "";
-  return !alias.empty() && ck.contains(base + alias) ? base + alias : name;
-}
-
 namespace {
 
 struct Names24 {
