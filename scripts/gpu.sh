@@ -118,36 +118,35 @@ if [ "${SKIP_VERIFY:-0}" != 1 ]; then
   rc=$?
   [ $rc -ne 0 ] && status=1 && tail -20 "$OUT/sample_verify.log"
   summary+=("sample gptq (--device cuda, twice: same bytes) + verify on the GPU: rc=$rc, $(grep -E "^backend" "$OUT/sample_verify.log"), $(grep -E "^layers" "$OUT/sample_verify.log")")
-  # The bf16 model path: a bf16 copy of the sample (scripts/bf16_copy.py) quantized on the GPU keeps bf16
-  # scales, and verify runs each layer through the bf16 kernel on bf16 activations.
-  rm -rf "$tmp/sample_bf16_model" "$tmp/sample_bf16"
-  python3 scripts/bf16_copy.py data/sample/model "$tmp/sample_bf16_model" &&
-    "$bin" quantize "$tmp/sample_bf16_model" "$tmp/sample_bf16" --method gptq --device cuda --format marlin --group 128 > "$OUT/sample_bf16_quantize.log" 2>&1 &&
-    "$bin" verify "$tmp/sample_bf16" --reference "$tmp/sample_bf16_model" --certificate "$OUT/sample_bf16_certificate.json" > "$OUT/sample_bf16_verify.log" 2>&1
-  rc=$?
-  [ $rc -ne 0 ] && status=1 && tail -20 "$OUT/sample_bf16_quantize.log" "$OUT/sample_bf16_verify.log"
-  on_kernel=$(grep -o "bf16 activations, Marlin kernel on the GPU" "$OUT/sample_bf16_certificate.json" 2>/dev/null | wc -l)
-  worst=$(grep -oE "arith [0-9.e+-]+" "$OUT/sample_bf16_verify.log" | sort -k2 -g | tail -1)
-  summary+=("bf16 sample gptq + verify on the GPU: rc=$rc, $(grep -E "^layers" "$OUT/sample_bf16_verify.log"), $on_kernel on the bf16 kernel, worst $worst")
-  # Act-order: GPTQ with --order dynamic (g_idx in every layer) to a GPTQ file; verify runs each layer on the
-  # kernel with its rows sorted by group, as vLLM's gptq_marlin does.
-  rm -rf "$tmp/sample_act"
-  "$bin" quantize data/sample/model "$tmp/sample_act" --method gptq --device cuda --format gptq --order dynamic > "$OUT/sample_act_quantize.log" 2>&1 &&
-    "$bin" verify "$tmp/sample_act" --reference data/sample/model --certificate "$OUT/sample_act_certificate.json" > "$OUT/sample_act_verify.log" 2>&1
-  rc=$?
-  [ $rc -ne 0 ] && status=1 && tail -20 "$OUT/sample_act_quantize.log" "$OUT/sample_act_verify.log"
-  on_kernel=$(grep -o "Marlin kernel on the GPU" "$OUT/sample_act_certificate.json" 2>/dev/null | wc -l)
-  act=$(grep -o '"act_order": true' "$OUT/sample_act_certificate.json" 2>/dev/null | wc -l)
-  summary+=("act-order sample (gptq --order dynamic) + verify on the GPU: rc=$rc, $(grep -E "^layers" "$OUT/sample_act_verify.log"), $act act-order, $on_kernel on the kernel")
+  # One sample variant: quantize MODEL with --method gptq --device cuda and EXTRA options into $tmp/sample_NAME,
+  # verify it against MODEL, and add a summary line: LABEL, the layers line, how many certificate details
+  # say PATTERN (the kernel each layer ran), and the worst arithmetic error.
+  sample_variant() {
+    local name=$1 model=$2 label=$3 pattern=$4; shift 4
+    local dir="$tmp/sample_$name" log="$OUT/sample_${name}"
+    rm -rf "$dir"
+    "$bin" quantize "$model" "$dir" --method gptq --device cuda "$@" > "${log}_quantize.log" 2>&1 &&
+      "$bin" verify "$dir" --reference "$model" --certificate "${log}_certificate.json" > "${log}_verify.log" 2>&1
+    local rc=$?
+    [ $rc -ne 0 ] && status=1 && tail -20 "${log}_quantize.log" "${log}_verify.log"
+    local hits worst
+    hits=$(grep -o "$pattern" "${log}_certificate.json" 2>/dev/null | wc -l)
+    worst=$(grep -oE "arith [0-9.e+-]+" "${log}_verify.log" | sort -k2 -g | tail -1)
+    summary+=("$label + verify on the GPU: rc=$rc, $(grep -E "^layers" "${log}_verify.log"), $hits '$pattern', worst $worst")
+  }
+  # bf16: a bf16 copy of the sample (scripts/bf16_copy.py) keeps bf16 scales, and verify runs each layer through
+  # the bf16 kernel on bf16 activations.
+  rm -rf "$tmp/sample_bf16_model"
+  python3 scripts/bf16_copy.py data/sample/model "$tmp/sample_bf16_model" || status=1
+  sample_variant bf16 "$tmp/sample_bf16_model" "bf16 sample gptq" "bf16 activations, Marlin kernel on the GPU" \
+    --format marlin --group 128
+  # Act-order: --order dynamic (g_idx in every layer) to a GPTQ file; verify runs each layer on the kernel with
+  # its rows sorted by group, as vLLM's gptq_marlin does.
+  sample_variant act data/sample/model "act-order sample (gptq --order dynamic)" "Marlin kernel on the GPU" \
+    --format gptq --order dynamic
   # 2:4: GPTQ + SparseGPT to Sparse-Marlin; verify runs each layer's values on the dense kernel.
-  rm -rf "$tmp/sample_24"
-  "$bin" quantize data/sample/model "$tmp/sample_24" --method gptq --device cuda --format marlin24 > "$OUT/sample_24_quantize.log" 2>&1 &&
-    "$bin" verify "$tmp/sample_24" --reference data/sample/model --certificate "$OUT/sample_24_certificate.json" > "$OUT/sample_24_verify.log" 2>&1
-  rc=$?
-  [ $rc -ne 0 ] && status=1 && tail -20 "$OUT/sample_24_quantize.log" "$OUT/sample_24_verify.log"
-  on_kernel=$(grep -o "pruned weights as zeros), every column" "$OUT/sample_24_certificate.json" 2>/dev/null | wc -l)
-  worst=$(grep -oE "arith [0-9.e+-]+" "$OUT/sample_24_verify.log" | sort -k2 -g | tail -1)
-  summary+=("2:4 sample (gptq --format marlin24) + verify on the GPU: rc=$rc, $(grep -E "^layers" "$OUT/sample_24_verify.log"), $on_kernel on the dense kernel, worst $worst")
+  sample_variant 24 data/sample/model "2:4 sample (gptq --format marlin24)" "pruned weights as zeros), every column" \
+    --format marlin24
   if [ "${SKIP_VERIFY_8B:-0}" != 1 ]; then
     t0=$(date +%s)
     "$BUILD/bench/bench_convert" --dir "$tmp/bc" --blocks "${VERIFY_BLOCKS:-32}" --reps 1 --keep > "$OUT/bench_convert.log" 2>&1 || status=1
