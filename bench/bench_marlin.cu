@@ -18,7 +18,10 @@
 // that launches layer by layer pays on the CPU), first call on new arguments and repeated calls.
 // --auto-only times only cuBLAS and the kernel Auto picks (A/B runs); --sms N plans and launches our
 // kernels as if the device had N SMs (partition experiments). With --explore, m <= 16 also times the
-// streaming kernel at each slice width its plan accepts.
+// streaming kernel at each slice width its plan accepts. --floor also times, per layer, a kernel that only
+// reads the layer's packed weights and scales (and one that only reads cuBLAS's fp16 weights), launched as
+// ours are (bench/read_floor.cuh), and prints cuBLAS's time over it: the speedup a kernel that did no
+// arithmetic, no reduction and no write would reach.
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -35,6 +38,7 @@
 
 #include "kernels/marlin.h"
 #include "kernels/marlin_dispatch.h"
+#include "bench/read_floor.cuh"
 
 using namespace marlinc::kernels;
 
@@ -216,6 +220,10 @@ struct Row {
   double cublas = 0, fused = 0, serial = 0, dq = 0, wg = 0, autop = 0;
   double bytes = 0, flops = 0;
   double spread = 0;
+  // --floor: the read-only kernel over the same bytes (m-independent; bench/read_floor.cuh). read: the faster
+  // of one and two blocks per SM (our kernels' residency); read_free: with no residency limit; read16: the
+  // same as read over cuBLAS's fp16 weights.
+  double read = 0, read_free = 0, read16 = 0;
   std::string configs;
   std::string layers_json;  // per layer: [k, n, cuBLAS µs, fused µs, serial µs, dq+cuBLAS µs, wgmma µs, auto µs]
 };
@@ -286,7 +294,8 @@ int main(int argc, char** argv) {
   int wgmma_rows = 0;  // 0: the kernel's own pick for m
   int wgmma_pipeline = 0;  // 0: the kernel's own pick per tile (MarlinGemm::wgmma_pipeline)
   std::string json_path;
-  bool timeline = false, host_us = false;
+  bool timeline = false, host_us = false, floor = false;
+  int floor_tail_ns = 0;  // --floor-tail NS: the read kernel also holds each SM NS after its wait (experiment)
   std::string timeline_dump;  // --timeline-dump DIR: one csv of raw per-block records per layer and m
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -297,6 +306,8 @@ int main(int argc, char** argv) {
     else if (a == "--json" && i + 1 < argc) json_path = argv[++i];
     else if (a == "--timeline") timeline = true;
     else if (a == "--host-us") host_us = true;
+    else if (a == "--floor") floor = true;
+    else if (a == "--floor-tail" && i + 1 < argc) floor = true, floor_tail_ns = std::atoi(argv[++i]);
     else if (a == "--sms" && i + 1 < argc) sms_arg = std::atoi(argv[++i]);
     else if (a == "--auto-only") auto_only = true;
     else if (a == "--timeline-dump" && i + 1 < argc) timeline = true, timeline_dump = argv[++i];
@@ -322,7 +333,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: bench_marlin [--sets llama3-8b,llama3-70b,large,KxN[gG]] [--ms 1,16,...] [--explore]"
                    " [--wgmma] [--wgmma-rows 8|16|32|64|128] [--wgmma-pipeline 1|2] [--timeline]"
-                   " [--timeline-dump DIR] [--host-us] [--sms N] [--auto-only] [--json PATH]\n");
+                   " [--timeline-dump DIR] [--host-us] [--sms N] [--auto-only] [--floor] [--floor-tail NS] [--json PATH]\n");
       return 2;
     }
   }
@@ -404,7 +415,9 @@ int main(int argc, char** argv) {
   if (host_us) host_cost(st, ws, ws_bytes, sms);
 
   std::vector<Row> rows;
-  std::string explore_log, timeline_log;
+  std::string explore_log, timeline_log, floor_log;
+  uint32_t* floor_sink = nullptr;  // the read kernel's never-taken store (one word per block)
+  if (floor) CK(cudaMalloc(&floor_sink, size_t(prop.multiProcessorCount) * 8 * sizeof(uint32_t)));
   unsigned long long* tl_buf = nullptr;
   if (timeline && !marlin_timeline(nullptr, 0)) {
     std::printf("--timeline: this build does not record timelines (configure with -DMARLINC_TIMELINE=ON)\n");
@@ -439,6 +452,43 @@ int main(int argc, char** argv) {
       CK(cudaMalloc(&C, size_t(max_m) * L.n * 2));
       fill_half<<<1024, 256, 0, st>>>(A, size_t(max_m) * L.k, 7, -1.f, 1.f);
       CK(cudaStreamSynchronize(st));
+
+      if (floor) {
+        // Each configuration over the rotating packed weights + scales, then over cuBLAS's fp16 weights.
+        constexpr int nc = marlinc::bench::kReadFloorConfigCount;
+        double rq[nc], rf[nc];
+        for (int c = 0; c < nc; ++c) {
+          const marlinc::bench::ReadFloorConfig& fc = marlinc::bench::kReadFloorConfigs[c];
+          rq[c] = time_graph(st, [&](int i) {
+                    CK(marlinc::bench::read_floor_launch(fc, sms, {reinterpret_cast<const int4*>(Bq[i % nq]), qbytes / 16},
+                                                         {reinterpret_cast<const int4*>(Sq[i % nq]), sbytes / 16},
+                                                         floor_sink, st, floor_tail_ns));
+                  }).us;
+          rf[c] = time_graph(st, [&](int i) {
+                    CK(marlinc::bench::read_floor_launch(fc, sms, {reinterpret_cast<const int4*>(Wf[i % nf]), fbytes / 16},
+                                                         {nullptr, 0}, floor_sink, st, floor_tail_ns));
+                  }).us;
+        }
+        std::string line = "floor " + std::string(set.name) + " g" + std::to_string(set.group) + " k" +
+                           std::to_string(L.k) + " n" + std::to_string(L.n) + (floor_tail_ns ? " tail " + std::to_string(floor_tail_ns) + " ns" : "");
+        char num[96];
+        for (int part = 0; part < 2; ++part) {
+          std::snprintf(num, sizeof num, "%s%.1f MB in", part ? " | fp16 " : ": packed ",
+                        double(part ? fbytes : qbytes + sbytes) / 1e6);
+          line += num;
+          for (int c = 0; c < nc; ++c) {
+            std::snprintf(num, sizeof num, " %.2f (%s)", part ? rf[c] : rq[c], marlinc::bench::kReadFloorConfigs[c].name);
+            line += num;
+          }
+          line += " us";
+        }
+        floor_log += line + "\n";
+        for (Row& R : set_rows) {
+          R.read += std::min(rq[0], rq[1]);
+          R.read_free += rq[2];
+          R.read16 += std::min(rf[0], rf[1]);
+        }
+      }
 
       for (size_t mi = 0; mi < ms.size(); ++mi) {
         const int m = ms[mi];
@@ -550,6 +600,8 @@ int main(int argc, char** argv) {
 
   if (!explore_log.empty()) std::printf("%s", explore_log.c_str());
   if (!timeline_log.empty()) std::printf("%s", timeline_log.c_str());
+  if (!floor_log.empty()) std::printf("%s", floor_log.c_str());
+  if (floor_sink) CK(cudaFree(floor_sink));
   if (tl_buf) CK(cudaFree(tl_buf));
   if (!json_path.empty()) {
     FILE* f = std::fopen(json_path.c_str(), "w");
@@ -561,8 +613,10 @@ int main(int argc, char** argv) {
         std::fprintf(f,
                      "  {\"set\": \"%s\", \"group\": %d, \"m\": %d, \"cublas_us\": %.2f, \"fused_us\": %.2f, \"fused_serial_us\": %.2f, "
                      "\"dequant_cublas_us\": %.2f, \"wgmma_us\": %.2f, \"auto_us\": %.2f, \"bytes\": %.0f, \"flops\": %.0f, \"spread\": %.3f, "
+                     "\"read_us\": %.2f, \"read_free_us\": %.2f, \"fp16_read_us\": %.2f, "
                      "\"configs\": \"%s\", \"layers\": [%s]}%s\n",
                      r.set.c_str(), r.group, r.m, r.cublas, r.fused, r.serial, r.dq, r.wg, r.autop, r.bytes, r.flops, r.spread,
+                     r.read, r.read_free, r.read16,
                      r.configs.c_str(), r.layers_json.c_str(), i + 1 < rows.size() ? "," : "");
       }
       std::fprintf(f, "]}\n");
@@ -585,6 +639,20 @@ int main(int argc, char** argv) {
               "tiles: Auto's per layer, wg = Hopper kernel, st = streaming kernel, dq = dequantize + cuBLAS, "
               "k = whole-k stripes\n",
               copy_bw / 1e9, gemm_flops / 1e12);
+  if (floor) {
+    // The bound: cuBLAS's time over the read-only kernel's. What Auto pays beyond the read is the fixed cost
+    // (launch and first tile are in both; skew, split reduction and the write of C are Auto's alone).
+    std::printf("\n%-10s %3s %4s | %8s %8s %8s %8s | %6s %6s %6s | %8s\n", "set", "g", "m", "cuBLAS", "auto", "read",
+                "read16", "bound", "x_aut", "of_bnd", "auto-rd");
+    for (const Row& r : rows)
+      if (r.read > 0)
+        std::printf("%-10s %3d %4d | %8.1f %8.1f %8.1f %8.1f | %6.2f %6.2f %6.2f | %8.1f\n", r.set.c_str(), r.group, r.m,
+                    r.cublas, r.autop, r.read, r.read16, r.cublas / r.read, r.cublas / r.autop, r.read / r.autop,
+                    r.autop - r.read);
+    std::printf("read: a kernel that only reads the layers' packed weights and scales, the faster of 1 and 2 blocks "
+                "per SM, overlapped launch (bench/read_floor.cuh); read16: the same over the fp16 weights; bound = "
+                "cuBLAS / read; of_bnd = x_aut / bound; auto-rd = µs Auto spends beyond the read\n");
+  }
   CK(cudaFree(ws));
   CB(cublasDestroy(cub));
   CK(cudaStreamDestroy(st));
