@@ -5,8 +5,8 @@
 // the first three, so cuBLAS's time over this one bounds the speedup that any kernel reading these bytes
 // can reach in the benchmark (docs/PERF.md, nineteenth session).
 //
-// Each block reads a contiguous 1/grid of every segment with four 16-byte loads in flight per thread
-// (64 KB per SM at 1024 threads: ~2x the bytes in flight that 3 TB/s needs at DRAM latency), folds them
+// Each block reads a contiguous 1/grid of every segment with UNROLL (4 or 8) 16-byte loads in flight per
+// thread (64 or 128 KB per SM at 1024 threads), folds them
 // into one word so that the loads stay, and writes it only after the wait for the previous call, as our
 // kernels write C: with programmatic dependent launch a call reads while the previous one finishes.
 // `smem` only reserves shared memory, so that 1 or 2 blocks fit on an SM, as for the streaming kernel
@@ -25,18 +25,19 @@ struct ReadSegment {
   size_t words;  // 16-byte words
 };
 
+template <int UNROLL>
 __device__ __forceinline__ uint32_t read_fold(const int4* __restrict__ p, size_t words) {
   const size_t per = (words + gridDim.x - 1) / gridDim.x;
   const size_t lo = per * blockIdx.x < words ? per * blockIdx.x : words;
   const size_t hi = lo + per < words ? lo + per : words;
   const size_t T = blockDim.x;
   uint32_t x = 0;
-  for (size_t i = lo + threadIdx.x; i < hi; i += 4 * T) {
-    int4 v[4];
+  for (size_t i = lo + threadIdx.x; i < hi; i += UNROLL * T) {
+    int4 v[UNROLL];
 #pragma unroll
-    for (int u = 0; u < 4; ++u) v[u] = i + u * T < hi ? __ldcs(p + i + u * T) : make_int4(0, 0, 0, 0);
+    for (int u = 0; u < UNROLL; ++u) v[u] = i + u * T < hi ? __ldcs(p + i + u * T) : make_int4(0, 0, 0, 0);
 #pragma unroll
-    for (int u = 0; u < 4; ++u) x ^= uint32_t(v[u].x ^ v[u].y ^ v[u].z ^ v[u].w);
+    for (int u = 0; u < UNROLL; ++u) x ^= uint32_t(v[u].x ^ v[u].y ^ v[u].z ^ v[u].w);
   }
   return x;
 }
@@ -49,9 +50,10 @@ __device__ __forceinline__ uint64_t global_ns() {
 
 // Reads segments a and b (weights, scales) and nothing else. tail_ns > 0 (an experiment, --floor-tail):
 // the block then holds its SM that long after the wait, as a GEMM's products, reduction and write of C do.
+template <int UNROLL>
 __global__ void read_floor_kernel(ReadSegment a, ReadSegment b, uint32_t* sink, int tail_ns) {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");  // no-op without the launch attribute
-  const uint32_t x = read_fold(a.p, a.words) ^ read_fold(b.p, b.words);
+  const uint32_t x = read_fold<UNROLL>(a.p, a.words) ^ read_fold<UNROLL>(b.p, b.words);
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   if (tail_ns > 0) {
     if (threadIdx.x == 0)
@@ -66,18 +68,19 @@ struct ReadFloorConfig {
   const char* name;
   int blocks_per_sm, threads, smem_bytes;  // blocks_per_sm: of one call; smem_bytes: reserved so that
                                            // 1 or 2 blocks fit on an SM, 0: no limit
-  bool pdl;
+  int unroll;                              // 4 or 8 loads in flight per thread
+  bool ours;                               // our kernels' residency: counts toward the floor
 };
 
 // 1 and 2 blocks per SM as our kernels run (a call fills its SMs: the next call's blocks wait for its
-// exits); "1/SM+" one block per SM of half an SM's resources, so that two consecutive calls share each SM;
-// the last, unconstrained (8 small blocks per SM fit beside the previous call's), shows the rate with no
-// residency limit at all.
+// exits), each with 4 and 8 loads in flight; the floor is the fastest of these. Two more for comparison:
+// "free", unconstrained (8 small blocks per SM fit beside the previous call's), the rate with no residency
+// limit at all; "1/SM+", one block per SM of half an SM's resources, so that two consecutive calls share
+// each SM.
 constexpr ReadFloorConfig kReadFloorConfigs[] = {
-    {"1/SM", 1, 1024, 120 << 10, true},
-    {"2/SM", 2, 512, 100 << 10, true},
-    {"free", 4, 256, 0, true},
-    {"1/SM+", 1, 512, 100 << 10, true},
+    {"1/SM", 1, 1024, 120 << 10, 4, true},  {"2/SM", 2, 512, 100 << 10, 4, true},
+    {"1/SM u8", 1, 1024, 120 << 10, 8, true}, {"2/SM u8", 2, 512, 100 << 10, 8, true},
+    {"free", 4, 256, 0, 4, false},          {"1/SM+", 1, 512, 100 << 10, 4, false},
 };
 constexpr int kReadFloorConfigCount = int(sizeof(kReadFloorConfigs) / sizeof(kReadFloorConfigs[0]));
 
@@ -85,9 +88,10 @@ inline cudaError_t read_floor_launch(const ReadFloorConfig& c, int sms, ReadSegm
                                      cudaStream_t st, int tail_ns = 0) {
   static bool prepared = false;
   if (!prepared) {
-    const cudaError_t e =
-        cudaFuncSetAttribute(read_floor_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 120 << 10);
-    if (e != cudaSuccess) return e;
+    for (auto* k : {read_floor_kernel<4>, read_floor_kernel<8>}) {
+      const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, 120 << 10);
+      if (e != cudaSuccess) return e;
+    }
     prepared = true;
   }
   cudaLaunchConfig_t cfg = {};
@@ -98,9 +102,10 @@ inline cudaError_t read_floor_launch(const ReadFloorConfig& c, int sms, ReadSegm
   cudaLaunchAttribute attr = {};
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr.val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = c.pdl ? &attr : nullptr;
-  cfg.numAttrs = c.pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, read_floor_kernel, a, b, sink, tail_ns);
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  return c.unroll == 8 ? cudaLaunchKernelEx(&cfg, read_floor_kernel<8>, a, b, sink, tail_ns)
+                       : cudaLaunchKernelEx(&cfg, read_floor_kernel<4>, a, b, sink, tail_ns);
 }
 
 }  // namespace marlinc::bench

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one script for the lent GPU machine (H100/H200, CUDA 13): configures the `cuda` preset for
 # sm_90 only, builds everything, runs the [gpu] tests, compute-sanitizer memcheck + racecheck on the
-# [sanitize] subset, the Marlin and GPU-GPTQ benchmarks, the CLI end to end (the sample quantized and
+# [sanitize] subset, the Marlin (with each layer's read floor) and GPU-GPTQ benchmarks, the CLI end to end (the sample quantized and
 # verified with the kernel; an 8B-shaped checkpoint certified and timed), and prints a short summary
 # with the kernel benchmark table LAST. Logs go under $OUT when set (the device tool returns them).
 #
@@ -96,7 +96,7 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
   esac
   # shellcheck disable=SC2086
   t0=$(date +%s)
-  timeout "${BENCH_TIMEOUT:-200}" "$BUILD/bench/bench_marlin" --json "$OUT/bench.json" $wg_arg ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1 || { status=1; tail -20 "$OUT/bench.log"; }
+  timeout "${BENCH_TIMEOUT:-200}" "$BUILD/bench/bench_marlin" --json "$OUT/bench.json" $wg_arg --floor ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1 || { status=1; tail -20 "$OUT/bench.log"; }
   summary+=("kernel bench: $(( $(date +%s) - t0 )) s")
 fi
 
@@ -190,7 +190,7 @@ echo "==== summary"
 for s in "${summary[@]}"; do echo "$s"; done
 [ -f "$OUT/bench_gptq_cuda.log" ] && tail -n 20 "$OUT/bench_gptq_cuda.log"
 if [ -f "$OUT/bench.log" ]; then
-  grep -E "^explore" "$OUT/bench.log" | head -120
+  grep -E "^(explore|floor)" "$OUT/bench.log" | head -120
   sed -n '/^device:/,/^copy bandwidth/p' "$OUT/bench.log" | head -3
   sed -n '/^set /,$p' "$OUT/bench.log"
 fi
