@@ -15,10 +15,13 @@
 #include "quantizer/calib/perplexity.h"
 #include "quantizer/calib/tokenizer.h"
 #include "quantizer/calib/unicode.h"
+#include "tests/calib/golden_compare.h"
 #include "tests/common.h"
 
 using namespace marlinc;
 using namespace marlinc::calib;
+using marlinc::test::golden_matrix;
+using marlinc::test::rel_err;
 
 namespace {
 
@@ -35,19 +38,6 @@ std::string slurp(const std::filesystem::path& p) {
   std::ostringstream ss;
   ss << f.rdbuf();
   return ss.str();
-}
-
-Matrix golden_matrix(const SafetensorsFile& f, const std::string& name) {
-  const TensorInfo* t = f.find(name);
-  REQUIRE(t != nullptr);
-  auto v = f.view<float>(*t);
-  return Eigen::Map<const Matrix>(v.data(), t->shape[0], t->shape[1]);
-}
-
-double rel_err(const Matrix& a, const Matrix& b) {
-  REQUIRE(a.rows() == b.rows());
-  REQUIRE(a.cols() == b.cols());
-  return (a - b).cwiseAbs().maxCoeff() / b.cwiseAbs().maxCoeff();
 }
 
 void check_golden(const std::filesystem::path& model_dir, double tol) {

@@ -13,10 +13,13 @@
 
 #include "checkpoint/safetensors.h"
 #include "quantizer/calib/llama.h"
+#include "tests/calib/golden_compare.h"
 #include "tests/common.h"
 
 using namespace marlinc;
 using namespace marlinc::calib;
+using marlinc::test::golden_matrix;
+using marlinc::test::rel_err;
 
 namespace {
 
@@ -25,20 +28,6 @@ namespace {
 constexpr double kArchRelTol = 1e-5;  // measured 3e-7 to 1e-6
 
 std::filesystem::path golden_dir() { return std::filesystem::path(MARLINC_SOURCE_DIR) / "tests" / "data" / "arch-golden"; }
-
-Matrix golden_matrix(const SafetensorsFile& f, const std::string& name) {
-  const TensorInfo* t = f.find(name);
-  REQUIRE(t != nullptr);
-  REQUIRE(t->shape.size() == 2);
-  auto v = f.view<float>(*t);
-  return Eigen::Map<const Matrix>(v.data(), t->shape[0], t->shape[1]);
-}
-
-double rel_err(const Matrix& a, const Matrix& b) {
-  REQUIRE(a.rows() == b.rows());
-  REQUIRE(a.cols() == b.cols());
-  return (a - b).cwiseAbs().maxCoeff() / b.cwiseAbs().maxCoeff();
-}
 
 struct Case {
   const char* dir;
