@@ -1,5 +1,6 @@
 // GPU tests of the calibration forward pass (quantizer/calib/forward_cuda.cu): against transformers'
-// golden stories260K outputs, against the CPU pass (llama.cpp) on synthetic Qwen2 / Qwen3 / Mistral
+// golden stories260K outputs and its outputs for tiny Llama 3 / Mistral / Qwen2 / Qwen3 models
+// (tests/data/arch-golden), against the CPU pass (llama.cpp) on synthetic Qwen2 / Qwen3 / Mistral
 // blocks (biases, q/k norm, GQA, sliding window), and the Hessian sums against the CPU accumulator
 // fed with the CPU pass's inputs. The GPU rounds GEMM inputs to 16 bits, so everything is compared
 // with named tolerances; what must be exact (a capture-only pass leaves the hidden states alone,
@@ -28,6 +29,7 @@
 #include "packer/quantized_linear.h"
 #include "quantizer/hessian.h"
 #include "quantizer/quantize_checkpoint.h"
+#include "tests/calib/golden_compare.h"
 #include "tests/common.h"
 
 using namespace marlinc;
@@ -44,18 +46,7 @@ constexpr double kHessianRelTol = 2e-3;
 
 std::filesystem::path stories() { return test::shared_dir() / "data" / "stories260K"; }
 
-double rel_err(const Matrix& a, const Matrix& b) {
-  REQUIRE(a.rows() == b.rows());
-  REQUIRE(a.cols() == b.cols());
-  return double((a - b).cwiseAbs().maxCoeff()) / double(b.cwiseAbs().maxCoeff());
-}
-
-Matrix golden(const SafetensorsFile& f, const std::string& name) {
-  const TensorInfo* t = f.find(name);
-  REQUIRE(t != nullptr);
-  auto v = f.view<float>(*t);
-  return Eigen::Map<const Matrix>(v.data(), t->shape[0], t->shape[1]);
-}
+using test::rel_err;
 
 // Every block of the model on the GPU (update only); returns each sample's hidden state after block
 // 0 and after the last block.
@@ -88,9 +79,9 @@ void check_golden(GpuAct act, size_t chunk, double tol) {
   const GpuRun r = run_all(m, samples, act, chunk);
   for (int s = 0; s < 3; ++s) {
     const std::string p = "seq" + std::to_string(s) + ".";
-    const double e0 = rel_err(r.after0[size_t(s)], golden(g, p + "hidden_layer0"));
-    const double ef = rel_err(r.final[size_t(s)], golden(g, p + "hidden_final"));
-    const double el = rel_err(m.logits(m.final_norm(r.final[size_t(s)])), golden(g, p + "logits"));
+    const double e0 = rel_err(r.after0[size_t(s)], test::golden_matrix(g, p + "hidden_layer0"));
+    const double ef = rel_err(r.final[size_t(s)], test::golden_matrix(g, p + "hidden_final"));
+    const double el = rel_err(m.logits(m.final_norm(r.final[size_t(s)])), test::golden_matrix(g, p + "logits"));
     std::printf("gpu forward %s chunk %zu %s(T=%zu): rel err layer0 %.2e, final %.2e, logits %.2e (tol %.0e)\n",
                 act == GpuAct::F16 ? "fp16" : "bf16", chunk, p.c_str(), samples[size_t(s)].size(), e0, ef, el, tol);
     CHECK(e0 <= tol);
@@ -170,6 +161,32 @@ TEST_CASE("GPU forward: stories260K matches transformers' golden outputs within 
   // One sample per chunk: chunk boundaries must not change which tokens attend to which.
   check_golden(GpuAct::F16, 1, kGpuF16RelTol);
   check_golden(GpuAct::BF16, CudaForward::kDefaultChunkTokens, kGpuBf16RelTol);
+}
+
+TEST_CASE("GPU forward: Llama 3 / Mistral / Qwen2 / Qwen3 match transformers' logits within fp16 tolerance",
+          "[gpu][forward]") {
+  for (const char* name : {"llama3", "mistral", "qwen2", "qwen3"}) {
+    const std::filesystem::path dir = std::filesystem::path(MARLINC_SOURCE_DIR) / "tests" / "data" / "arch-golden" / name;
+    const LlamaModel m = LlamaModel::open(dir);
+    auto g = SafetensorsFile::open(dir / "golden.safetensors");
+    std::vector<std::vector<int32_t>> samples;
+    for (int s = 0; s < 2; ++s) {
+      auto tv = g.view<int32_t>(*g.find("seq" + std::to_string(s) + ".tokens"));
+      samples.emplace_back(tv.begin(), tv.end());
+    }
+    for (size_t chunk : {CudaForward::kDefaultChunkTokens, size_t(1)}) {  // one sample per chunk as well
+      const GpuRun r = run_all(m, samples, GpuAct::F16, chunk);
+      for (int s = 0; s < 2; ++s) {
+        const std::string p = "seq" + std::to_string(s) + ".";
+        const double e0 = rel_err(r.after0[size_t(s)], test::golden_matrix(g, p + "hidden_layer0"));
+        const double el = rel_err(m.logits(m.final_norm(r.final[size_t(s)])), test::golden_matrix(g, p + "logits"));
+        std::printf("gpu forward %s chunk %zu %s: rel err layer0 %.2e, logits %.2e (tol %.0e)\n", name, chunk,
+                    p.c_str(), e0, el, kGpuF16RelTol);
+        CHECK(e0 <= kGpuF16RelTol);
+        CHECK(el <= kGpuF16RelTol);
+      }
+    }
+  }
 }
 
 TEST_CASE("GPU forward: Qwen2 biases, Qwen3 q/k norm, Mistral's window and GQA match the CPU pass", "[gpu][forward]") {
