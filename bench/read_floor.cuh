@@ -6,12 +6,12 @@
 // can reach in the benchmark (docs/PERF.md, nineteenth session).
 //
 // Each block reads a contiguous 1/grid of every segment with UNROLL (4 or 8) 16-byte loads in flight per
-// thread (64 or 128 KB per SM at 1024 threads), folds them
-// into one word so that the loads stay, and writes it only after the wait for the previous call, as our
-// kernels write C: with programmatic dependent launch a call reads while the previous one finishes.
-// `smem` only reserves shared memory, so that 1 or 2 blocks fit on an SM, as for the streaming kernel
-// (one block per SM) and the others (two): a call's blocks then take an SM only once the previous
-// call's blocks there have exited.
+// thread (64 or 128 KB per SM at 1024 threads) and folds them into one word, so that the loads stay. It
+// writes that word only after the wait for the previous call, as our kernels write C: with programmatic
+// dependent launch a call reads while the previous one finishes. ReadFloorConfig::smem_bytes only
+// reserves shared memory, so that 1 or 2 blocks fit on an SM, as for the streaming kernel (one block per
+// SM) and the others (two): a call's blocks then take an SM only once the previous call's blocks there
+// have exited.
 #pragma once
 #include <cuda_runtime.h>
 
