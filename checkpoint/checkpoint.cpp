@@ -111,7 +111,7 @@ Checkpoint Checkpoint::open(const fs::path& file_or_dir) {
       if (!std::regex_match(s, m, kNumbered)) continue;
       const int total = std::stoi(m[3].str());
       for (int i = 1; i <= total; ++i) {
-        char buf[32];
+        char buf[48];  // total has 5 digits (the regex); room for any int keeps -Wformat-truncation quiet
         std::snprintf(buf, sizeof buf, "-%05d-of-%05d.safetensors", i, total);
         const std::string sib = m[1].str() + buf;
         if (shard_names.count(sib)) continue;
