@@ -3,7 +3,7 @@
 forward pass supports (quantizer/calib/llama.h): Llama 3 (llama3 RoPE scaling, GQA), Mistral (a sliding
 window shorter than the sequence), Qwen2 (q/k/v biases) and Qwen3 (per-head q/k RMSNorm, head_dim !=
 hidden / heads, tied embeddings). tests/calib/test_forward_arch.cpp checks marlinc's CPU forward against
-them; the GPU forward is checked against the CPU one ([gpu][forward]).
+them, tests/gpu/test_forward_cuda.cpp its GPU forward ([gpu][forward]).
 
 Needs torch and transformers (the GPU machine has both); the outputs are committed, so the tests never
 need Python. Each model is written in fp16 (small files) and run by transformers in fp32 after reloading

@@ -2,8 +2,8 @@
 // models written by tests/calib/make_arch_golden.py (transformers 5.17, committed under tests/data):
 // Llama 3 RoPE scaling, Mistral's sliding window (8, shorter than the 24-token sequence), Qwen2's q/k/v
 // biases, Qwen3's per-head q/k norms with head_dim != hidden / heads and tied embeddings. stories260K
-// (test_forward.cpp) covers the plain Llama path on a trained model; the GPU pass is checked against this
-// one ([gpu][forward]).
+// (test_forward.cpp) covers the plain Llama path on a trained model; tests/gpu/test_forward_cuda.cpp runs
+// the GPU pass on the same fixtures.
 #include <filesystem>
 #include <fstream>
 #include <string>
