@@ -1,8 +1,9 @@
 // End-to-end: `marlinc quantize --method gptq` through the real binary. On the real stories260K model
 // with real TinyStories text, held-out perplexity orders RTN > GPTQ > GPTQ + clip and GPTQ + clip
 // closes at least half of RTN's gap to fp32; 2:4 + 4-bit on the built-in sample gives a Marlin-24
-// checkpoint that `marlinc verify` accepts, byte-identical whatever the thread count; bad option
-// combinations exit 2 naming the option.
+// checkpoint that `marlinc verify` accepts, byte-identical whatever the thread count; GPTQ runs on every
+// architecture calibration supports (the tests/data/arch-golden fixtures); bad option combinations exit 2
+// naming the option.
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -133,6 +134,46 @@ TEST_CASE("gptq on a bf16 model: Marlin keeps bf16 scales, Marlin-24 fp16, and v
     const auto cert = nlohmann::json::parse(v.out);
     for (const auto& l : cert.at("layers"))
       CHECK(l.at("activations") == (std::string(format) == "marlin" ? "bf16" : "fp16"));
+  }
+}
+
+TEST_CASE("gptq on the Llama 3 / Mistral / Qwen2 / Qwen3 fixtures: verify accepts, biases and q/k norms kept, same bytes twice",
+          "[cli][gptq]") {
+  // tests/data/arch-golden: the forward pass of each matches transformers (tests/calib/test_forward_arch.cpp).
+  // Their 64-wide layers fit GPTQ's format at group 32, not Marlin's tiles.
+  TempDir td("gptq-arch");
+  const fs::path tokens = td.path / "tokens.jsonl";
+  {
+    std::ofstream f(tokens);
+    for (int d = 0; d < 16; ++d) {  // 16 documents of 40-70 token ids below the fixtures' vocabulary of 128
+      f << "[";
+      for (int t = 0; t < 40 + 2 * d; ++t) f << (t ? "," : "") << (d * 37 + t * 11) % 128;
+      f << "]\n";
+    }
+  }
+  for (const char* arch : {"llama3", "mistral", "qwen2", "qwen3"}) {
+    INFO(arch);
+    const fs::path model = fs::path(MARLINC_SOURCE_DIR) / "tests" / "data" / "arch-golden" / arch;
+    const std::string args = " --method gptq --format gptq --group 32 --calib " + q(tokens) +
+                             " --calib-format tokens --samples 16 --min-len 32";
+    Result r = run_cli("quantize " + q(model) + " " + q(td.path / arch) + args, td.path);
+    INFO(r.out << r.err);
+    REQUIRE(r.rc == 0);
+    CHECK(r.out.find("calibrated 16 samples") != std::string::npos);
+    Result v = run_cli("verify " + q(td.path / arch) + " --reference " + q(model), td.path);
+    INFO(v.out << v.err);
+    CHECK(v.rc == 0);
+    CHECK(v.out.find("14 passed, 0 failed") != std::string::npos);
+    const marlinc::Checkpoint ck = marlinc::Checkpoint::open(td.path / arch);
+    CHECK(ck.contains("model.layers.1.self_attn.q_proj.qweight"));
+    if (std::string(arch) == "qwen2") CHECK(ck.contains("model.layers.1.self_attn.q_proj.bias"));
+    if (std::string(arch) == "qwen3") {
+      CHECK(ck.contains("model.layers.1.self_attn.q_norm.weight"));
+      CHECK(!ck.contains("lm_head.weight"));  // tied to the embeddings, as in the input
+    }
+    const fs::path again = td.path / (std::string(arch) + "-again");
+    REQUIRE(run_cli("quantize " + q(model) + " " + q(again) + args, td.path).rc == 0);
+    CHECK(slurp(td.path / arch / "model.safetensors") == slurp(again / "model.safetensors"));
   }
 }
 
