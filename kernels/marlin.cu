@@ -611,7 +611,7 @@ cudaError_t marlin_wgmma_probe(const uint16_t* A, const uint16_t* B, float* D, i
 }
 
 MarlinStatus marlin_gemm(const MarlinGemm& g) {
-  if (g.m < 1 || g.n < 64 || g.k < 128 || g.n % 64 != 0 || g.k % 128 != 0) return MarlinStatus::BadShape;
+  if (g.m < 1 || !marlin_shape_supported(g.n, g.k)) return MarlinStatus::BadShape;
   if (int64_t(g.m) * g.n > int64_t(1) << 40 || int64_t(g.k) * g.n / 8 > std::numeric_limits<int32_t>::max() * int64_t(4))
     return MarlinStatus::BadShape;
   int groups = 1, shift = 0;

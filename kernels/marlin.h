@@ -28,6 +28,11 @@ enum class MarlinStatus {
 };
 const char* marlin_status_name(MarlinStatus s);
 
+// The weight shapes the kernel takes (BadShape otherwise): n a positive multiple of 64, k of 128.
+constexpr bool marlin_shape_supported(int64_t n, int64_t k) {
+  return n >= 64 && k >= 128 && n % 64 == 0 && k % 128 == 0;
+}
+
 enum class MarlinPath {
   Auto,           // per m and shape, from measurements (marlin_auto_path)
   Marlin,         // always the fused mma.sync kernel (any CUDA GPU of sm_80 or later)

@@ -128,7 +128,7 @@ if [ "${SKIP_VERIFY:-0}" != 1 ]; then
     "$bin" quantize "$model" "$dir" --method gptq --device cuda "$@" > "${log}_quantize.log" 2>&1 &&
       "$bin" verify "$dir" --reference "$model" --certificate "${log}_certificate.json" > "${log}_verify.log" 2>&1
     local rc=$?
-    [ $rc -ne 0 ] && status=1 && tail -20 "${log}_quantize.log" "${log}_verify.log"
+    [ $rc -ne 0 ] && status=1 && tail -n 20 "${log}_quantize.log" "${log}_verify.log"
     local hits worst
     hits=$(grep -o "$pattern" "${log}_certificate.json" 2>/dev/null | wc -l)
     worst=$(grep -oE "arith [0-9.e+-]+" "${log}_verify.log" | sort -k2 -g | tail -1)

@@ -93,6 +93,13 @@ bool gpu_arith(const std::string& name, const QuantizedLinear& q, const std::vec
     why = name + ": the kernel runs symmetric 4-bit layers";
     return false;
   }
+  // Checked before packing: the packer refuses an n that is not a multiple of 64 (a GPTQ or AWQ layer may
+  // have any width), and such a layer takes the CPU path like every other the kernel cannot run.
+  if (!kernels::marlin_shape_supported(q.n, q.k)) {
+    why = name + ": the kernel needs n % 64 == 0 and k % 128 == 0 (k = " + std::to_string(q.k) +
+          ", n = " + std::to_string(q.n) + ")";
+    return false;
+  }
   const bool act_order = !q.trivial_g_idx();
   const std::vector<int32_t> perm = act_order && q.group_size > 0 ? act_order_perm(q) : std::vector<int32_t>();
   if (act_order && perm.empty()) {

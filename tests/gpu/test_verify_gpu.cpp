@@ -4,6 +4,7 @@
 // machines without a GPU rely on.
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tests/common.h"
@@ -90,4 +91,24 @@ TEST_CASE("verify on the GPU: act-order groups of unequal sizes stay on the CPU 
   std::string why;
   CHECK_FALSE(gpu_arith(q.name, q, random_activations(2, q.k, 5, false), batches, C, R, why));
   CHECK(why.find("act-order groups of unequal sizes") != std::string::npos);
+}
+
+TEST_CASE("verify on the GPU: widths and depths the kernel cannot take stay on the CPU path, saying why",
+          "[gpu][verify]") {
+  std::string device;
+  if (!gpu_available(device)) {
+    WARN("skipped: no CUDA device");
+    return;
+  }
+  // n = 96 (a GPTQ layer may have any width: the packer would refuse it) and k = 96 (not a multiple of 128).
+  for (const auto& [k, n] : {std::pair<int64_t, int64_t>{128, 96}, {96, 64}}) {
+    INFO("k " << k << " n " << n);
+    const QuantizedLinear q = test::random_arith_layer(k, n, 32, false, 0.01f, 4);
+    const std::vector<int> batches = {3};
+    std::vector<float> C;
+    std::vector<double> R;
+    std::string why;
+    CHECK_FALSE(gpu_arith(q.name, q, random_activations(3, q.k, 6, false), batches, C, R, why));
+    CHECK(why.find("the kernel needs n % 64 == 0 and k % 128 == 0") != std::string::npos);
+  }
 }
