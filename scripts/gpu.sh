@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The one script for the lent GPU machine (H100/H200, CUDA 13): configures the `cuda` preset for
 # sm_90 only, builds everything, runs the [gpu] tests, compute-sanitizer memcheck + racecheck on the
-# [sanitize] subset, the Marlin (with each layer's read floor) and GPU-GPTQ benchmarks, the CLI end to end (the sample quantized and
-# verified with the kernel; an 8B-shaped checkpoint certified and timed), and prints a short summary
-# with the kernel benchmark table LAST. Logs go under $OUT when set (the device tool returns them).
+# [sanitize] subset, the Marlin (with each layer's read floor) and GPU-GPTQ benchmarks, the CLI end to
+# end (the sample and its bf16 / act-order / 2:4 variants and the four architecture fixtures quantized on
+# the GPU and verified with the kernel; an 8B-shaped checkpoint certified and timed), and prints a short
+# summary with the kernel benchmark table LAST. Logs go under $OUT when set (the device tool returns them).
 #
 # Env knobs: GPU_TESTS (Catch2 filter, default "[gpu]"), SKIP_TESTS=1, SKIP_FULL_BUILD=1, SKIP_SAN=1,
 # SKIP_BENCH=1, SKIP_GPTQ_BENCH=1, SKIP_VERIFY=1, SKIP_VERIFY_8B=1, VERIFY_BLOCKS (default 32), E2E=1 (the
