@@ -21,15 +21,31 @@ namespace {
 // boundary: about 1e-5 for these sizes. An emulation that rounded the weights or the output in the
 // other type would differ by 1e-4-2e-3 (the two types' errors against R, tests/verify/test_arith.cpp).
 constexpr double kEmulationTol = 1e-4;
+
+// Skips the running test (saying why) on a machine without a CUDA device.
+#define MARLINC_REQUIRE_GPU()                   \
+  do {                                          \
+    std::string device_;                        \
+    if (!gpu_available(device_)) {              \
+      WARN("skipped: no CUDA device");          \
+      return;                                   \
+    }                                           \
+  } while (0)
+
+// gpu_arith on m random activation rows, for a layer it must refuse: the reason it gives.
+std::string gpu_refusal(const QuantizedLinear& q, int m, uint64_t seed) {
+  const std::vector<int> batches = {m};
+  std::vector<float> C;
+  std::vector<double> R;
+  std::string why;
+  CHECK_FALSE(gpu_arith(q.name, q, random_activations(m, q.k, seed, false), batches, C, R, why));
+  return why;
+}
 }  // namespace
 
 TEST_CASE("verify on the GPU: each layer runs the kernel of its scale type and matches the CPU numerics",
           "[gpu][verify]") {
-  std::string device;
-  if (!gpu_available(device)) {
-    WARN("skipped: no CUDA device");
-    return;
-  }
+  MARLINC_REQUIRE_GPU();
   const std::vector<int> batches = {1, 13, 67};
   const VerifyTolerances tol;
   for (int group : {128, -1, 0, 24})  // 0: act-order g_idx over groups of 64; 24: 2:4 sparse, group 128
@@ -77,38 +93,20 @@ TEST_CASE("verify on the GPU: each layer runs the kernel of its scale type and m
 }
 
 TEST_CASE("verify on the GPU: act-order groups of unequal sizes stay on the CPU path, saying why", "[gpu][verify]") {
-  std::string device;
-  if (!gpu_available(device)) {
-    WARN("skipped: no CUDA device");
-    return;
-  }
+  MARLINC_REQUIRE_GPU();
   QuantizedLinear q = test::random_arith_layer(256, 128, 64, false, 0.01f, 3);
   test::make_act_order(q, 4);
   q.g_idx[0] = (q.g_idx[0] + 1) % 4;  // one group of 64 rows one row short, the next one row long
-  const std::vector<int> batches = {2};
-  std::vector<float> C;
-  std::vector<double> R;
-  std::string why;
-  CHECK_FALSE(gpu_arith(q.name, q, random_activations(2, q.k, 5, false), batches, C, R, why));
-  CHECK(why.find("act-order groups of unequal sizes") != std::string::npos);
+  CHECK(gpu_refusal(q, 2, 5).find("act-order groups of unequal sizes") != std::string::npos);
 }
 
 TEST_CASE("verify on the GPU: widths and depths the kernel cannot take stay on the CPU path, saying why",
           "[gpu][verify]") {
-  std::string device;
-  if (!gpu_available(device)) {
-    WARN("skipped: no CUDA device");
-    return;
-  }
+  MARLINC_REQUIRE_GPU();
   // n = 96 (a GPTQ layer may have any width: the packer would refuse it) and k = 96 (not a multiple of 128).
   for (const auto& [k, n] : {std::pair<int64_t, int64_t>{128, 96}, {96, 64}}) {
     INFO("k " << k << " n " << n);
     const QuantizedLinear q = test::random_arith_layer(k, n, 32, false, 0.01f, 4);
-    const std::vector<int> batches = {3};
-    std::vector<float> C;
-    std::vector<double> R;
-    std::string why;
-    CHECK_FALSE(gpu_arith(q.name, q, random_activations(3, q.k, 6, false), batches, C, R, why));
-    CHECK(why.find("the kernel needs n % 64 == 0 and k % 128 == 0") != std::string::npos);
+    CHECK(gpu_refusal(q, 3, 6).find("the kernel needs n % 64 == 0 and k % 128 == 0") != std::string::npos);
   }
 }
