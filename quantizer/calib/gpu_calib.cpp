@@ -12,6 +12,7 @@
 
 #include "checkpoint/convert_dtype.h"
 #include "checkpoint/error.h"
+#include "kernels/marlin.h"
 #include "packer/marlin.h"
 #include "quantizer/calib/calib_pass.h"
 #include "quantizer/cuda_util.cuh"
@@ -88,7 +89,7 @@ std::string marlin_rule(const QuantizedLinear& q, GpuAct act) {
   if (q.bits != 4 || !q.sym) return "4-bit symmetric codes";
   if (!q.mask.empty()) return "dense weights (2:4 layers run dequantized)";
   if (!q.trivial_g_idx()) return "no act-order g_idx";
-  if (q.k % 128 != 0 || q.n % 64 != 0) return "k % 128 == 0 and n % 64 == 0";
+  if (!kernels::marlin_shape_supported(q.n, q.k)) return "k % 128 == 0 and n % 64 == 0";
   if (q.group_size > 0 && q.group_size < q.k && q.group_size != 32 && q.group_size != 64 && q.group_size != 128)
     return "group size -1, 32, 64 or 128";
   if ((q.scale_type == ScaleType::BF16) != (act == GpuAct::BF16)) return "scales of the activations' type";
