@@ -8,7 +8,7 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
   cmake --preset cuda -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null && cmake --build build/cuda --target bench_marlin ${TARGETS:-} -j 16 > "$OUT/build.log" 2>&1 || { grep error "$OUT/build.log" | head; exit 1; }
 fi
 echo "build: $(( $(date +%s) - t0 )) s"; grep -c C7513 "$OUT/build.log" 2>/dev/null
-B=build/cuda/bench/bench_marlin
+B=${BENCH:-build/cuda/bench/bench_marlin}
 for spec in ${RUNS:-"8192x57344,28672x8192:64,128,256,1024:"}; do
   [ "$spec" = none ] && break
   IFS=: read -r sets ms rows pipe <<< "$spec"
@@ -18,7 +18,7 @@ for spec in ${RUNS:-"8192x57344,28672x8192:64,128,256,1024:"}; do
   timeout 200 $B --sets "$sets" --ms "$ms" $extra > "$OUT/bench_$tag.log" 2>&1
   echo "== bench $sets m=$ms rows=${rows:-auto} pipeline=${pipe:-auto}"; grep -E "^(set|[0-9]|llama|large)" "$OUT/bench_$tag.log" | cut -c1-100
 done
-M="sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed.avg.per_cycle_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__throughput.avg.pct_of_peak_sustained_elapsed,l1tex__throughput.avg.pct_of_peak_sustained_active,gpu__time_duration.sum,sm__cycles_active.avg,sm__cycles_elapsed.avg,dram__bytes_read.sum,smsp__warps_active.avg.per_cycle_active,launch__registers_per_thread,launch__grid_size,smsp__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active,smsp__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active,l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed"
+M="sm__cycles_elapsed.avg.per_second,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed.avg.per_cycle_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__throughput.avg.pct_of_peak_sustained_elapsed,l1tex__throughput.avg.pct_of_peak_sustained_active,gpu__time_duration.sum,sm__cycles_active.avg,sm__cycles_elapsed.avg,dram__bytes_read.sum,smsp__warps_active.avg.per_cycle_active,launch__registers_per_thread,launch__grid_size,smsp__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active,smsp__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active,l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed"
 for s in barrier long_scoreboard short_scoreboard math_pipe_throttle mio_throttle wait not_selected selected dispatch_stall lg_throttle no_instruction branch_resolving membar drain tex_throttle sleeping misc; do M="$M,smsp__average_warps_issue_stalled_${s}_per_issue_active.ratio"; done
 for spec in ${NCU_SPECS:-"8192x57344:256:3:marlin_wgmma_kernel" "8192x57344:1024:3:marlin_wgmma_kernel" "8192x57344:1024:3:sm90|gemm|xmma|cutlass"}; do
   IFS=: read -r set m skip kern pipe <<< "$spec"
