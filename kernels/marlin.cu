@@ -42,14 +42,14 @@ MARLINC_DECLARE_WGMMA(1, 64) MARLINC_DECLARE_WGMMA(1, 128)
                                                            cudaStream_t);
 MARLINC_DECLARE_WGMMA_WS(0, 64, 1) MARLINC_DECLARE_WGMMA_WS(0, 128, 1)
 MARLINC_DECLARE_WGMMA_WS(1, 64, 1) MARLINC_DECLARE_WGMMA_WS(1, 128, 1)
-#define MARLINC_DECLARE_STREAM(DT, TN)                                                                         \
-  extern template cudaError_t stream_prepare<DT, TN, false>(int*, int*);                                   \
-  extern template cudaError_t stream_prepare<DT, TN, true>(int*, int*);                                    \
-  extern template cudaError_t stream_launch<DT, TN, false>(const KernelArgs&, const TmaMaps&, const LaunchOpts&, \
-                                                           cudaStream_t);                                  \
-  extern template cudaError_t stream_launch<DT, TN, true>(const KernelArgs&, const TmaMaps&, const LaunchOpts&,  \
-                                                          cudaStream_t);                                   \
-  extern template cudaError_t stream_max_clusters<DT, TN>(int, const LaunchOpts&, int*);
+#define MARLINC_DECLARE_STREAM_CL(DT, TN, CL, SW)                                                              \
+  extern template cudaError_t stream_prepare<DT, TN, CL, SW>(int*, int*);                                  \
+  extern template cudaError_t stream_launch<DT, TN, CL, SW>(const KernelArgs&, const TmaMaps&, const LaunchOpts&, \
+                                                            cudaStream_t);
+#define MARLINC_DECLARE_STREAM_SW(DT, TN, SW)                                                                  \
+  MARLINC_DECLARE_STREAM_CL(DT, TN, false, SW) MARLINC_DECLARE_STREAM_CL(DT, TN, true, SW)                    \
+  extern template cudaError_t stream_max_clusters<DT, TN, SW>(int, const LaunchOpts&, int*);
+#define MARLINC_DECLARE_STREAM(DT, TN) MARLINC_DECLARE_STREAM_SW(DT, TN, false) MARLINC_DECLARE_STREAM_SW(DT, TN, true)
 MARLINC_DECLARE_STREAM(0, 128) MARLINC_DECLARE_STREAM(0, 256)
 MARLINC_DECLARE_STREAM(1, 128) MARLINC_DECLARE_STREAM(1, 256)
 #endif
@@ -104,17 +104,19 @@ const TmaEntry kWsTable[2][kNumWsRows] = {
 #endif
 
 #if MARLINC_HAVE_SM90A
-#define MARLINC_ST_ENTRY(DT, TN, CL) TmaEntry{&stream_prepare<DT, TN, CL>, &stream_launch<DT, TN, CL>}
-const TmaEntry kStreamTable[2][2][2] = {  // [dt][width][cluster form]
-    {{MARLINC_ST_ENTRY(0, 128, false), MARLINC_ST_ENTRY(0, 128, true)},
-     {MARLINC_ST_ENTRY(0, 256, false), MARLINC_ST_ENTRY(0, 256, true)}},
-    {{MARLINC_ST_ENTRY(1, 128, false), MARLINC_ST_ENTRY(1, 128, true)},
-     {MARLINC_ST_ENTRY(1, 256, false), MARLINC_ST_ENTRY(1, 256, true)}},
+#define MARLINC_ST_ENTRY(DT, TN, CL, SW) TmaEntry{&stream_prepare<DT, TN, CL, SW>, &stream_launch<DT, TN, CL, SW>}
+#define MARLINC_ST_ENTRY_SW(DT, TN, CL) {MARLINC_ST_ENTRY(DT, TN, CL, false), MARLINC_ST_ENTRY(DT, TN, CL, true)}
+#define MARLINC_ST_ENTRY_CL(DT, TN) {MARLINC_ST_ENTRY_SW(DT, TN, false), MARLINC_ST_ENTRY_SW(DT, TN, true)}
+const TmaEntry kStreamTable[2][2][2][2] = {  // [dt][width][cluster form][swapped form]
+    {MARLINC_ST_ENTRY_CL(0, 128), MARLINC_ST_ENTRY_CL(0, 256)},
+    {MARLINC_ST_ENTRY_CL(1, 128), MARLINC_ST_ENTRY_CL(1, 256)},
 };
 using ClustersFn = cudaError_t (*)(int, const LaunchOpts&, int*);
-const ClustersFn kStreamClusters[2][2] = {
-    {&stream_max_clusters<0, 128>, &stream_max_clusters<0, 256>},
-    {&stream_max_clusters<1, 128>, &stream_max_clusters<1, 256>},
+const ClustersFn kStreamClusters[2][2][2] = {  // [dt][width][swapped form]
+    {{&stream_max_clusters<0, 128, false>, &stream_max_clusters<0, 128, true>},
+     {&stream_max_clusters<0, 256, false>, &stream_max_clusters<0, 256, true>}},
+    {{&stream_max_clusters<1, 128, false>, &stream_max_clusters<1, 128, true>},
+     {&stream_max_clusters<1, 256, false>, &stream_max_clusters<1, 256, true>}},
 };
 static_assert(kStreamTn[0] == 128 && kStreamTn[1] == 256, "kStreamTable is indexed like kStreamTn");
 // Tiles whose weights and scales the streaming kernel requests before the wait for the previous kernel
@@ -131,7 +133,7 @@ struct Prepared { int blocks_per_sm = 0, smem = 0; cudaError_t err = cudaSuccess
 Prepared g_prepared[kMaxDevices][2][kMaxMBlocks][kNumShapes];
 Prepared g_wg_prepared[kMaxDevices][2][kNumWgRows];
 Prepared g_ws_prepared[kMaxDevices][2][kNumWsRows];
-Prepared g_st_prepared[kMaxDevices][2][2][2];
+Prepared g_st_prepared[kMaxDevices][2][2][2][2];
 std::mutex g_prepared_mu;
 
 Prepared prepare_once(Prepared& p, const Entry& e) {
@@ -486,16 +488,16 @@ MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int 
 // slower in an earlier form (70B q/k/v at m = 16 20.0-20.1 -> 20.2, 8B down at m = 16 16.2-16.3 -> 16.6-16.7).
 // Whether the device holds the whole grid's clusters at once (a launch in two waves of clusters would idle
 // half the SMs), queried once per (device, kernel).
-int g_st_clusters[kMaxDevices][2][2];  // clusters + 1; 0: not queried yet
-bool stream_clusters_fit(int dev, int dt, int ti, const LaunchOpts& o) {
+int g_st_clusters[kMaxDevices][2][2][2];  // clusters + 1; 0: not queried yet
+bool stream_clusters_fit(int dev, int dt, int ti, int sw, const LaunchOpts& o) {
   int clusters = 0;
   {
     std::lock_guard<std::mutex> lock(g_prepared_mu);
-    int& c = g_st_clusters[dev][dt][ti];
+    int& c = g_st_clusters[dev][dt][ti][sw];
     if (c == 0) {
       LaunchOpts q = o;
       q.grid = kStreamClusterSplit;
-      c = 1 + (kStreamClusters[dt][ti](kStreamClusterSplit, q, &clusters) == cudaSuccess ? clusters : 0);
+      c = 1 + (kStreamClusters[dt][ti][sw](kStreamClusterSplit, q, &clusters) == cudaSuccess ? clusters : 0);
     }
     clusters = c - 1;
   }
@@ -510,15 +512,16 @@ MarlinStatus run_stream(const MarlinGemm& g, int groups, int shift, int sms, int
   if (plan.tn == 0 || (g.thread_n != 0 && g.thread_n != plan.tn)) return MarlinStatus::NoConfig;
   const int ti = plan.tn == kStreamTn[0] ? 0 : 1, dt = g.act == ActType::F16 ? 0 : 1;
   const int grid = plan.rounds > 0 ? sms : plan.split > 0 ? (g.n / plan.tn) * plan.split : 0;
+  const int sw = g.m <= kStreamSwapMaxM ? 1 : 0;
   int cl = plan.split == kStreamClusterSplit && grid % kStreamClusterSplit == 0 ? 1 : 0;
-  Prepared pr = prepare_once(g_st_prepared[dev][dt][ti][cl], kStreamTable[dt][ti][cl].prepare);
+  Prepared pr = prepare_once(g_st_prepared[dev][dt][ti][cl][sw], kStreamTable[dt][ti][cl][sw].prepare);
   if (cl == 1) {
     LaunchOpts q;
     q.grid = grid;
     q.smem_bytes = pr.smem;
-    if (pr.err != cudaSuccess || pr.blocks_per_sm < 1 || !stream_clusters_fit(dev, dt, ti, q)) {
+    if (pr.err != cudaSuccess || pr.blocks_per_sm < 1 || !stream_clusters_fit(dev, dt, ti, sw, q)) {
       cl = 0;
-      pr = prepare_once(g_st_prepared[dev][dt][ti][0], kStreamTable[dt][ti][0].prepare);
+      pr = prepare_once(g_st_prepared[dev][dt][ti][0][sw], kStreamTable[dt][ti][0][sw].prepare);
     }
   }
   if (pr.err != cudaSuccess || pr.blocks_per_sm < 1) return MarlinStatus::CudaError;
@@ -530,14 +533,14 @@ MarlinStatus run_stream(const MarlinGemm& g, int groups, int shift, int sms, int
   a.split = plan.split;
   a.rounds = plan.rounds;
   TmaMaps maps;
-  const TmaBoxes box{plan.tn, t.tk / 16, kStreamMaxM, scale_box_rows(groups, shift, t.tk)};
+  const TmaBoxes box{plan.tn, t.tk / 16, sw ? kStreamSwapMaxM : kStreamMaxM, scale_box_rows(groups, shift, t.tk)};
   if (!tma_maps(g.A, g.B, g.s, g.m, g.n, g.k, groups, box, &maps)) return MarlinStatus::CudaError;
   LaunchOpts o;
   o.grid = grid > 0 ? grid : P.grid;
   o.smem_bytes = pr.smem;
   o.pdl = use_pdl(g, dev);
   o.cluster = cl == 1 ? kStreamClusterSplit : 0;
-  if (kStreamTable[dt][ti][cl].launch(a, maps, o, g.stream) != cudaSuccess) return MarlinStatus::CudaError;
+  if (kStreamTable[dt][ti][cl][sw].launch(a, maps, o, g.stream) != cudaSuccess) return MarlinStatus::CudaError;
   return MarlinStatus::Ok;
 #else
   (void)g, (void)groups, (void)shift, (void)sms, (void)dev;

@@ -61,6 +61,13 @@ constexpr bool whole_k_stripes(int m, int n, int k, int slots) {
 // fourteenth session), same call, two runs each: 70B gate/up on it against the mma.sync stripes Auto took
 // before, 85.9-86.3 -> 84.0-85.3 us at m = 1, 88-90 -> 85-87 at m = 4-8, 95-96 -> 88-90 at m = 16.
 constexpr int kStreamMaxM = 16;
+// Up to this m the streaming kernel takes its swapped form (sm90/marlin_stream.cuh, SWAP): the weights as the
+// mma's 16-row operand and 8 tokens as its 8-column one, half the tensor-core products of the 16-token form.
+// H100, same call, two runs each (docs/PERF.md, twentieth session), Auto's set sums at m = 1 / 4 / 8: 70B
+// 160.1-160.5 / 159.7-159.9 / 159.6-162.2 -> 155.9-156.1 / 156.4-156.5 / 155.9-156.2 us, 8B gate/up 22.5-23.0 ->
+// 21.2-21.4 us; after 1.5 s of back-to-back calls (`bench_marlin --soak`), 70B at m = 1 / 8 164.9 / 172.8 -> 158.8 /
+// 158.9 us (one fewer stage than now), with the SM clock under the power cap up by 60-140 MHz.
+constexpr int kStreamSwapMaxM = 8;
 constexpr int kStreamTn[2] = {128, 256};
 constexpr int kStreamMinFillPct = 75;
 // A stage holds 32 packed 16x64 blocks (two per consumer warp): 256 deep at 128 columns, 128 at 256.

@@ -30,6 +30,12 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
                : "r"(smem_addr(p)));
 }
 
+// Two 8x8 matrices (lanes 0-7 and 8-15 give the row addresses): the m16n8k16 B fragment of 8 rows of a
+// row-major [rows][k] operand (the streaming kernel's SWAP form, sm90/marlin_stream.cuh).
+__device__ __forceinline__ void ldmatrix_x2(uint32_t& r0, uint32_t& r1, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r0), "=r"(r1) : "r"(smem_addr(p)));
+}
+
 template <int DT>
 __device__ __forceinline__ void mma_16816(const uint32_t (&a)[4], uint32_t b0, uint32_t b1, float (&c)[4]) {
   if constexpr (DT == 0) {

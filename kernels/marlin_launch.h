@@ -79,13 +79,14 @@ cudaError_t wgmma_ws_prepare(int* blocks_per_sm, int* smem_bytes);
 template <int DT, int NT, int BPS>
 cudaError_t wgmma_ws_launch(const KernelArgs& a, const TmaMaps& maps, const LaunchOpts& o, cudaStream_t stream);
 // The streaming m <= 16 kernel (kernels/sm90/marlin_stream.cuh): TN-column slices, one block per SM; CL: its
-// form for launches whose slices are split in two, each pair one cluster (LaunchOpts::cluster = 2).
-template <int DT, int TN, bool CL>
+// form for launches whose slices are split in two, each pair one cluster (LaunchOpts::cluster = 2); SW: the
+// form for m <= kStreamSwapMaxM (weights as the mma's A operand, 8-row activation boxes).
+template <int DT, int TN, bool CL, bool SW>
 cudaError_t stream_prepare(int* blocks_per_sm, int* smem_bytes);
-template <int DT, int TN, bool CL>
+template <int DT, int TN, bool CL, bool SW>
 cudaError_t stream_launch(const KernelArgs& a, const TmaMaps& maps, const LaunchOpts& o, cudaStream_t stream);
 // How many clusters of `size` blocks of the CL form (o.smem_bytes each) the device runs at once.
-template <int DT, int TN>
+template <int DT, int TN, bool SW>
 cudaError_t stream_max_clusters(int size, const LaunchOpts& o, int* clusters);
 
 }  // namespace marlinc::kernels::detail

@@ -26,11 +26,17 @@
 
 #include "kernels/marlin_dispatch.h"
 #include "kernels/marlin_kernel.cuh"
+#include "kernels/mma_frag.h"
 #include "kernels/sm90/marlin_wgmma_ws.cuh"
 
 namespace marlinc::kernels::detail {
 
-template <int TN, bool CLUSTER = false>
+// SWAP (m <= kStreamSwapMaxM, marlin_dispatch.h): the weights are the mma's A operand (16 output columns) and
+// the activations its B operand (8 tokens), so that a 16x64 packed block takes 4 m16n8k16 products instead of 8
+// whose rows past m are zeros, and the A boxes hold 8 rows. Why: the streaming layers run into the H100's 700 W
+// cap (cuBLAS does not), and the SM clock drops to 1.4-1.9 GHz (docs/PERF.md, twentieth session); half the
+// tensor-core work and activation reads is power the stream can use.
+template <int TN, bool CLUSTER = false, bool SWAP = false>
 struct StreamShape {
   static constexpr int U = 2;  // packed 16x64 blocks per consumer warp and stage
   static constexpr int kNB = TN / 64;                     // 64-column packed blocks per slice
@@ -40,15 +46,17 @@ struct StreamShape {
   static constexpr int kTK = 16 * kKRows;                 // stage depth
   static constexpr int kConsumerThreads = 32 * kConsumerWarps;
   static constexpr int kThreads = kConsumerThreads + 32;  // + the producer warp
-  static constexpr int kRows = 16;                        // m <= 16: one m16 block
+  static constexpr int kRows = 16;                        // m <= 16: one m16 block of C (SWAP: its rows 0-7)
+  static constexpr int kARows = SWAP ? 8 : 16;            // activation rows per box: the mma's n8 or m16
   static constexpr int kBBytes = kKRows * TN * 8;         // one TMA box: kKRows k16 rows x TN columns
-  static constexpr int kABox = 16 * 128;                  // one TMA box: 16 rows x 64 activations, 128B swizzle
+  static constexpr int kABox = kARows * 128;              // one TMA box: kARows rows x 64 activations, 128B swizzle
   static constexpr int kABoxes = kTK / 64;
   static constexpr int kABytes = kABoxes * kABox;
   static constexpr int kSBytes = 1024 * U;                // up to kTK / 32 group rows of TN scales
   static constexpr int kStage = kBBytes + kABytes + kSBytes;  // [weights | activations | scales]
-  static constexpr int kAcc = 8;                          // n8 tiles per 64-column block
-  static constexpr int kRedBytes = (kKG / 2) * kNB * kAcc * 32 * 16;  // first step of the k-group tree
+  static constexpr int kAcc = 8;                          // n8 tiles per 64-column block (C fragments)
+  static constexpr int kAccK = SWAP ? 4 : kAcc;           // SWAP: m16 column groups x n8 tokens while summing k
+  static constexpr int kRedBytes = (kKG / 2) * kNB * kAccK * 32 * 16;  // first step of the k-group tree
   static constexpr int kAlign = 1024;                     // 128B-swizzled boxes start on 1 KB
   static constexpr int kSmemLimit = 227 * 1024;
   static constexpr int kMaxStages = 16;
@@ -60,7 +68,12 @@ struct StreamShape {
   static constexpr int kPartBytes = kRows * TN * 4;
   static constexpr int kRecvBytes = (kMaxCluster - 1) * kPartBytes;
   static constexpr int kFit = (kSmemLimit - kAlign - kRedBytes - kRecvBytes - (CLUSTER ? 16 : 0)) / (kStage + 16);
-  static constexpr int kStages = kFit < kMaxStages ? kFit : kMaxStages;
+  // SWAP frees shared memory (8-row boxes, half the k-group area), yet its ring is two stages shallower than the
+  // 16-token form's (5 at 128 columns, 6 at 256). H100, same calls (docs/PERF.md, twentieth session), 70B set at
+  // m = 1-8: 9-10 stages 159.1-160.4 us, the 16-token depth 158.3-158.8, two fewer 155.9-157.1, three fewer
+  // level with two; 70B down alone 42.5, 42.1, 41.2 us against 41.5 for the 16-token form.
+  static constexpr int kDepthCap = SWAP ? StreamShape<TN, CLUSTER, false>::kStages - 2 : kMaxStages;
+  static constexpr int kStages = kFit < kDepthCap ? kFit : kDepthCap;
   // [ring | k-group reduction | partner sums | full/empty barriers | the sums' barrier]
   static constexpr int kSmemBytes =
       kAlign + kStages * kStage + kRedBytes + kRecvBytes + 16 * kStages + (CLUSTER ? 16 : 0);
@@ -72,6 +85,9 @@ struct StreamShape {
   static_assert(kTK == stream_tk(TN), "the host encodes the weight boxes with this depth (marlin_dispatch.h)");
   static_assert((kTK / 32 > 1 ? kTK / 32 : 1) * TN * 2 <= kSBytes, "a stage's group rows fit the scale area");
   static_assert(kStage % kAlign == 0, "every stage's activation boxes stay 1 KB aligned");
+  static_assert(kABox % kAlign == 0, "a 128B-swizzled box spans whole 8-row (1 KB) swizzle atoms");
+  static_assert(kARows == (SWAP ? kStreamSwapMaxM : kStreamMaxM), "the host's activation box rows (marlin.cu, run_stream)");
+  static_assert(!SWAP || kAccK * 2 == kAcc, "SWAP: one m16 product per pair of n8 tiles");
   static_assert(kStages >= 4, "the ring keeps several stages in flight");
   static_assert(kPartBytes == kNB * kAcc * 32 * 16, "a partner's sums: every holder lane's acc as float4");
   static_assert(kSmemBytes <= kSmemLimit, "one block per SM");
@@ -81,11 +97,28 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
 }
 
-template <int DT, bool GROUPED, int TN, bool CLUSTER>
+// SWAP: the swapped products' C fragments rearranged into the 16-token form's (kernels/mma_frag.h), which the
+// reduction and the output take; tokens 8-15, which SWAP never has, are zero. Once per slice: 32 shuffles.
+__device__ __forceinline__ void swapped_to_frags(const float (&c)[4][4], float (&acc)[8][4], int lane) {
+#pragma unroll
+  for (int a = 0; a < 8; ++a) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      // Every lane sends both registers of the pair that holds this (a, e) somewhere; each takes its own.
+      const FragSource src = swapped_frag_source(lane, a, e);
+      const float x0 = __shfl_sync(0xffffffffu, c[a >> 1][2 * (a & 1)], src.lane);
+      const float x1 = __shfl_sync(0xffffffffu, c[a >> 1][2 * (a & 1) + 1], src.lane);
+      acc[a][e] = (src.reg & 1) ? x1 : x0;
+    }
+    acc[a][2] = acc[a][3] = 0.f;
+  }
+}
+
+template <int DT, bool GROUPED, int TN, bool CLUSTER, bool SWAP>
 __global__ void __launch_bounds__(StreamShape<TN>::kThreads, 1)
     marlin_stream_kernel(const KernelArgs p, const __grid_constant__ TmaMaps maps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using S = StreamShape<TN, CLUSTER>;
+  using S = StreamShape<TN, CLUSTER, SWAP>;
   constexpr int U = S::U;
   extern __shared__ __align__(16) unsigned char sh_raw[];
   const uint32_t raw = smem_addr(sh_raw);
@@ -185,11 +218,14 @@ __global__ void __launch_bounds__(StreamShape<TN>::kThreads, 1)
   const bool lead = tid == 0;
   bool tl_first = lead;
   // Warp (wn, wk) expands k16 rows wk * U + u of every stage. Activations: 16-byte chunk c of row r of a
-  // 64-wide box sits at chunk c ^ (r % 8) (128B swizzle).
+  // 64-wide box sits at chunk c ^ (r % 8) (128B swizzle). ldmatrix .x4 (A operand): lanes 0-15 address rows
+  // 0-15 at the k16 row's low 8 columns, lanes 16-31 at its high 8; .x2 (SWAP, B operand): lanes 0-7 rows 0-7
+  // low, lanes 8-15 high (lanes 16-31 repeat them).
   int a_off[U], b_off[U], s_row[U];
 #pragma unroll
   for (int u = 0; u < U; ++u) {
-    const int kr = wk * U + u, a_row = lane & 15, a_chunk = kr * 2 + (lane >> 4);
+    const int kr = wk * U + u;
+    const int a_row = SWAP ? lane & 7 : lane & 15, a_chunk = kr * 2 + (SWAP ? (lane >> 3) & 1 : lane >> 4);
     a_off[u] = S::kBBytes + (a_chunk >> 3) * S::kABox + a_row * 128 + (((a_chunk & 7) ^ (a_row & 7)) << 4);
     b_off[u] = kr * TN * 8 + (wn * 32 + lane) * 16;
     s_row[u] = S::kBBytes + S::kABytes + ((kr * 16) >> p.group_shift) * (TN * 2) + (wn * 8 + (lane >> 2)) * 16;
@@ -201,9 +237,12 @@ __global__ void __launch_bounds__(StreamShape<TN>::kThreads, 1)
     while (it < it_end) {
       const int slice = it / k_tiles;
       const int cnt = min(it_end, (slice + 1) * k_tiles) - it;
-      float acc[S::kAcc][4];
+      float acc[S::kAcc][4];   // C fragments (SWAP: set from acck after the k-group sum)
+      float acck[S::kAccK][4];  // SWAP: the swapped products while summing k
 #pragma unroll
       for (int a = 0; a < S::kAcc; ++a) acc[a][0] = acc[a][1] = acc[a][2] = acc[a][3] = 0.f;
+#pragma unroll
+      for (int a = 0; a < S::kAccK; ++a) acck[a][0] = acck[a][1] = acck[a][2] = acck[a][3] = 0.f;
       for (int t = 0; t < cnt; ++t) {
         mbar_wait(full0 + 8 * r.st, r.phase);
         tl_mark(p, kTlFirstData, tl_first);
@@ -213,7 +252,10 @@ __global__ void __launch_bounds__(StreamShape<TN>::kThreads, 1)
         int4 fb[U], fs[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-          ldmatrix_x4(fa[u], stage + a_off[u]);
+          if constexpr (SWAP)
+            ldmatrix_x2(fa[u][0], fa[u][1], stage + a_off[u]);  // the B fragment of 8 tokens
+          else
+            ldmatrix_x4(fa[u], stage + a_off[u]);
           fb[u] = *reinterpret_cast<const int4*>(stage + b_off[u]);
           if constexpr (GROUPED) fs[u] = *reinterpret_cast<const int4*>(stage + s_row[u]);
         }
@@ -231,16 +273,29 @@ __global__ void __launch_bounds__(StreamShape<TN>::kThreads, 1)
               scale2<DT, false>(v[0], v[1], sw);
               scale2<DT, true>(v[2], v[3], sw);
             }
-            mma_16816<DT>(fa[u], v[0], v[1], acc[2 * j]);
-            mma_16816<DT>(fa[u], v[2], v[3], acc[2 * j + 1]);
+            if constexpr (SWAP) {
+              // The B fragments of n8 tiles 2 j and 2 j + 1 (columns 16 j + lane / 4 and + 8) are, in this order,
+              // the A fragment of the 16 columns: rows 0-7 low k, rows 8-15 low k, rows 0-7 high k, rows 8-15 high k.
+              const uint32_t w16[4] = {v[0], v[2], v[1], v[3]};
+              mma_16816<DT>(w16, fa[u][0], fa[u][1], acck[j]);
+            } else {
+              mma_16816<DT>(fa[u], v[0], v[1], acc[2 * j]);
+              mma_16816<DT>(fa[u], v[2], v[3], acc[2 * j + 1]);
+            }
           }
         }
       }
       tl_mark(p, kTlComputed, lead);
 
       // The k-groups of each column block, summed in a fixed tree through shared memory.
-      reduce_kgroups<S::kKG, S::kNB, S::kAcc, S::kBar, S::kConsumerThreads>(reinterpret_cast<float4*>(red_raw), acc, wk,
-                                                                             wn, lane);
+      if constexpr (SWAP) {
+        reduce_kgroups<S::kKG, S::kNB, S::kAccK, S::kBar, S::kConsumerThreads>(reinterpret_cast<float4*>(red_raw),
+                                                                                acck, wk, wn, lane);
+        if (wk == 0) swapped_to_frags(acck, acc, lane);  // the holders (warp-uniform) hold the k-group sums
+      } else {
+        reduce_kgroups<S::kKG, S::kNB, S::kAcc, S::kBar, S::kConsumerThreads>(reinterpret_cast<float4*>(red_raw), acc,
+                                                                               wk, wn, lane);
+      }
 
       // The reduction across the blocks that share the slice and the output, as in marlin_kernel.
       const int first_b = slice < whole  ? b
@@ -293,24 +348,24 @@ __global__ void __launch_bounds__(StreamShape<TN>::kThreads, 1)
 #endif
 }
 
-template <int DT, int TN, bool CL>
+template <int DT, int TN, bool CL, bool SW>
 cudaError_t stream_prepare(int* blocks_per_sm, int* smem_bytes) {
-  using S = StreamShape<TN, CL>;
-  return prepare_variants(marlin_stream_kernel<DT, false, TN, CL>, marlin_stream_kernel<DT, true, TN, CL>, S::kThreads,
-                          S::kSmemBytes, blocks_per_sm, smem_bytes);
+  using S = StreamShape<TN, CL, SW>;
+  return prepare_variants(marlin_stream_kernel<DT, false, TN, CL, SW>, marlin_stream_kernel<DT, true, TN, CL, SW>,
+                          S::kThreads, S::kSmemBytes, blocks_per_sm, smem_bytes);
 }
 
-template <int DT, int TN, bool CL>
+template <int DT, int TN, bool CL, bool SW>
 cudaError_t stream_launch(const KernelArgs& a, const TmaMaps& maps, const LaunchOpts& o, cudaStream_t stream) {
-  return launch_variant(marlin_stream_kernel<DT, false, TN, CL>, marlin_stream_kernel<DT, true, TN, CL>,
-                        StreamShape<TN, CL>::kThreads, a, o, stream, maps);
+  return launch_variant(marlin_stream_kernel<DT, false, TN, CL, SW>, marlin_stream_kernel<DT, true, TN, CL, SW>,
+                        StreamShape<TN, CL, SW>::kThreads, a, o, stream, maps);
 }
 
-template <int DT, int TN>
+template <int DT, int TN, bool SW>
 cudaError_t stream_max_clusters(int size, const LaunchOpts& o, int* clusters) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(o.grid);
-  cfg.blockDim = dim3(StreamShape<TN, true>::kThreads);
+  cfg.blockDim = dim3(StreamShape<TN, true, SW>::kThreads);
   cfg.dynamicSmemBytes = size_t(o.smem_bytes);
   cudaLaunchAttribute attr;
   attr.id = cudaLaunchAttributeClusterDimension;
@@ -318,19 +373,20 @@ cudaError_t stream_max_clusters(int size, const LaunchOpts& o, int* clusters) {
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
   int n[2] = {0, 0};  // both variants take the same resources; the smaller count holds for either
-  cudaError_t e = cudaOccupancyMaxActiveClusters(&n[0], marlin_stream_kernel<DT, false, TN, true>, &cfg);
-  if (e == cudaSuccess) e = cudaOccupancyMaxActiveClusters(&n[1], marlin_stream_kernel<DT, true, TN, true>, &cfg);
+  cudaError_t e = cudaOccupancyMaxActiveClusters(&n[0], marlin_stream_kernel<DT, false, TN, true, SW>, &cfg);
+  if (e == cudaSuccess) e = cudaOccupancyMaxActiveClusters(&n[1], marlin_stream_kernel<DT, true, TN, true, SW>, &cfg);
   *clusters = n[0] < n[1] ? n[0] : n[1];
   return e;
 }
 
-#define MARLINC_INSTANTIATE_STREAM(DT, TN)                                                                     \
-  template cudaError_t stream_prepare<DT, TN, false>(int*, int*);                                           \
-  template cudaError_t stream_prepare<DT, TN, true>(int*, int*);                                            \
-  template cudaError_t stream_launch<DT, TN, false>(const KernelArgs&, const TmaMaps&, const LaunchOpts&,     \
-                                                    cudaStream_t);                                          \
-  template cudaError_t stream_launch<DT, TN, true>(const KernelArgs&, const TmaMaps&, const LaunchOpts&,      \
-                                                   cudaStream_t);                                           \
-  template cudaError_t stream_max_clusters<DT, TN>(int, const LaunchOpts&, int*);
+#define MARLINC_INSTANTIATE_STREAM_CL(DT, TN, CL, SW)                                                      \
+  template cudaError_t stream_prepare<DT, TN, CL, SW>(int*, int*);                                         \
+  template cudaError_t stream_launch<DT, TN, CL, SW>(const KernelArgs&, const TmaMaps&, const LaunchOpts&,   \
+                                                     cudaStream_t);
+#define MARLINC_INSTANTIATE_STREAM_SW(DT, TN, SW)                                                           \
+  MARLINC_INSTANTIATE_STREAM_CL(DT, TN, false, SW)                                                         \
+  MARLINC_INSTANTIATE_STREAM_CL(DT, TN, true, SW)                                                          \
+  template cudaError_t stream_max_clusters<DT, TN, SW>(int, const LaunchOpts&, int*);
+#define MARLINC_INSTANTIATE_STREAM(DT, TN) MARLINC_INSTANTIATE_STREAM_SW(DT, TN, false) MARLINC_INSTANTIATE_STREAM_SW(DT, TN, true)
 
 }  // namespace marlinc::kernels::detail

@@ -591,8 +591,9 @@ TEST_CASE("marlin: streaming kernel for m <= 16", "[gpu][marlin][stream]") {
       const Layer L = make_layer(rng, 1024, 768, g, act);
       for (int tn : {128, 256})
         for (int sms : {0, 1, 3})
-          for (int64_t m : {int64_t(1), int64_t(2), int64_t(7), int64_t(16)}) {
-            if (act == ActType::BF16 && m != 7) continue;
+          // m <= 8 takes the swapped form (kStreamSwapMaxM), 9-16 the 16-token one.
+          for (int64_t m : {int64_t(1), int64_t(2), int64_t(7), int64_t(8), int64_t(9), int64_t(16)}) {
+            if (act == ActType::BF16 && m != 7 && m != 9) continue;
             RunOpts o;
             o.path = MarlinPath::Stream;
             o.thread_n = tn;
@@ -655,7 +656,7 @@ TEST_CASE("marlin: streaming kernel under the sanitizers", "[gpu][marlin][stream
   o.path = MarlinPath::Stream;
   o.thread_n = 256;
   o.num_sms = 4;
-  run_case(Ls, 7, rng, o);
+  for (int64_t m : {int64_t(7), int64_t(12)}) run_case(Ls, m, rng, o);  // the swapped and the 16-token form
 }
 
 TEST_CASE("marlin: bf16 activations and scales", "[gpu][marlin]") {

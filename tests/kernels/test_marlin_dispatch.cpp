@@ -7,6 +7,7 @@
 
 #include "kernels/marlin_dispatch.h"
 #include "kernels/marlin_partition.h"
+#include "kernels/mma_frag.h"
 #include "tests/common.h"
 
 using namespace marlinc::kernels;
@@ -323,4 +324,29 @@ TEST_CASE("dispatch: the streaming kernel's rounds cover every tile once", "[ker
     }
   }
   CHECK(clustered_cases >= 3);  // 70B gate/up (rounds, then halves), 70B o and down, the [stream] GPU shapes
+}
+
+TEST_CASE("dispatch: the streaming kernel's swapped fragments map onto the 16-token ones", "[kernels][dispatch]") {
+  // Element (row, column) of a product held by each lane and register of an m16n8 C fragment (PTX ISA).
+  auto frag_row = [](int lane, int reg) { return lane / 4 + 8 * (reg / 2); };
+  auto frag_col = [](int lane, int reg) { return 2 * (lane % 4) + reg % 2; };
+  int checked = 0;
+  for (int lane = 0; lane < 32; ++lane)
+    for (int a = 0; a < 8; ++a)
+      for (int e = 0; e < 2; ++e) {
+        // The 16-token form: acc[a] register e is token frag_row, column 8 a + frag_col of the 64-column block.
+        const int token = frag_row(lane, e), column = 8 * a + frag_col(lane, e);
+        const FragSource src = swapped_frag_source(lane, a, e);
+        INFO("lane " << lane << " tile " << a << " element " << e);
+        REQUIRE(src.lane >= 0);
+        REQUIRE(src.lane < 32);
+        REQUIRE(src.reg >= 0);
+        REQUIRE(src.reg < 4);
+        CHECK(src.reg / 2 == a % 2);  // the kernel shuffles registers 2 (a % 2) and + 1 of c[a / 2]
+        // SWAP: c[a / 2] register r is column 16 (a / 2) + frag_row, token frag_col.
+        CHECK(16 * (a / 2) + frag_row(src.lane, src.reg) == column);
+        CHECK(frag_col(src.lane, src.reg) == token);
+        ++checked;
+      }
+  CHECK(checked == 32 * 8 * 2);
 }
