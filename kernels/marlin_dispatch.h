@@ -66,7 +66,7 @@ constexpr int kStreamMaxM = 16;
 // H100, same call, two runs each (docs/PERF.md, twentieth session), Auto's set sums at m = 1 / 4 / 8: 70B
 // 160.1-160.5 / 159.7-159.9 / 159.6-162.2 -> 155.9-156.1 / 156.4-156.5 / 155.9-156.2 us, 8B gate/up 22.5-23.0 ->
 // 21.2-21.4 us; after 1.5 s of back-to-back calls (`bench_marlin --soak`), 70B at m = 1 / 8 164.9 / 172.8 -> 158.8 /
-// 158.9 us (one fewer stage than now), with the SM clock under the power cap up by 60-140 MHz.
+// 158.9 us (one stage more than now), with the SM clock under the power cap up by as much as 157 MHz.
 constexpr int kStreamSwapMaxM = 8;
 constexpr int kStreamTn[2] = {128, 256};
 constexpr int kStreamMinFillPct = 75;
