@@ -50,8 +50,8 @@ MARLINC_DECLARE_WGMMA_WS(1, 64, 1) MARLINC_DECLARE_WGMMA_WS(1, 128, 1)
   MARLINC_DECLARE_STREAM_CL(DT, TN, false, SW) MARLINC_DECLARE_STREAM_CL(DT, TN, true, SW)                    \
   extern template cudaError_t stream_max_clusters<DT, TN, SW>(int, const LaunchOpts&, int*);
 #define MARLINC_DECLARE_STREAM(DT, TN) MARLINC_DECLARE_STREAM_SW(DT, TN, false) MARLINC_DECLARE_STREAM_SW(DT, TN, true)
-MARLINC_DECLARE_STREAM(0, 128) MARLINC_DECLARE_STREAM(0, 256)
-MARLINC_DECLARE_STREAM(1, 128) MARLINC_DECLARE_STREAM(1, 256)
+MARLINC_DECLARE_STREAM(0, 64) MARLINC_DECLARE_STREAM(0, 128) MARLINC_DECLARE_STREAM(0, 256)
+MARLINC_DECLARE_STREAM(1, 64) MARLINC_DECLARE_STREAM(1, 128) MARLINC_DECLARE_STREAM(1, 256)
 #endif
 
 namespace {
@@ -107,18 +107,17 @@ const TmaEntry kWsTable[2][kNumWsRows] = {
 #define MARLINC_ST_ENTRY(DT, TN, CL, SW) TmaEntry{&stream_prepare<DT, TN, CL, SW>, &stream_launch<DT, TN, CL, SW>}
 #define MARLINC_ST_ENTRY_SW(DT, TN, CL) {MARLINC_ST_ENTRY(DT, TN, CL, false), MARLINC_ST_ENTRY(DT, TN, CL, true)}
 #define MARLINC_ST_ENTRY_CL(DT, TN) {MARLINC_ST_ENTRY_SW(DT, TN, false), MARLINC_ST_ENTRY_SW(DT, TN, true)}
-const TmaEntry kStreamTable[2][2][2][2] = {  // [dt][width][cluster form][swapped form]
-    {MARLINC_ST_ENTRY_CL(0, 128), MARLINC_ST_ENTRY_CL(0, 256)},
-    {MARLINC_ST_ENTRY_CL(1, 128), MARLINC_ST_ENTRY_CL(1, 256)},
+const TmaEntry kStreamTable[2][3][2][2] = {  // [dt][width: kStreamTn][cluster form][swapped form]
+    {MARLINC_ST_ENTRY_CL(0, 64), MARLINC_ST_ENTRY_CL(0, 128), MARLINC_ST_ENTRY_CL(0, 256)},
+    {MARLINC_ST_ENTRY_CL(1, 64), MARLINC_ST_ENTRY_CL(1, 128), MARLINC_ST_ENTRY_CL(1, 256)},
 };
 using ClustersFn = cudaError_t (*)(int, const LaunchOpts&, int*);
-const ClustersFn kStreamClusters[2][2][2] = {  // [dt][width][swapped form]
-    {{&stream_max_clusters<0, 128, false>, &stream_max_clusters<0, 128, true>},
-     {&stream_max_clusters<0, 256, false>, &stream_max_clusters<0, 256, true>}},
-    {{&stream_max_clusters<1, 128, false>, &stream_max_clusters<1, 128, true>},
-     {&stream_max_clusters<1, 256, false>, &stream_max_clusters<1, 256, true>}},
+#define MARLINC_ST_CLUSTERS(DT, TN) {&stream_max_clusters<DT, TN, false>, &stream_max_clusters<DT, TN, true>}
+const ClustersFn kStreamClusters[2][3][2] = {  // [dt][width: kStreamTn][swapped form]
+    {MARLINC_ST_CLUSTERS(0, 64), MARLINC_ST_CLUSTERS(0, 128), MARLINC_ST_CLUSTERS(0, 256)},
+    {MARLINC_ST_CLUSTERS(1, 64), MARLINC_ST_CLUSTERS(1, 128), MARLINC_ST_CLUSTERS(1, 256)},
 };
-static_assert(kStreamTn[0] == 128 && kStreamTn[1] == 256, "kStreamTable is indexed like kStreamTn");
+static_assert(kStreamTn[0] == 64 && kStreamTn[1] == 128 && kStreamTn[2] == 256, "kStreamTable is indexed like kStreamTn");
 // Tiles whose weights and scales the streaming kernel requests before the wait for the previous kernel
 // (64 KB per SM, as the other kernels' prologues). H100, set sums at m <= 8, one call: 8B 58.9-59.3 us
 // against 59.0-59.6 with 2 and 60.1-60.6 with 6; 70B 171.6-174.9 against 176.5-179.1 (2) and 170.3-174.1
@@ -133,7 +132,7 @@ struct Prepared { int blocks_per_sm = 0, smem = 0; cudaError_t err = cudaSuccess
 Prepared g_prepared[kMaxDevices][2][kMaxMBlocks][kNumShapes];
 Prepared g_wg_prepared[kMaxDevices][2][kNumWgRows];
 Prepared g_ws_prepared[kMaxDevices][2][kNumWsRows];
-Prepared g_st_prepared[kMaxDevices][2][2][2][2];
+Prepared g_st_prepared[kMaxDevices][2][3][2][2];
 std::mutex g_prepared_mu;
 
 Prepared prepare_once(Prepared& p, const Entry& e) {
@@ -488,7 +487,7 @@ MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int 
 // slower in an earlier form (70B q/k/v at m = 16 20.0-20.1 -> 20.2, 8B down at m = 16 16.2-16.3 -> 16.6-16.7).
 // Whether the device holds the whole grid's clusters at once (a launch in two waves of clusters would idle
 // half the SMs), queried once per (device, kernel).
-int g_st_clusters[kMaxDevices][2][2][2];  // clusters + 1; 0: not queried yet
+int g_st_clusters[kMaxDevices][2][3][2];  // clusters + 1; 0: not queried yet
 bool stream_clusters_fit(int dev, int dt, int ti, int sw, const LaunchOpts& o) {
   int clusters = 0;
   {
@@ -510,7 +509,8 @@ MarlinStatus run_stream(const MarlinGemm& g, int groups, int shift, int sms, int
   if (!wgmma_runs_on(dev) || g.m > kStreamMaxM) return MarlinStatus::NoConfig;
   const StreamPlan plan = stream_plan(g.n, g.k, sms, g.thread_n);
   if (plan.tn == 0 || (g.thread_n != 0 && g.thread_n != plan.tn)) return MarlinStatus::NoConfig;
-  const int ti = plan.tn == kStreamTn[0] ? 0 : 1, dt = g.act == ActType::F16 ? 0 : 1;
+  const int ti = plan.tn == kStreamTn[0] ? 0 : plan.tn == kStreamTn[1] ? 1 : 2;
+  const int dt = g.act == ActType::F16 ? 0 : 1;
   const int grid = plan.rounds > 0 ? sms : plan.split > 0 ? (g.n / plan.tn) * plan.split : 0;
   const int sw = g.m <= kStreamSwapMaxM ? 1 : 0;
   int cl = plan.split == kStreamClusterSplit && grid % kStreamClusterSplit == 0 ? 1 : 0;

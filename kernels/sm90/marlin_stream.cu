@@ -3,8 +3,10 @@
 #include "kernels/sm90/marlin_stream.cuh"
 
 namespace marlinc::kernels::detail {
+MARLINC_INSTANTIATE_STREAM(0, 64)
 MARLINC_INSTANTIATE_STREAM(0, 128)
 MARLINC_INSTANTIATE_STREAM(0, 256)
+MARLINC_INSTANTIATE_STREAM(1, 64)
 MARLINC_INSTANTIATE_STREAM(1, 128)
 MARLINC_INSTANTIATE_STREAM(1, 256)
 }  // namespace marlinc::kernels::detail

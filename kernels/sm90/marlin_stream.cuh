@@ -69,17 +69,17 @@ struct StreamShape {
   static constexpr int kRecvBytes = (kMaxCluster - 1) * kPartBytes;
   static constexpr int kFit = (kSmemLimit - kAlign - kRedBytes - kRecvBytes - (CLUSTER ? 16 : 0)) / (kStage + 16);
   // SWAP frees shared memory (8-row boxes, half the k-group area), yet its ring is two stages shallower than the
-  // 16-token form's (5 at 128 columns, 6 at 256). H100, same calls (docs/PERF.md, twentieth session), 70B set at
+  // 16-token form's (5 at 128 columns, 6 at 256; 5 at 64, where the 16-token form fits 5). H100, same calls (docs/PERF.md, twentieth session), 70B set at
   // m = 1-8: 9-10 stages 159.1-160.4 us, the 16-token depth 158.3-158.8, two fewer 155.9-157.1, three fewer
   // level with two; 70B down alone 42.5, 42.1, 41.2 us against 41.5 for the 16-token form.
-  static constexpr int kDepthCap = SWAP ? StreamShape<TN, CLUSTER, false>::kStages - 2 : kMaxStages;
+  static constexpr int kDepthCap = SWAP ? (TN == 256 ? 6 : 5) : kMaxStages;
   static constexpr int kStages = kFit < kDepthCap ? kFit : kDepthCap;
   // [ring | k-group reduction | partner sums | full/empty barriers | the sums' barrier]
   static constexpr int kSmemBytes =
       kAlign + kStages * kStage + kRedBytes + kRecvBytes + 16 * kStages + (CLUSTER ? 16 : 0);
   static constexpr int kBar = 1;                          // named barrier of the consumer warps
 
-  static_assert(TN == 128 || TN == 256, "slices of two or four packed 64-column blocks (64-deep A boxes)");
+  static_assert(TN == 64 || TN == 128 || TN == 256, "slices of one, two or four packed 64-column blocks");
   static_assert(kKG >= 2 && (kKG & (kKG - 1)) == 0, "tree reduction over a power-of-two number of k-groups");
   static_assert(kBBytes == U * 16 * 512, "a stage holds U 16x64 packed blocks per consumer warp");
   static_assert(kTK == stream_tk(TN), "the host encodes the weight boxes with this depth (marlin_dispatch.h)");

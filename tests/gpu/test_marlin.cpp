@@ -589,7 +589,7 @@ TEST_CASE("marlin: streaming kernel for m <= 16", "[gpu][marlin][stream]") {
   for (ActType act : {ActType::F16, ActType::BF16})
     for (int64_t g : kGroups) {
       const Layer L = make_layer(rng, 1024, 768, g, act);
-      for (int tn : {128, 256})
+      for (int tn : {64, 128, 256})
         for (int sms : {0, 1, 3})
           // m <= 8 takes the swapped form (kStreamSwapMaxM), 9-16 the 16-token one.
           for (int64_t m : {int64_t(1), int64_t(2), int64_t(7), int64_t(8), int64_t(9), int64_t(16)}) {
@@ -611,7 +611,8 @@ TEST_CASE("marlin: streaming kernel for m <= 16", "[gpu][marlin][stream]") {
   const struct { int64_t k, n; int sms, tn; ActType act; int64_t g; } splits[] = {
       {1024, 768, 3, 256, ActType::F16, 128}, {1024, 512, 5, 256, ActType::F16, -1},
       {2048, 256, 4, 128, ActType::BF16, 32}, {1024, 512, 5, 0, ActType::F16, 64},
-      {2048, 1280, 3, 128, ActType::F16, 128}, {256, 768, 5, 128, ActType::F16, 32}};
+      {2048, 1280, 3, 128, ActType::F16, 128}, {256, 768, 5, 128, ActType::F16, 32},
+      {1024, 256, 8, 64, ActType::F16, 128}, {2048, 192, 7, 64, ActType::BF16, 64}};
   for (const auto& c : splits) {
     const Layer Ls = make_layer(rng, c.k, c.n, c.g, c.act);
     for (int64_t m : {int64_t(1), int64_t(16)}) {

@@ -126,9 +126,9 @@ TEST_CASE("dispatch: the streaming kernel's slice width and k-split per layer", 
   struct Want { Layer L; int tn, split, rounds; };
   const Want wants[] = {
       {kQkv8B, 256, 5, 0},  // 24 x 5 = 120 blocks beat 48 x 2 = 96
-      {kO8B, 128, 4, 0},    // 32 x 4 = 16 x 8 = 128: the narrower slice (fewer partial tiles)
+      {kO8B, 64, 2, 0},     // the narrow rule: 64 slices of 64 in halves (clusters)
       {kGateUp8B, 256, 1, 0},  // 112 of 132; 224 slices of 128 in rounds (1 + 92 whole) fill no better
-      {kDown8B, 128, 4, 0}, {kQkv70B, 256, 3, 0}, {kO70B, 128, 2, 0},
+      {kDown8B, 64, 2, 0}, {kQkv70B, 256, 3, 0}, {kO70B, 128, 2, 0},  // 70B o at 64: whole slices, not taken
       {kGateUp70B, 128, 2, 3},  // 448 slices of 128: 3 rounds of 132, then 52 in halves (97%)
       {kDown70B, 128, 2, 0}, {kLarge, 256, 1, 0}};  // 128 of 132; 256 of 128 in rounds tie
   for (const Want& w : wants) {
@@ -151,8 +151,18 @@ TEST_CASE("dispatch: the streaming kernel's slice width and k-split per layer", 
   // divide n, or stages that do not divide k, are not offered.
   CHECK(stream_plan(kQkv8B.n, kQkv8B.k, kSms, 128).tn == 128);
   CHECK(stream_plan(kQkv8B.n, kQkv8B.k, kSms, 128).split == 0);
-  CHECK(stream_plan(kQkv8B.n, kQkv8B.k, kSms, 64).tn == 0);
+  CHECK(stream_plan(kQkv8B.n, kQkv8B.k, kSms, 96).tn == 0);   // no such width
+  // 64 columns by the narrow rule only where they split in two: 70B down's 128 whole slices of 64 are left to the
+  // search, which takes 128 (and 32 x 4 = 16 x 8 = 128 blocks would have taken 8B o to 128, the narrower).
+  CHECK(stream_narrow(kO8B.n, kO8B.k, kSms));
+  CHECK_FALSE(stream_narrow(kDown70B.n, kDown70B.k, kSms));
+  CHECK(stream_plan(kDown70B.n, kDown70B.k, kSms, 64).split == 1);
+  CHECK_FALSE(stream_narrow(kQkv8B.n, kQkv8B.k, kSms));      // 96 slices of 64: no split
+  CHECK_FALSE(stream_narrow(4096, 2048, kSms));              // 2^23 weights: below the measured layers
+  CHECK(stream_plan(4096, 2048, kSms, 0).tn == 128);
+  CHECK(stream_narrow(4096, 4096, 100) == false);            // 64 slices on 100 SMs: one each, no split
   CHECK(stream_plan(192, 4096, kSms, 0).tn == 0);
+  CHECK(stream_plan(192, 4096, kSms, 64).tn == 64);            // 3 slices of 64: stripes
   CHECK(stream_plan(4096, 128, kSms, 0).tn == 256);    // 256-deep stages of the 128 slice do not divide 128
   CHECK(stream_plan(4096, 128, kSms, 128).tn == 0);
   CHECK(stream_plan(512, 1024, 4, 0).split == 1);      // tests' few SMs: 4 slices of 128 on 4 SMs
@@ -168,19 +178,24 @@ TEST_CASE("dispatch: Auto takes the streaming kernel on large layers at m <= 16"
       INFO(L.name);
       CHECK(stream_auto(m, L.n, L.k, kSms));
     }
-    // 70B q/k/v (2^26.3) splits 40 slices of 256 in three; 8B down (2^25.8) is below 2^26.
-    for (const Layer& L : {kQkv8B, kO8B, kDown8B, kQkv70B}) {
+    // The narrow rule's layers (8B o and down: 64-column slices in halves) at any m <= 16.
+    for (const Layer& L : {kO8B, kDown8B}) {
+      INFO(L.name);
+      CHECK(stream_auto(m, L.n, L.k, kSms));
+    }
+    // 70B q/k/v (2^26.3) splits 40 slices of 256 in three.
+    for (const Layer& L : {kQkv8B, kQkv70B}) {
       INFO(L.name);
       CHECK_FALSE(stream_auto(m, L.n, L.k, kSms));
     }
   }
   for (int m : {9, 12, 16}) {
     INFO("m " << m);
-    for (const Layer& L : {kGateUp8B, kDown8B, kQkv70B, kO70B, kDown70B, kLarge, kGateUp70B}) {
+    for (const Layer& L : {kGateUp8B, kDown8B, kO8B, kQkv70B, kO70B, kDown70B, kLarge, kGateUp70B}) {
       INFO(L.name);
       CHECK(stream_auto(m, L.n, L.k, kSms));
     }
-    for (const Layer& L : {kQkv8B, kO8B}) {  // small
+    for (const Layer& L : {kQkv8B}) {  // small
       INFO(L.name);
       CHECK_FALSE(stream_auto(m, L.n, L.k, kSms));
     }
