@@ -68,38 +68,56 @@ constexpr int kStreamMaxM = 16;
 // 21.2-21.4 us; after 1.5 s of back-to-back calls (`bench_marlin --soak`), 70B at m = 1 / 8 164.9 / 172.8 -> 158.8 /
 // 158.9 us (one stage more than now), with the SM clock under the power cap up by as much as 157 MHz.
 constexpr int kStreamSwapMaxM = 8;
-// The slice widths the kernel is built for. The plan's search takes 128 and 256; 64 only by the narrow rule
-// below, or when a caller forces it (MarlinGemm::thread_n).
+// The slice widths the kernel is built for. The fill search below takes 128 and 256; 64 only by the short rule
+// (stream_short_plan), or when a caller forces it (MarlinGemm::thread_n).
 constexpr int kStreamTn[3] = {64, 128, 256};
-constexpr int kStreamNarrowTn = 64;
 constexpr int kStreamMinFillPct = 75;
 // A stage holds 32 packed 16x64 blocks (two per consumer warp): 512 deep at 64 columns, 256 at 128, 128 at 256.
 constexpr int stream_tk(int tn) { return 32768 / tn; }
 struct StreamPlan { int tn = 0, split = 0, rounds = 0; };  // tn 0: no width fits n and k
 constexpr int kStreamClusterSplit = 2;  // slices split this many ways run as clusters (kernels/marlin.cu)
-// The narrow rule: 64-column slices where they split in two with no rounds (n / 64 from a third to a half of
-// the SMs: the launcher runs each pair as a two-block cluster) on layers of at least 2^24 weights. H100, same
-// call (docs/PERF.md, twentieth session), µs at m = 1 / 8 / 16: 8B o (64 slices in halves) 6.6 / 6.5 / 7.1
-// against Auto's 7.6 / 7.7 / 8.1 and 128-column quarters' 8.4 / 8.4 / 9.3; 8B down 13.5 / 13.5 / 14.5 against
-// 15.1-15.3 (Hopper kernel) at m <= 8 and 16.2 (128-column quarters) at 16. Where 64 columns give whole
-// slices or rounds they were level or slower: 70B o 14.1 / 13.9 / 15.3 against 14.1 / 14.0 / 14.9, 70B down
-// 42.7-53.6 against 41.3-44.2, 8B gate/up 24.0 against 21.4.
-constexpr int64_t kStreamNarrowMinLayer = int64_t(1) << 24;
-constexpr StreamPlan stream_plan(int n, int k, int sms, int tn_forced);
-constexpr bool stream_narrow(int n, int k, int sms) {
-  if (int64_t(n) * k < kStreamNarrowMinLayer) return false;
-  const StreamPlan p = stream_plan(n, k, sms, kStreamNarrowTn);
-  return p.tn == kStreamNarrowTn && p.rounds == 0 && p.split == kStreamClusterSplit;
+// The short rule: on layers of at least 2^24 weights whose 64-column slices fit one wave (no rounds at any width),
+// a plan whose slices are whole or in halves (no deposit in the workspace: halves run as two-block clusters),
+// wherever one fills 70% of the SMs: the most blocks, the wider slice on ties (half the activation reads). Wider
+// layers keep the fill search, whose rounds fill the SMs better. Such a plan beats the fill search's deeper splits,
+// whose finisher waits for 3-8 deposits. H100, same calls (docs/PERF.md, twentieth session), µs at m = 1 / 8 / 16:
+// - 8B o, 64 slices of 64 in halves: 6.6 / 6.5 / 7.1 against Auto's 7.6 / 7.7 / 8.1 before (mma.sync 128 x 64)
+//   and the search's 128-column quarters 8.4 / 8.4 / 9.3;
+// - 8B down, the same plan: 13.5 / 13.5 / 14.5 against 15.1-15.3 (Hopper kernel) and 16.2 (quarters at m = 16);
+// - 8B q/k/v, 48 slices of 128 in halves (96 blocks, 73%): 8.0-8.2 / 8.0 / 8.7 against 9.4-11.6 (Hopper kernel),
+//   10.8-10.9 (mma.sync at m = 16) and the search's 256-column fifths 10.6-10.9 / 10.9 / 11.7; whole slices of
+//   64 (the tie) 7.9-8.3 / 7.9 / 8.7;
+// - 70B o and down keep the search's plan (128-column halves; whole slices of 64 tie and measured level or
+//   slower: 70B o 14.1 / 13.9 / 15.3 against 14.1 / 14.0 / 14.9, 70B down 42.7-53.6 against 41.3-44.2).
+constexpr int64_t kStreamShortMinLayer = int64_t(1) << 24;
+constexpr int kStreamShortMinFillPct = 70;
+constexpr StreamPlan stream_short_plan(int n, int k, int sms) {
+  StreamPlan best;
+  int64_t best_blocks = 0;
+  if (int64_t(n) * k < kStreamShortMinLayer || sms < 1 || n / kStreamTn[0] > sms) return best;
+  for (int tn : kStreamTn) {  // narrowest first: `>=` below keeps the wider on ties
+    if (n % tn != 0 || k % stream_tk(tn) != 0) continue;
+    const int64_t slices = n / tn, deep = k / stream_tk(tn);
+    for (int split = 1; split <= kStreamClusterSplit && split <= deep; ++split) {
+      const int64_t blocks = slices * split;
+      if (blocks > sms || blocks * 100 < int64_t(sms) * kStreamShortMinFillPct) continue;
+      if (blocks >= best_blocks) best_blocks = blocks, best = {tn, split, 0};
+    }
+  }
+  return best;
 }
 constexpr StreamPlan stream_plan(int n, int k, int sms, int tn_forced) {
-  if (tn_forced == 0 && stream_narrow(n, k, sms)) return stream_plan(n, k, sms, kStreamNarrowTn);
+  if (tn_forced == 0) {
+    const StreamPlan s = stream_short_plan(n, k, sms);
+    if (s.tn != 0) return s;
+  }
   StreamPlan best;
   // Fill as a fraction num / den of the SMs' time: slices x split / (sms x (rounds x split + 1)) in rounds,
   // slices x split / sms without.
   int64_t best_num = 0, best_den = 1;
   for (int pass = 0; pass < 2; ++pass)  // plans without rounds first: rounds must beat them strictly
     for (int tn : kStreamTn) {
-      if (tn_forced != 0 ? tn != tn_forced : tn == kStreamNarrowTn) continue;
+      if (tn_forced != 0 ? tn != tn_forced : tn == kStreamTn[0]) continue;
       if (n % tn != 0 || k % stream_tk(tn) != 0 || sms < 1) continue;
       if (best.tn == 0) best.tn = tn;
       const int slices = n / tn, deep = k / stream_tk(tn);
@@ -152,7 +170,7 @@ constexpr bool stream_auto(int m, int n, int k, int sms) {
   const int64_t weights = int64_t(n) * k;
   const StreamPlan p = stream_plan(n, k, sms, 0);
   if (p.tn == 0 || p.split <= 0) return false;
-  if (p.tn == kStreamNarrowTn) return true;  // the narrow rule (stream_plan): measured at m = 1-16
+  if (stream_short_plan(n, k, sms).tn != 0) return true;  // the short rule (above): measured at m = 1-16
   if (weights >= (m <= kStreamSmallMaxM ? kStreamSmallMLayer : kStream16Layer)) return true;
   return m <= kStreamSmallMaxM && weights >= kStreamPairLayer && p.split == kStreamClusterSplit;
 }

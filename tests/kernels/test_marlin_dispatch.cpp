@@ -125,10 +125,10 @@ TEST_CASE("dispatch: the streaming kernel's slice width and k-split per layer", 
   constexpr int kSms = 132;  // one block per SM
   struct Want { Layer L; int tn, split, rounds; };
   const Want wants[] = {
-      {kQkv8B, 256, 5, 0},  // 24 x 5 = 120 blocks beat 48 x 2 = 96
-      {kO8B, 64, 2, 0},     // the narrow rule: 64 slices of 64 in halves (clusters)
+      {kQkv8B, 128, 2, 0},  // the short rule: 48 x 2 = 96 (73%; 64 x 1 ties); the search took 24 x 5 = 120
+      {kO8B, 64, 2, 0},     // the short rule: 64 slices of 64 in halves (clusters)
       {kGateUp8B, 256, 1, 0},  // 112 of 132; 224 slices of 128 in rounds (1 + 92 whole) fill no better
-      {kDown8B, 64, 2, 0}, {kQkv70B, 256, 3, 0}, {kO70B, 128, 2, 0},  // 70B o at 64: whole slices, not taken
+      {kDown8B, 64, 2, 0}, {kQkv70B, 256, 3, 0}, {kO70B, 128, 2, 0},  // 70B o: 128 x 2 ties 64 x 1, the wider
       {kGateUp70B, 128, 2, 3},  // 448 slices of 128: 3 rounds of 132, then 52 in halves (97%)
       {kDown70B, 128, 2, 0}, {kLarge, 256, 1, 0}};  // 128 of 132; 256 of 128 in rounds tie
   for (const Want& w : wants) {
@@ -152,15 +152,17 @@ TEST_CASE("dispatch: the streaming kernel's slice width and k-split per layer", 
   CHECK(stream_plan(kQkv8B.n, kQkv8B.k, kSms, 128).tn == 128);
   CHECK(stream_plan(kQkv8B.n, kQkv8B.k, kSms, 128).split == 0);
   CHECK(stream_plan(kQkv8B.n, kQkv8B.k, kSms, 96).tn == 0);   // no such width
-  // 64 columns by the narrow rule only where they split in two: 70B down's 128 whole slices of 64 are left to the
-  // search, which takes 128 (and 32 x 4 = 16 x 8 = 128 blocks would have taken 8B o to 128, the narrower).
-  CHECK(stream_narrow(kO8B.n, kO8B.k, kSms));
-  CHECK_FALSE(stream_narrow(kDown70B.n, kDown70B.k, kSms));
+  // The short rule (whole slices or halves filling 70%, the wider on ties) against the fill search.
+  CHECK(stream_short_plan(kDown70B.n, kDown70B.k, kSms).tn == 128);  // 128 x 2 ties 64 x 1
   CHECK(stream_plan(kDown70B.n, kDown70B.k, kSms, 64).split == 1);
-  CHECK_FALSE(stream_narrow(kQkv8B.n, kQkv8B.k, kSms));      // 96 slices of 64: no split
-  CHECK_FALSE(stream_narrow(4096, 2048, kSms));              // 2^23 weights: below the measured layers
-  CHECK(stream_plan(4096, 2048, kSms, 0).tn == 128);
-  CHECK(stream_narrow(4096, 4096, 100) == false);            // 64 slices on 100 SMs: one each, no split
+  CHECK(stream_short_plan(kQkv70B.n, kQkv70B.k, kSms).tn == 0);      // 80 blocks at most (61%): the search
+  CHECK(stream_short_plan(kGateUp70B.n, kGateUp70B.k, kSms).tn == 0);  // more slices than SMs: rounds
+  CHECK(stream_short_plan(kGateUp8B.n, kGateUp8B.k, kSms).tn == 0);  // 448 slices of 64: left to the search
+  CHECK(stream_short_plan(4096, 2048, kSms).tn == 0);        // 2^23 weights: below the measured layers
+  CHECK(stream_plan(4096, 2048, kSms, 0).tn == 128);         // the search: 32 x 4 ties 16 x 8, the narrower
+  CHECK(stream_short_plan(4096, 4096, 100).tn == 0);         // 64 blocks of 100 SMs at most (64%)
+  CHECK(stream_short_plan(4096, 4096, 128).split == 2);      // 128 of 128
+  CHECK(stream_short_plan(4096, 4096, 127).tn == 0);         // 128 blocks do not fit 127 SMs; 64 is 50%
   CHECK(stream_plan(192, 4096, kSms, 0).tn == 0);
   CHECK(stream_plan(192, 4096, kSms, 64).tn == 64);            // 3 slices of 64: stripes
   CHECK(stream_plan(4096, 128, kSms, 0).tn == 256);    // 256-deep stages of the 128 slice do not divide 128
@@ -178,27 +180,24 @@ TEST_CASE("dispatch: Auto takes the streaming kernel on large layers at m <= 16"
       INFO(L.name);
       CHECK(stream_auto(m, L.n, L.k, kSms));
     }
-    // The narrow rule's layers (8B o and down: 64-column slices in halves) at any m <= 16.
-    for (const Layer& L : {kO8B, kDown8B}) {
+    // The short rule's layers (8B o and down: 64-column slices in halves; 8B q/k/v: 128-column halves).
+    for (const Layer& L : {kO8B, kDown8B, kQkv8B}) {
       INFO(L.name);
       CHECK(stream_auto(m, L.n, L.k, kSms));
     }
     // 70B q/k/v (2^26.3) splits 40 slices of 256 in three.
-    for (const Layer& L : {kQkv8B, kQkv70B}) {
+    for (const Layer& L : {kQkv70B}) {
       INFO(L.name);
       CHECK_FALSE(stream_auto(m, L.n, L.k, kSms));
     }
   }
   for (int m : {9, 12, 16}) {
     INFO("m " << m);
-    for (const Layer& L : {kGateUp8B, kDown8B, kO8B, kQkv70B, kO70B, kDown70B, kLarge, kGateUp70B}) {
+    for (const Layer& L : {kGateUp8B, kDown8B, kO8B, kQkv8B, kQkv70B, kO70B, kDown70B, kLarge, kGateUp70B}) {
       INFO(L.name);
       CHECK(stream_auto(m, L.n, L.k, kSms));
     }
-    for (const Layer& L : {kQkv8B}) {  // small
-      INFO(L.name);
-      CHECK_FALSE(stream_auto(m, L.n, L.k, kSms));
-    }
+    CHECK_FALSE(stream_auto(m, 4096, 2048, kSms));  // 2^23 weights, split four ways: not measured
   }
   CHECK(stream_plan(kO70B.n, kO70B.k, kSms, 0).split == kStreamClusterSplit);
   CHECK(stream_plan(kQkv70B.n, kQkv70B.k, kSms, 0).split == 3);
