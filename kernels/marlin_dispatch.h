@@ -78,9 +78,10 @@ struct StreamPlan { int tn = 0, split = 0, rounds = 0; };  // tn 0: no width fit
 constexpr int kStreamClusterSplit = 2;  // slices split this many ways run as clusters (kernels/marlin.cu)
 // The short rule: on layers of at least 2^24 weights whose 64-column slices fit one wave (no rounds at any width),
 // a plan whose slices are whole or in halves (no deposit in the workspace: halves run as two-block clusters),
-// wherever one fills 70% of the SMs: the most blocks, the wider slice on ties (half the activation reads). Wider
-// layers keep the fill search, whose rounds fill the SMs better. Such a plan beats the fill search's deeper splits,
-// whose finisher waits for 3-8 deposits. H100, same calls (docs/PERF.md, twentieth session), µs at m = 1 / 8 / 16:
+// wherever one fills 70% of the SMs: the most blocks, the wider slice on ties (half the activation reads). Such a
+// plan beats the fill search's deeper splits, whose finisher waits for 3-8 deposits; Auto takes the streaming
+// kernel wherever it applies (stream_auto). Wider layers keep the fill search, whose rounds fill the SMs better.
+// H100, same calls (docs/PERF.md, twentieth session), µs at m = 1 / 8 / 16:
 // - 8B o, 64 slices of 64 in halves: 6.6 / 6.5 / 7.1 against Auto's 7.6 / 7.7 / 8.1 before (mma.sync 128 x 64)
 //   and the search's 128-column quarters 8.4 / 8.4 / 9.3;
 // - 8B down, the same plan: 13.5 / 13.5 / 14.5 against 15.1-15.3 (Hopper kernel) and 16.2 (quarters at m = 16);

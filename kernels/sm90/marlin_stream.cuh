@@ -1,5 +1,5 @@
 // The streaming Marlin kernel for m <= 16 on Hopper (sm_90a): one block per SM whose stages are filled by
-// TMA (2D tensor copies: one box of weights, one or two of activations and one of group scales per stage)
+// TMA (2D tensor copies: one box of weights, two to eight of activations and one of group scales per stage)
 // from one producer thread, and sixteen consumer warps that expand and multiply as the mma.sync kernel
 // does (marlin_kernel.cuh: lop3 dequantization into m16n8k16 B fragments, ldmatrix for the activations).
 //
@@ -11,9 +11,9 @@
 // The k-split plan (marlin_dispatch.h, stream_plan) keeps the blocks' k fronts aligned, which is worth
 // another 10% over staggered stripes (2.74 TB/s).
 //
-// Tile: a column slice of TN = 128 or 256 columns; a stage holds 32 packed 16x64 blocks (kKRows k16 rows
-// of the slice's kNB 64-column blocks), the same k range of A (16 rows, 64-wide boxes with the 128B
-// swizzle; rows past m are zero-filled by the TMA unit) and the stage's group scales. Consumer warp
+// Tile: a column slice of TN = 64, 128 or 256 columns; a stage holds 32 packed 16x64 blocks (kKRows k16 rows
+// of the slice's kNB 64-column blocks), the same k range of A (16 rows, or 8 in the SWAP form; 64-wide boxes
+// with the 128B swizzle; rows past m are zero-filled by the TMA unit) and the stage's group scales. Consumer warp
 // (wn, wk) expands k16 rows 2 wk and 2 wk + 1 of 64-column block wn in every stage; the kKG warps of a
 // column block sum their partial products through shared memory at the end of each slice. The
 // cross-block reduction (fp32 deposits, the in-order finisher) and the output are the mma.sync kernel's
@@ -69,9 +69,10 @@ struct StreamShape {
   static constexpr int kRecvBytes = (kMaxCluster - 1) * kPartBytes;
   static constexpr int kFit = (kSmemLimit - kAlign - kRedBytes - kRecvBytes - (CLUSTER ? 16 : 0)) / (kStage + 16);
   // SWAP frees shared memory (8-row boxes, half the k-group area), yet its ring is two stages shallower than the
-  // 16-token form's (5 at 128 columns, 6 at 256; 5 at 64, where the 16-token form fits 5). H100, same calls (docs/PERF.md, twentieth session), 70B set at
-  // m = 1-8: 9-10 stages 159.1-160.4 us, the 16-token depth 158.3-158.8, two fewer 155.9-157.1, three fewer
-  // level with two; 70B down alone 42.5, 42.1, 41.2 us against 41.5 for the 16-token form.
+  // 16-token form's: 5 at 128 columns, 6 at 256 (and 5 at 64, where the 16-token form fits 5). H100, same calls
+  // (docs/PERF.md, twentieth session), 70B set at m = 1-8: all that fits (9-10 stages) 160.2-164.9 us, the
+  // 16-token depth 159.1-160.6, two fewer 155.9-157.1, three fewer 155.9-156.3; 70B down alone 42.6-43.7,
+  // 42.1-42.7, 41.1-41.4 and 40.6-40.8 us against 41.1-41.8 for the 16-token form.
   static constexpr int kDepthCap = SWAP ? (TN == 256 ? 6 : 5) : kMaxStages;
   static constexpr int kStages = kFit < kDepthCap ? kFit : kDepthCap;
   // [ring | k-group reduction | partner sums | full/empty barriers | the sums' barrier]
