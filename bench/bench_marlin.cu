@@ -93,14 +93,14 @@ __global__ void copy_int4(const int4* __restrict__ x, int4* __restrict__ y, size
 struct Stats { double us, spread; };
 // --soak SEC: the GEMM graphs of the table (cuBLAS and Auto) replay for SEC seconds before their timed
 // replays, so that the GPU's power and clocks settle for that kernel; each soak prints its wall-clock
-// window (ms since the epoch) with g_soak_label, for lining up with an `nvidia-smi -lms` log
+// window (ms since the epoch) with its label, for lining up with an `nvidia-smi -lms` log
 // (scripts/experiments/power.sh).
 double g_soak_s = 0;
-std::string g_soak_label;
 // Speedup of a column over cuBLAS; 0 where the column was not timed (--auto-only).
 double ratio(double cublas_us, double us) { return us > 0 ? cublas_us / us : 0.0; }
 
-Stats time_graph(cudaStream_t st, const std::function<void(int)>& call) {
+// soak_label: where non-empty and --soak is given, the graph soaks before it is timed (above).
+Stats time_graph(cudaStream_t st, const std::function<void(int)>& call, const std::string& soak_label = {}) {
   for (int i = 0; i < kCalls; ++i) call(i);  // eager warm-up (module load, cuBLAS heuristics)
   CK(cudaStreamSynchronize(st));
   cudaGraph_t g;
@@ -113,7 +113,7 @@ Stats time_graph(cudaStream_t st, const std::function<void(int)>& call) {
   // clocks take a few milliseconds to come back (the first layer of a run measured up to 40% slow).
   for (int r = 0; r < kWarmReplays; ++r) CK(cudaGraphLaunch(ge, st));
   CK(cudaStreamSynchronize(st));
-  if (g_soak_s > 0 && !g_soak_label.empty()) {
+  if (g_soak_s > 0 && !soak_label.empty()) {
     using clk = std::chrono::system_clock;
     const auto ms_now = [] {
       return (long long)std::chrono::duration_cast<std::chrono::milliseconds>(clk::now().time_since_epoch()).count();
@@ -123,7 +123,7 @@ Stats time_graph(cudaStream_t st, const std::function<void(int)>& call) {
       for (int r = 0; r < 4; ++r) CK(cudaGraphLaunch(ge, st));
       CK(cudaStreamSynchronize(st));
     }
-    std::fprintf(stderr, "soak %s %lld %lld\n", g_soak_label.c_str(), t0, ms_now());
+    std::fprintf(stderr, "soak %s %lld %lld\n", soak_label.c_str(), t0, ms_now());
   }
   cudaEvent_t a, b;
   CK(cudaEventCreate(&a));
@@ -517,11 +517,13 @@ int main(int argc, char** argv) {
         const float one = 1.f, zero = 0.f;
         const std::string soak_id = std::string(set.name) + " g" + std::to_string(set.group) + " k" +
                                     std::to_string(L.k) + " n" + std::to_string(L.n) + " m" + std::to_string(m);
-        g_soak_label = "cublas " + soak_id;
-        const Stats sc = time_graph(st, [&](int i) {
-          CB(cublasGemmEx(cub, CUBLAS_OP_N, CUBLAS_OP_N, L.n, m, L.k, &one, Wf[i % nf], CUDA_R_16F, L.n, A, CUDA_R_16F,
-                          L.k, &zero, C, CUDA_R_16F, L.n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-        });
+        const Stats sc = time_graph(
+            st,
+            [&](int i) {
+              CB(cublasGemmEx(cub, CUBLAS_OP_N, CUBLAS_OP_N, L.n, m, L.k, &one, Wf[i % nf], CUDA_R_16F, L.n, A,
+                              CUDA_R_16F, L.k, &zero, C, CUDA_R_16F, L.n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+            },
+            "cublas " + soak_id);
         auto marlin_call = [&](MarlinPath path, int tk, int tn, bool overlap = true, int mb = 0, int wr = 0) {
           return [&, path, tk, tn, overlap, mb, wr](int i) {
             MarlinGemm g;
@@ -539,30 +541,28 @@ int main(int argc, char** argv) {
             }
           };
         };
-        g_soak_label.clear();
         const MarlinPath ap = marlin_auto_path(m, L.n, L.k);
         // --auto-only: only the kernel Auto picks (and cuBLAS); the other columns read 0.
         const bool all = !auto_only;
-        auto soak_if = [&](MarlinPath p) { g_soak_label = p == ap ? "auto " + soak_id : std::string(); };
-        soak_if(MarlinPath::Marlin);
-        const Stats sf =
-            all || ap == MarlinPath::Marlin ? time_graph(st, marlin_call(MarlinPath::Marlin, 0, 0)) : Stats{};
-        g_soak_label.clear();
+        // Only the kernel Auto takes soaks (--soak): the label of a path's graph.
+        auto soak_if = [&](MarlinPath p) { return p == ap ? "auto " + soak_id : std::string(); };
+        const Stats sf = all || ap == MarlinPath::Marlin
+                             ? time_graph(st, marlin_call(MarlinPath::Marlin, 0, 0), soak_if(MarlinPath::Marlin))
+                             : Stats{};
         const Stats ss = all ? time_graph(st, marlin_call(MarlinPath::Marlin, 0, 0, false)) : Stats{};
         double dq = 0, wg = 0;
-        soak_if(MarlinPath::DequantCublas);
         if (m >= 64 && (all || ap == MarlinPath::DequantCublas))
-          dq = time_graph(st, marlin_call(MarlinPath::DequantCublas, 0, 0)).us;
+          dq = time_graph(st, marlin_call(MarlinPath::DequantCublas, 0, 0), soak_if(MarlinPath::DequantCublas)).us;
         const bool wg_runs = marlin_wgmma_available() && L.n % 256 == 0;
         // Timed whenever Auto takes it, so that the auto column is always a measured time.
-        soak_if(MarlinPath::Wgmma);
         if (time_wgmma || ap == MarlinPath::Wgmma)
-          wg = wg_runs ? time_graph(st, marlin_call(MarlinPath::Wgmma, 0, 0, true, 0, wgmma_rows)).us : sf.us;
+          wg = wg_runs ? time_graph(st, marlin_call(MarlinPath::Wgmma, 0, 0, true, 0, wgmma_rows),
+                                    soak_if(MarlinPath::Wgmma)).us
+                       : sf.us;
         const bool auto_cublas = ap == MarlinPath::DequantCublas, auto_wg = ap == MarlinPath::Wgmma;
         const bool auto_st = ap == MarlinPath::Stream;
-        soak_if(MarlinPath::Stream);
-        const double stv = auto_st ? time_graph(st, marlin_call(MarlinPath::Stream, 0, 0)).us : 0.0;
-        g_soak_label.clear();  // --explore and --timeline below time without soaking
+        const double stv =
+            auto_st ? time_graph(st, marlin_call(MarlinPath::Stream, 0, 0), soak_if(MarlinPath::Stream)).us : 0.0;
         const double au = auto_cublas ? dq : auto_wg ? wg : auto_st ? stv : sf.us;
         R.cublas += sc.us;
         R.fused += sf.us;
