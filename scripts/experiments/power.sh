@@ -26,5 +26,5 @@ rc=$?
 kill "$smi" 2> /dev/null; wait "$smi" 2> /dev/null
 echo "bench rc=$rc"
 python3 scripts/experiments/power_summary.py "$OUT/power_smi.csv" "$OUT/power_soak.log"
-grep -E "^(set|llama|large)" "$OUT/power_bench.log" | cut -c1-150
+grep -E "^(set|llama|large|[0-9])" "$OUT/power_bench.log" | cut -c1-150
 exit $rc
