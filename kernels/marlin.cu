@@ -36,12 +36,16 @@ MARLINC_DECLARE_MB(1, 1) MARLINC_DECLARE_MB(1, 2) MARLINC_DECLARE_MB(1, 3) MARLI
 MARLINC_DECLARE_WGMMA(0, 8) MARLINC_DECLARE_WGMMA(0, 16) MARLINC_DECLARE_WGMMA(0, 32) MARLINC_DECLARE_WGMMA(0, 64)
 MARLINC_DECLARE_WGMMA(0, 128) MARLINC_DECLARE_WGMMA(1, 8) MARLINC_DECLARE_WGMMA(1, 16) MARLINC_DECLARE_WGMMA(1, 32)
 MARLINC_DECLARE_WGMMA(1, 64) MARLINC_DECLARE_WGMMA(1, 128)
-#define MARLINC_DECLARE_WGMMA_WS(DT, NT, BPS)                               \
-  extern template cudaError_t wgmma_ws_prepare<DT, NT, BPS>(int*, int*); \
-  extern template cudaError_t wgmma_ws_launch<DT, NT, BPS>(const KernelArgs&, const TmaMaps&, const LaunchOpts&, \
-                                                           cudaStream_t);
-MARLINC_DECLARE_WGMMA_WS(0, 64, 1) MARLINC_DECLARE_WGMMA_WS(0, 128, 1)
-MARLINC_DECLARE_WGMMA_WS(1, 64, 1) MARLINC_DECLARE_WGMMA_WS(1, 128, 1)
+#define MARLINC_DECLARE_WGMMA_WS_CL(DT, NT, BPS, CL)                                                       \
+  extern template cudaError_t wgmma_ws_prepare<DT, NT, BPS, CL>(int*, int*);                              \
+  extern template cudaError_t wgmma_ws_launch<DT, NT, BPS, CL>(const KernelArgs&, const TmaMaps&, const LaunchOpts&, \
+                                                               cudaStream_t);
+#define MARLINC_DECLARE_WGMMA_WS_PAIR(DT)                                                                  \
+  MARLINC_DECLARE_WGMMA_WS_CL(DT, kWgmmaPairRows, 1, true)                                                  \
+  extern template cudaError_t wgmma_ws_max_clusters<DT>(int, const LaunchOpts&, int*);
+MARLINC_DECLARE_WGMMA_WS_CL(0, 64, 1, false) MARLINC_DECLARE_WGMMA_WS_CL(0, 128, 1, false)
+MARLINC_DECLARE_WGMMA_WS_CL(1, 64, 1, false) MARLINC_DECLARE_WGMMA_WS_CL(1, 128, 1, false)
+MARLINC_DECLARE_WGMMA_WS_PAIR(0) MARLINC_DECLARE_WGMMA_WS_PAIR(1)
 #define MARLINC_DECLARE_STREAM_CL(DT, TN, CL, SW)                                                              \
   extern template cudaError_t stream_prepare<DT, TN, CL, SW>(int*, int*);                                  \
   extern template cudaError_t stream_launch<DT, TN, CL, SW>(const KernelArgs&, const TmaMaps&, const LaunchOpts&, \
@@ -96,11 +100,17 @@ const Entry kWgTable[2][kNumWgRows] = {
 // The kernels fed by TMA take the tensor maps as a second argument (kernels/marlin_launch.h, TmaMaps).
 using TmaLaunchFn = cudaError_t (*)(const KernelArgs&, const TmaMaps&, const LaunchOpts&, cudaStream_t);
 struct TmaEntry { PrepareFn prepare; TmaLaunchFn launch; };
-#define MARLINC_WS_ENTRY(DT, NT) TmaEntry{&wgmma_ws_prepare<DT, NT, 1>, &wgmma_ws_launch<DT, NT, 1>}
+// How many clusters of a kernel's cluster form the device runs at once (size, launch options, result).
+using ClustersFn = cudaError_t (*)(int, const LaunchOpts&, int*);
+#define MARLINC_WS_ENTRY_CL(DT, NT, CL) TmaEntry{&wgmma_ws_prepare<DT, NT, 1, CL>, &wgmma_ws_launch<DT, NT, 1, CL>}
 const TmaEntry kWsTable[2][kNumWsRows] = {
-    {MARLINC_WS_ENTRY(0, 64), MARLINC_WS_ENTRY(0, 128)},
-    {MARLINC_WS_ENTRY(1, 64), MARLINC_WS_ENTRY(1, 128)},
+    {MARLINC_WS_ENTRY_CL(0, 64, false), MARLINC_WS_ENTRY_CL(0, 128, false)},
+    {MARLINC_WS_ENTRY_CL(1, 64, false), MARLINC_WS_ENTRY_CL(1, 128, false)},
 };
+// The pair form (128-row tiles only: kernels/marlin_dispatch.h, wgmma_pair_tiles).
+const TmaEntry kWsPairTable[2] = {MARLINC_WS_ENTRY_CL(0, kWgmmaPairRows, true),
+                                  MARLINC_WS_ENTRY_CL(1, kWgmmaPairRows, true)};
+const ClustersFn kWsPairClusters[2] = {&wgmma_ws_max_clusters<0>, &wgmma_ws_max_clusters<1>};
 #endif
 
 #if MARLINC_HAVE_SM90A
@@ -111,7 +121,6 @@ const TmaEntry kStreamTable[2][3][2][2] = {  // [dt][width: kStreamTn][cluster f
     {MARLINC_ST_ENTRY_CL(0, 64), MARLINC_ST_ENTRY_CL(0, 128), MARLINC_ST_ENTRY_CL(0, 256)},
     {MARLINC_ST_ENTRY_CL(1, 64), MARLINC_ST_ENTRY_CL(1, 128), MARLINC_ST_ENTRY_CL(1, 256)},
 };
-using ClustersFn = cudaError_t (*)(int, const LaunchOpts&, int*);
 #define MARLINC_ST_CLUSTERS(DT, TN) {&stream_max_clusters<DT, TN, false>, &stream_max_clusters<DT, TN, true>}
 const ClustersFn kStreamClusters[2][3][2] = {  // [dt][width: kStreamTn][swapped form]
     {MARLINC_ST_CLUSTERS(0, 64), MARLINC_ST_CLUSTERS(0, 128), MARLINC_ST_CLUSTERS(0, 256)},
@@ -132,6 +141,7 @@ struct Prepared { int blocks_per_sm = 0, smem = 0; cudaError_t err = cudaSuccess
 Prepared g_prepared[kMaxDevices][2][kMaxMBlocks][kNumShapes];
 Prepared g_wg_prepared[kMaxDevices][2][kNumWgRows];
 Prepared g_ws_prepared[kMaxDevices][2][kNumWsRows];
+Prepared g_ws_pair_prepared[kMaxDevices][2];
 Prepared g_st_prepared[kMaxDevices][2][3][2][2];
 std::mutex g_prepared_mu;
 
@@ -436,6 +446,25 @@ KernelArgs kernel_args(const MarlinGemm& g, int groups, int shift, int sms, cons
 int scale_box_rows(int groups, int shift, int tk) { return groups > 1 ? tile_scale_rows(tk, shift) : 1; }
 #endif
 
+#if MARLINC_HAVE_SM90A
+// Whether the device holds the whole grid's clusters of `size` blocks at once (a launch in two waves of clusters
+// would idle half the SMs), queried once per (device, kernel) into `cache` (clusters + 1; 0: not queried yet).
+bool clusters_fit(int& cache, ClustersFn query, int size, const LaunchOpts& o) {
+  int clusters = 0;
+  {
+    std::lock_guard<std::mutex> lock(g_prepared_mu);
+    if (cache == 0) {
+      LaunchOpts q = o;
+      q.grid = size;
+      cache = 1 + (query(size, q, &clusters) == cudaSuccess ? clusters : 0);
+    }
+    clusters = cache - 1;
+  }
+  return int64_t(clusters) * size >= o.grid;
+}
+int g_ws_pair_clusters[kMaxDevices][2];  // clusters_fit's cache for the Hopper kernel's pair form
+#endif
+
 MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int dev) {
 #if MARLINC_HAVE_SM90A
   if (!wgmma_runs_on(dev) || g.n % kWgmmaTileN != 0) return MarlinStatus::NoConfig;
@@ -459,17 +488,34 @@ MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int 
     return MarlinStatus::BadShape;
   const int bps = wgmma_blocks_per_sm(pr.blocks_per_sm, rows), max_blocks = sms * bps;
   const int whole = bps == 1 ? wgmma_whole_slices(g.m, g.n, rows, max_blocks) : 0;
-  const Partition P = partition(g.m, g.n, g.k, rows, t, max_blocks, whole);
   LaunchOpts o;
-  o.grid = P.grid;
-  o.smem_bytes = pr.smem;
   o.pdl = use_pdl(g, dev);
+  // Tiles split in two as clusters of their two blocks (wgmma_pair_tiles): a partition of exactly two blocks
+  // per tile, k_tiles / 2 tiles each.
+  int cl = 0;
+  Partition P{};
+  if (pipeline == 2 && bps == 1 && wgmma_pair_tiles(g.m, g.n, g.k, rows, max_blocks)) {
+    const Prepared pc = prepare_once(g_ws_pair_prepared[dev][dt], kWsPairTable[dt].prepare);
+    P = partition(g.m, g.n, g.k, rows, t, 2 * ceil_div(g.m, rows) * (g.n / t.tn));
+    o.grid = P.grid;
+    o.smem_bytes = pc.smem;
+    if (pc.err == cudaSuccess && pc.blocks_per_sm >= 1 && P.iters * 2 == g.k / t.tk &&
+        clusters_fit(g_ws_pair_clusters[dev][dt], kWsPairClusters[dt], 2, o))
+      cl = 1;
+  }
+  if (cl == 0) {
+    P = partition(g.m, g.n, g.k, rows, t, max_blocks, whole);
+    o.grid = P.grid;
+    o.smem_bytes = pr.smem;
+  }
+  o.cluster = cl == 1 ? 2 : 0;
   const KernelArgs a = kernel_args(g, groups, shift, sms, P);
   if (pipeline == 2) {
     TmaMaps maps;
     const TmaBoxes box{t.tn, t.tk / 16, rows, scale_box_rows(groups, shift, t.tk)};
     if (!tma_maps(g.A, g.B, g.s, g.m, g.n, g.k, groups, box, &maps)) return MarlinStatus::CudaError;
-    return kWsTable[dt][wi].launch(a, maps, o, g.stream) == cudaSuccess ? MarlinStatus::Ok : MarlinStatus::CudaError;
+    const TmaEntry& e = cl == 1 ? kWsPairTable[dt] : kWsTable[dt][wi];
+    return e.launch(a, maps, o, g.stream) == cudaSuccess ? MarlinStatus::Ok : MarlinStatus::CudaError;
   }
   return kWgTable[dt][ri].launch(a, o, g.stream) == cudaSuccess ? MarlinStatus::Ok : MarlinStatus::CudaError;
 #else
@@ -485,22 +531,9 @@ MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int 
 // gate/up (its last slices in halves) 84.3-85.8 -> 83.0-85.3 at m = 1-8, 70B o at m = 16 15.3 -> 14.9; the 70B
 // set at m = 1-8 161.5-162.9 -> 159.9-161.6; the other streaming layers level. Clusters of three and four were
 // slower in an earlier form (70B q/k/v at m = 16 20.0-20.1 -> 20.2, 8B down at m = 16 16.2-16.3 -> 16.6-16.7).
-// Whether the device holds the whole grid's clusters at once (a launch in two waves of clusters would idle
-// half the SMs), queried once per (device, kernel).
-int g_st_clusters[kMaxDevices][2][3][2];  // clusters + 1; 0: not queried yet
+int g_st_clusters[kMaxDevices][2][3][2];  // clusters + 1; 0: not queried yet (clusters_fit)
 bool stream_clusters_fit(int dev, int dt, int ti, int sw, const LaunchOpts& o) {
-  int clusters = 0;
-  {
-    std::lock_guard<std::mutex> lock(g_prepared_mu);
-    int& c = g_st_clusters[dev][dt][ti][sw];
-    if (c == 0) {
-      LaunchOpts q = o;
-      q.grid = kStreamClusterSplit;
-      c = 1 + (kStreamClusters[dt][ti][sw](kStreamClusterSplit, q, &clusters) == cudaSuccess ? clusters : 0);
-    }
-    clusters = c - 1;
-  }
-  return int64_t(clusters) * kStreamClusterSplit >= o.grid;
+  return clusters_fit(g_st_clusters[dev][dt][ti][sw], kStreamClusters[dt][ti][sw], kStreamClusterSplit, o);
 }
 #endif
 

@@ -225,6 +225,27 @@ cudaError_t launch_kernel(Kernel kernel, int threads, const LaunchOpts& o, cudaS
   return cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 
+// How many clusters of `size` blocks of a kernel's per-channel and grouped variants (o.smem_bytes each) the
+// device runs at once: the smaller count, which holds for either.
+template <typename Kernel>
+cudaError_t max_active_clusters(Kernel per_channel, Kernel grouped, int threads, int size, const LaunchOpts& o,
+                                int* clusters) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(o.grid);
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = size_t(o.smem_bytes);
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim = {unsigned(size), 1, 1};
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  int n[2] = {0, 0};
+  cudaError_t e = cudaOccupancyMaxActiveClusters(&n[0], per_channel, &cfg);
+  if (e == cudaSuccess) e = cudaOccupancyMaxActiveClusters(&n[1], grouped, &cfg);
+  *clusters = n[0] < n[1] ? n[0] : n[1];
+  return e;
+}
+
 // Launches the variant that matches a.groups, with a and any further kernel arguments (the TMA kernels' maps).
 template <typename Kernel, typename... Extra>
 cudaError_t launch_variant(Kernel per_channel, Kernel grouped, int threads, const KernelArgs& a, const LaunchOpts& o,

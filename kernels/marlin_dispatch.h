@@ -225,6 +225,25 @@ constexpr int wgmma_whole_slices(int m, int n, int rows, int max_blocks) {
   return slices * 100 >= each * per_chunk * pct ? int(each) : 0;
 }
 
+// m > 64 on the Hopper kernel's 128-row tiles where no whole-slice plan applies: output tiles split in exactly two
+// along k, each pair of blocks one thread-block cluster that adds its halves through distributed shared memory
+// (kernels/sm90/marlin_wgmma_ws.cuh, CL: each block's idle warpgroup sends its partial to the partner, which
+// writes half the tile) instead of an fp32 deposit in the workspace, a counter and a read by the finisher. Taken
+// where the T = n / 256 x ceil(m / 128) tiles in pairs fill kWgmmaPairMinFillPct of the blocks, so that the
+// stripes would cut the tiles in two or three anyway. H100 timeline (docs/PERF.md, twenty-first session): 8B o at
+// m = 512 (64 tiles, 128 blocks) spent 7.6 of its 32.3 us in the deposit, the wait, the read and the C write.
+// Same calls, median of four runs each, pairs against stripes: 8B o at m = 512 30.3 against 32.6 us, 8B down at
+// 512 89.3 against 94.7, 70B o at 256 59.2 against 64.6, 70B down at 256 181.2 against 184.3. On 64-row tiles the
+// pairs lost (8B o at m = 256 21.3 against 19.6, 70B o at 128 40.0 against 38.1), so they are not built there.
+constexpr int kWgmmaPairRows = 128;
+constexpr int kWgmmaPairMinFillPct = 90;
+constexpr bool wgmma_pair_tiles(int m, int n, int k, int rows, int max_blocks) {
+  if (m <= 64 || rows != kWgmmaPairRows || n < 256 || max_blocks < 2 || k % (2 * 64) != 0) return false;
+  if (wgmma_whole_slices(m, n, rows, max_blocks) != 0) return false;
+  const int64_t tiles = int64_t(n / 256) * ((int64_t(m) + rows - 1) / rows);
+  return 2 * tiles <= max_blocks && 2 * tiles * 100 >= int64_t(max_blocks) * kWgmmaPairMinFillPct;
+}
+
 enum class HopperAutoPick { MmaSync, Hopper, DequantCublas };
 
 constexpr int kWgmmaTinyMaxM = 8;

@@ -73,11 +73,15 @@ cudaError_t wgmma_launch(const KernelArgs& a, const LaunchOpts& o, cudaStream_t 
 struct TmaMaps {
   CUtensorMap b, a, s;
 };
-// The warp-specialized form (kernels/sm90/marlin_wgmma_ws.cuh): NT-row tiles at BPS blocks per SM.
-template <int DT, int NT, int BPS>
+// The warp-specialized form (kernels/sm90/marlin_wgmma_ws.cuh): NT-row tiles at BPS blocks per SM; CL: its form
+// for launches whose tiles are split in two, each pair one cluster (LaunchOpts::cluster = 2).
+template <int DT, int NT, int BPS, bool CL>
 cudaError_t wgmma_ws_prepare(int* blocks_per_sm, int* smem_bytes);
-template <int DT, int NT, int BPS>
+template <int DT, int NT, int BPS, bool CL>
 cudaError_t wgmma_ws_launch(const KernelArgs& a, const TmaMaps& maps, const LaunchOpts& o, cudaStream_t stream);
+// How many clusters of `size` blocks of the CL form (NT = kWgmmaPairRows, o.smem_bytes each) the device runs at once.
+template <int DT>
+cudaError_t wgmma_ws_max_clusters(int size, const LaunchOpts& o, int* clusters);
 // The streaming m <= 16 kernel (kernels/sm90/marlin_stream.cuh): TN-column slices, one block per SM; CL: its
 // form for launches whose slices are split in two, each pair one cluster (LaunchOpts::cluster = 2); SW: the
 // form for m <= kStreamSwapMaxM (weights as the mma's A operand, 8-row activation boxes).

@@ -364,20 +364,8 @@ cudaError_t stream_launch(const KernelArgs& a, const TmaMaps& maps, const Launch
 
 template <int DT, int TN, bool SW>
 cudaError_t stream_max_clusters(int size, const LaunchOpts& o, int* clusters) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(o.grid);
-  cfg.blockDim = dim3(StreamShape<TN, true, SW>::kThreads);
-  cfg.dynamicSmemBytes = size_t(o.smem_bytes);
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim = {unsigned(size), 1, 1};
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  int n[2] = {0, 0};  // both variants take the same resources; the smaller count holds for either
-  cudaError_t e = cudaOccupancyMaxActiveClusters(&n[0], marlin_stream_kernel<DT, false, TN, true, SW>, &cfg);
-  if (e == cudaSuccess) e = cudaOccupancyMaxActiveClusters(&n[1], marlin_stream_kernel<DT, true, TN, true, SW>, &cfg);
-  *clusters = n[0] < n[1] ? n[0] : n[1];
-  return e;
+  return max_active_clusters(marlin_stream_kernel<DT, false, TN, true, SW>, marlin_stream_kernel<DT, true, TN, true, SW>,
+                             StreamShape<TN, true, SW>::kThreads, size, o, clusters);
 }
 
 #define MARLINC_INSTANTIATE_STREAM_CL(DT, TN, CL, SW)                                                      \

@@ -56,9 +56,17 @@ struct WgShape {
   static_assert(size_t(kPart) <= kWgmmaPartFloats, "a block's partial tile fits its workspace slot");
 };
 
-// 4 bytes to, and 16 bytes from, a shared-window address (the staged epilogue).
+// 4 bytes to, and 16 bytes from, a shared-window address (the staged epilogue, the pair form's partner half).
 __device__ __forceinline__ void sts32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ float4 lds128f(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
 }
 __device__ __forceinline__ int4 lds128(uint32_t addr) {
   int4 v;
@@ -128,6 +136,72 @@ __device__ __forceinline__ void wg_issue(float (&acc)[2][NT / 2], uint32_t stage
   wg_mma<DT, NT>(acc, stage, kk, a);
 }
 
+// The warp's share of a finished tile into C: wgmma D layout (per warp 16 rows): acc[j][4i + 2h + e] is column
+// wl::acc_col(.., j, lane, h), token wl::acc_token(i, lane, e). Lanes l and l ^ 4 swap one value so that each
+// writes a 4-byte pair of one token row (wl::pair_*), with per-channel scales applied first. Warp-synchronous
+// only: any subset of the tile's warps may call it.
+template <int DT, bool GROUPED, int NT, bool STAGED>
+__device__ __forceinline__ void wg_write_c(const KernelArgs& p, const float (&acc)[2][NT / 2], int slice, int row0,
+                                           int warp, int lane, uint32_t epi) {
+  using S = WgShape<NT>;
+  const int tile = wl::warp_tile(warp), sub0 = wl::warp_sub0(warp);
+  uint16_t* C = static_cast<uint16_t*>(p.C);
+  const uint16_t* s16 = static_cast<const uint16_t*>(p.s);
+  const bool even = wl::pair_even(lane);
+  if constexpr (STAGED) {
+    static_assert(NT % wl::kEpiTokens == 0, "whole staging rounds");
+    constexpr int kI = wl::kEpiTokens / 8;  // 8-token accumulator rows per round
+    const int wc0 = slice * S::kFeat + wl::acc_col(tile, sub0, 0, 0, 0);  // the warp's first column
+    float sc[2][2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        sc[j][h] = GROUPED ? 1.f : to_float<DT>(s16[wl::channel_scale_pos(wc0 + wl::epi_col(j, lane, h))]);
+#pragma unroll
+    for (int r = 0; r < NT / wl::kEpiTokens; ++r) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int ii = 0; ii < kI; ++ii) {
+            const int i = r * kI + ii;
+            const float v0 = acc[j][4 * i + 2 * h] * sc[j][h], v1 = acc[j][4 * i + 2 * h + 1] * sc[j][h];
+            const float other = __shfl_xor_sync(0xffffffffu, wl::pair_send_e(lane) ? v1 : v0, 4);
+            sts32(epi + wl::epi_byte(wl::pair_token(ii, lane), wl::pair_col(wl::epi_col(j, lane, h), lane)),
+                  even ? pack2<DT>(v0, other) : pack2<DT>(other, v1));
+          }
+      __syncwarp();  // the round's pairs are in the buffer before any lane reads a row
+#pragma unroll
+      for (int s = 0; s < wl::kEpiReads; ++s) {
+        const int lt = wl::epi_read_token(s, lane), x = wl::epi_read_chunk(s, lane);
+        const int4 v = lds128(epi + wl::epi_byte(lt, 8 * x));
+        const int tok = row0 + r * wl::kEpiTokens + lt;
+        if (tok < p.m) *reinterpret_cast<int4*>(C + size_t(tok) * p.n + wc0 + 8 * x) = v;
+      }
+      __syncwarp();  // every lane has read the round before the next one overwrites it
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int c = slice * S::kFeat + wl::acc_col(tile, sub0, j, lane, h);
+        const float sc = GROUPED ? 1.f : to_float<DT>(s16[wl::channel_scale_pos(c)]);
+#pragma unroll
+        for (int i = 0; i < NT / 8; ++i) {
+          const float v0 = acc[j][4 * i + 2 * h] * sc, v1 = acc[j][4 * i + 2 * h + 1] * sc;
+          const float other = __shfl_xor_sync(0xffffffffu, wl::pair_send_e(lane) ? v1 : v0, 4);
+          const int tok = row0 + wl::pair_token(i, lane);
+          if (tok < p.m)
+            *reinterpret_cast<uint32_t*>(C + size_t(tok) * p.n + wl::pair_col(c, lane)) =
+                even ? pack2<DT>(v0, other) : pack2<DT>(other, v1);
+        }
+      }
+  }
+}
+
 // The end of a slice, for the 256 threads that hold its accumulators (team_tid 0..255; team barrier
 // kBar/kCount, see team_sync): the cross-block reduction as in marlin_kernel (deposits in thread order,
 // coalesced float4, one in-order sum by the slice's first block), then the finisher (or a block that owns
@@ -139,7 +213,6 @@ __device__ __forceinline__ void wg_finish_slice(const KernelArgs& p, float (&acc
                                                 int base_b, int k_tiles, int warp, int lane, int team_tid,
                                                 uint32_t epi = 0) {
   using S = WgShape<NT>;
-  const int tile = wl::warp_tile(warp), sub0 = wl::warp_sub0(warp);
   const int first_b = slice_first_block(base_b, slice, k_tiles, p.iters);
   const int last_b = slice_last_block(base_b, slice, k_tiles, p.iters);
   const int count = last_b - first_b + 1;
@@ -178,66 +251,7 @@ __device__ __forceinline__ void wg_finish_slice(const KernelArgs& p, float (&acc
     }
   }
 
-  if (count == 1 || finisher) {
-    // wgmma D layout (per warp 16 rows): acc[j][4i + 2h + e] is column wl::acc_col(.., j, lane, h),
-    // token wl::acc_token(i, lane, e). Lanes l and l ^ 4 swap one value so that each writes a 4-byte
-    // pair of one token row (wl::pair_*), with per-channel scales applied first.
-    uint16_t* C = static_cast<uint16_t*>(p.C);
-    const uint16_t* s16 = static_cast<const uint16_t*>(p.s);
-    const bool even = wl::pair_even(lane);
-    if constexpr (STAGED) {
-      static_assert(NT % wl::kEpiTokens == 0, "whole staging rounds");
-      constexpr int kI = wl::kEpiTokens / 8;  // 8-token accumulator rows per round
-      const int wc0 = slice * S::kFeat + wl::acc_col(tile, sub0, 0, 0, 0);  // the warp's first column
-      float sc[2][2];
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-          sc[j][h] = GROUPED ? 1.f : to_float<DT>(s16[wl::channel_scale_pos(wc0 + wl::epi_col(j, lane, h))]);
-#pragma unroll
-      for (int r = 0; r < NT / wl::kEpiTokens; ++r) {
-#pragma unroll
-        for (int j = 0; j < 2; ++j)
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int ii = 0; ii < kI; ++ii) {
-              const int i = r * kI + ii;
-              const float v0 = acc[j][4 * i + 2 * h] * sc[j][h], v1 = acc[j][4 * i + 2 * h + 1] * sc[j][h];
-              const float other = __shfl_xor_sync(0xffffffffu, wl::pair_send_e(lane) ? v1 : v0, 4);
-              sts32(epi + wl::epi_byte(wl::pair_token(ii, lane), wl::pair_col(wl::epi_col(j, lane, h), lane)),
-                    even ? pack2<DT>(v0, other) : pack2<DT>(other, v1));
-            }
-        __syncwarp();  // the round's pairs are in the buffer before any lane reads a row
-#pragma unroll
-        for (int s = 0; s < wl::kEpiReads; ++s) {
-          const int lt = wl::epi_read_token(s, lane), x = wl::epi_read_chunk(s, lane);
-          const int4 v = lds128(epi + wl::epi_byte(lt, 8 * x));
-          const int tok = row0 + r * wl::kEpiTokens + lt;
-          if (tok < p.m) *reinterpret_cast<int4*>(C + size_t(tok) * p.n + wc0 + 8 * x) = v;
-        }
-        __syncwarp();  // every lane has read the round before the next one overwrites it
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int c = slice * S::kFeat + wl::acc_col(tile, sub0, j, lane, h);
-          const float sc = GROUPED ? 1.f : to_float<DT>(s16[wl::channel_scale_pos(c)]);
-#pragma unroll
-          for (int i = 0; i < NT / 8; ++i) {
-            const float v0 = acc[j][4 * i + 2 * h] * sc, v1 = acc[j][4 * i + 2 * h + 1] * sc;
-            const float other = __shfl_xor_sync(0xffffffffu, wl::pair_send_e(lane) ? v1 : v0, 4);
-            const int tok = row0 + wl::pair_token(i, lane);
-            if (tok < p.m)
-              *reinterpret_cast<uint32_t*>(C + size_t(tok) * p.n + wl::pair_col(c, lane)) =
-                  even ? pack2<DT>(v0, other) : pack2<DT>(other, v1);
-          }
-        }
-    }
-  }
+  if (count == 1 || finisher) wg_write_c<DT, GROUPED, NT, STAGED>(p, acc, slice, row0, warp, lane, epi);
 }
 
 template <int DT, bool GROUPED, int NT>

@@ -18,14 +18,19 @@
 // reads are ordered before its own release). The ring runs across slices and row chunks, so the producer
 // streams the next slice's tiles while the consumers reduce the last one. setmaxnreg moves registers from
 // the producer to the consumers (accumulators).
+//
+// The pair form (CL, 128-row tiles): where every tile is split in two along k (marlin_dispatch.h,
+// wgmma_pair_tiles), the two blocks of a tile run as one cluster and add their halves through each other's
+// shared memory (wg_pair_finish) instead of the workspace.
 #pragma once
 #include <cstdint>
 
+#include "kernels/marlin_dispatch.h"
 #include "kernels/sm90/marlin_wgmma.cuh"
 
 namespace marlinc::kernels::detail {
 
-template <int NT, int BPS>
+template <int NT, int BPS, bool CL = false>
 struct WsShape : WgShape<NT> {
   using Base = WgShape<NT>;
   static constexpr int kProducerThreads = 128;
@@ -35,9 +40,10 @@ struct WsShape : WgShape<NT> {
   // block, and at most 227 KB per block); every stage of the ring may be in flight.
   static constexpr int kSmemPerBlock = BPS == 1 ? 227 * 1024 : (228 * 1024) / BPS - 1024;
   static constexpr int kMaxStages = 8;
-  // After the ring: the full/empty barriers (16 bytes per stage, padded to 128), then each consumer warp's
-  // epilogue buffer (wgmma_layout.h, kEpiWarpBytes).
-  static constexpr int kBarBytes = 128;
+  // After the ring: the full/empty barriers (16 bytes per stage, padded to 128) and the pair form's two (CL,
+  // below), then each consumer warp's epilogue buffer (wgmma_layout.h, kEpiWarpBytes).
+  static constexpr int kPairBarOff = 128;  // from the ring's end: the partner's "ring free" and "half sent"
+  static constexpr int kBarBytes = kPairBarOff + 16;
   static constexpr int kEpiBytes = (wl::kThreads / 32) * wl::kEpiWarpBytes;
   static constexpr int kFitStages = (kSmemPerBlock - Base::kAlign - kBarBytes - kEpiBytes) / Base::kStage;
   static constexpr int kStages = kFitStages < kMaxStages ? kFitStages : kMaxStages;
@@ -73,7 +79,14 @@ struct WsShape : WgShape<NT> {
   static_assert(kPending >= kBatch && kPending <= Base::kKB, "the previous tile retires within the next one");
   static_assert(kPending <= Base::kKB - kBatch, "a batch is expanded into registers no wgmma in flight reads");
   static_assert(kStages >= 3, "the ring needs stages in flight on both sides of the one being read");
-  static_assert(16 * kMaxStages <= kBarBytes, "the barriers fit before the epilogue buffers");
+  static_assert(16 * kMaxStages <= kPairBarOff, "the ring's barriers fit before the pair form's");
+  // CL: a tile split in two runs as a cluster of its two blocks (kernels/marlin_dispatch.h, wgmma_pair_tiles).
+  // Each block's warpgroup g holds columns 128 g .. 128 g + 127 of the tile; block (rank) r writes the half of
+  // warpgroup r, whose partial the partner's warpgroup r sends into r's ring, free once both blocks' products
+  // are done: [j][q][thread] float4, kHalfBytes.
+  static constexpr int kHalfBytes = 128 * 2 * Base::kAcc * 4;
+  static_assert(!CL || kHalfBytes <= kStages * Base::kStage, "the ring holds the partner's half tile");
+  static_assert(!CL || (NT == kWgmmaPairRows && BPS == 1), "the pair form's tiles (marlin_dispatch.h)");
   static_assert(kSmemBytes <= kSmemPerBlock, "the ring fits the block's shared memory");
   static_assert(kConsumerRegs <= 256 && kProducerRegs >= 24, "setmaxnreg bounds");
   static_assert(Base::kABytes % 128 == 0 && Base::kBBytes % 128 == 0,
@@ -133,6 +146,11 @@ __device__ __forceinline__ void st_async_f4(uint32_t dst, const float (&v)[4], u
   asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];\n"
                ::"r"(dst), "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3]), "r"(bar) : "memory");
 }
+// This thread's arrival at another block's mbarrier (a shared::cluster address from map_to_rank), releasing this
+// block's earlier accesses to the cluster.
+__device__ __forceinline__ void mbar_remote_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
 // This thread's arrival, which also raises the bytes the current phase waits for.
 __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n"
@@ -162,11 +180,59 @@ struct RingPos {
   }
 };
 
+// CL: the end of a tile that a pair of blocks (one cluster, rank r = blockIdx.x % 2) split along k. Every
+// consumer thread of both blocks; `pair_bar`: this block's two barriers (S::kPairBarOff), initialized before the
+// cluster barrier's arrival at entry. Each block tells the partner that its ring is free; the warpgroup that does
+// not write here sends its partial into the partner's ring, the other adds the partner's and writes its half of
+// C. One fp32 addition per element of the two halves' sums, as the finisher of a tile in stripes adds the other
+// block's deposit (a + b in either order: the bytes do not depend on which block writes).
 template <int DT, bool GROUPED, int NT, int BPS>
+__device__ __forceinline__ void wg_pair_finish(const KernelArgs& p, float (&acc)[2][NT / 2], int slice, int row0,
+                                               uint32_t ring, uint32_t pair_bar, int cw, int lane, int ctid,
+                                               uint32_t epi) {
+  using S = WsShape<NT, BPS, true>;
+  constexpr int kQ = S::kAcc / 4;  // float4 per thread per wgmma accumulator
+  const uint32_t rank = blockIdx.x & 1u, partner = rank ^ 1u;
+  const uint32_t free_bar = pair_bar, recv_bar = pair_bar + 8;
+  const int g = cw >> 2, wtid = ctid & 127;
+  team_sync<1, wl::kThreads>();  // this block's products are done and its ring read
+  cluster_wait();                // the partner's barriers are initialized
+  if (ctid == 0) {
+    mbar_remote_arrive(map_to_rank(free_bar, partner));
+    mbar_expect_tx(recv_bar, S::kHalfBytes);
+  }
+  if (g != int(rank)) {
+    mbar_wait(free_bar, 0);  // the partner's products are done: its ring takes this half
+    const uint32_t dst = map_to_rank(ring + wtid * 16, partner), bar = map_to_rank(recv_bar, partner);
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int q = 0; q < kQ; ++q) {
+        const float v[4] = {acc[j][4 * q], acc[j][4 * q + 1], acc[j][4 * q + 2], acc[j][4 * q + 3]};
+        st_async_f4(dst + (j * kQ + q) * (128 * 16), v, bar);
+      }
+  } else {
+    mbar_wait(recv_bar, 0);  // one tile per block and launch: the barrier's first phase
+    tl_mark(p, kTlReduced, wtid == 0);
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int q = 0; q < kQ; ++q) {
+        const float4 o = lds128f(ring + ((j * kQ + q) * 128 + wtid) * 16);
+        acc[j][4 * q] += o.x;
+        acc[j][4 * q + 1] += o.y;
+        acc[j][4 * q + 2] += o.z;
+        acc[j][4 * q + 3] += o.w;
+      }
+    wg_write_c<DT, GROUPED, NT, true>(p, acc, slice, row0, cw, lane, epi);
+  }
+}
+
+template <int DT, bool GROUPED, int NT, int BPS, bool CL>
 __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS)
     marlin_wgmma_ws_kernel(const KernelArgs p, const __grid_constant__ TmaMaps maps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using S = WsShape<NT, BPS>;
+  using S = WsShape<NT, BPS, CL>;
   extern __shared__ __align__(16) unsigned char sh_raw[];
   const uint32_t raw = smem_addr(sh_raw);
   unsigned char* sh = sh_raw + (((raw + S::kAlign - 1) & ~uint32_t(S::kAlign - 1)) - raw);
@@ -174,12 +240,20 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS)
   const uint32_t full0 = sbase + S::kStages * S::kStage, empty0 = full0 + 8 * S::kStages;  // [kStages] each
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  if (tid == 0)
+  const uint32_t pair_bar = sbase + S::kStages * S::kStage + S::kPairBarOff;  // CL: "ring free", "half sent"
+  if (tid == 0) {
     for (int s = 0; s < S::kStages; ++s) {
       mbar_init(full0 + 8 * s, 1);  // the producer's arrive.expect_tx
       mbar_init(empty0 + 8 * s, S::kConsumerThreads);
     }
+    if constexpr (CL) {
+      mbar_init(pair_bar, 1);      // the partner's arrival: its ring is free
+      mbar_init(pair_bar + 8, 1);  // this block's arrive.expect_tx of the partner's half
+      fence_mbarrier_init_cluster();
+    }
+  }
   __syncthreads();  // barriers initialized before anyone waits on or arrives at them
+  if constexpr (CL) cluster_arrive();  // waited for (wg_pair_finish) before the first access to the partner
   allow_next_grid();  // see marlin_kernel: every block of this grid is resident before the next starts
   tl_mark(p, kTlEntry, tid == 0);
   tl_mark(p, kTlSm, tid == 0);
@@ -314,8 +388,12 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS)
       mbar_arrive_if(cempty0 + 8 * prev, true);
       tl_mark(p, kTlComputed, tl0);
       tl_first = false;
-      wg_finish_slice<DT, GROUPED, NT, 1, wl::kThreads, true>(p, acc, slice, pc * NT, base_b, k_tiles, cw, lane, ctid,
-                                                             cepi);
+      if constexpr (CL)
+        wg_pair_finish<DT, GROUPED, NT, BPS>(p, acc, slice, pc * NT, cbase, cbase + (pair_bar - sbase), cw, lane, ctid,
+                                             cepi);
+      else
+        wg_finish_slice<DT, GROUPED, NT, 1, wl::kThreads, true>(p, acc, slice, pc * NT, base_b, k_tiles, cw, lane,
+                                                               ctid, cepi);
       it += cnt;
     }
   }
@@ -325,22 +403,35 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS)
 #endif
 }
 
-template <int DT, int NT, int BPS>
+template <int DT, int NT, int BPS, bool CL>
 cudaError_t wgmma_ws_prepare(int* blocks_per_sm, int* smem_bytes) {
-  using S = WsShape<NT, BPS>;
-  return prepare_variants(marlin_wgmma_ws_kernel<DT, false, NT, BPS>, marlin_wgmma_ws_kernel<DT, true, NT, BPS>,
+  using S = WsShape<NT, BPS, CL>;
+  return prepare_variants(marlin_wgmma_ws_kernel<DT, false, NT, BPS, CL>, marlin_wgmma_ws_kernel<DT, true, NT, BPS, CL>,
                           S::kThreads, S::kSmemBytes, blocks_per_sm, smem_bytes);
 }
 
-template <int DT, int NT, int BPS>
+template <int DT, int NT, int BPS, bool CL>
 cudaError_t wgmma_ws_launch(const KernelArgs& a, const TmaMaps& maps, const LaunchOpts& o, cudaStream_t stream) {
-  return launch_variant(marlin_wgmma_ws_kernel<DT, false, NT, BPS>, marlin_wgmma_ws_kernel<DT, true, NT, BPS>,
+  return launch_variant(marlin_wgmma_ws_kernel<DT, false, NT, BPS, CL>, marlin_wgmma_ws_kernel<DT, true, NT, BPS, CL>,
                         WsShape<NT, BPS>::kThreads, a, o, stream, maps);
 }
 
-#define MARLINC_INSTANTIATE_WGMMA_WS(DT, NT, BPS)                    \
-  template cudaError_t wgmma_ws_prepare<DT, NT, BPS>(int*, int*); \
-  template cudaError_t wgmma_ws_launch<DT, NT, BPS>(const KernelArgs&, const TmaMaps&, const LaunchOpts&, \
-                                                    cudaStream_t);
+// How many clusters of `size` blocks of the pair form (o.smem_bytes each) the device runs at once.
+template <int DT>
+cudaError_t wgmma_ws_max_clusters(int size, const LaunchOpts& o, int* clusters) {
+  constexpr int NT = kWgmmaPairRows;
+  return max_active_clusters(marlin_wgmma_ws_kernel<DT, false, NT, 1, true>, marlin_wgmma_ws_kernel<DT, true, NT, 1, true>,
+                             WsShape<NT, 1>::kThreads, size, o, clusters);
+}
+
+#define MARLINC_INSTANTIATE_WGMMA_WS_CL(DT, NT, BPS, CL)                                                   \
+  template cudaError_t wgmma_ws_prepare<DT, NT, BPS, CL>(int*, int*);                                    \
+  template cudaError_t wgmma_ws_launch<DT, NT, BPS, CL>(const KernelArgs&, const TmaMaps&, const LaunchOpts&, \
+                                                        cudaStream_t);
+#define MARLINC_INSTANTIATE_WGMMA_WS(DT, NT, BPS) MARLINC_INSTANTIATE_WGMMA_WS_CL(DT, NT, BPS, false)
+// The pair form: 128-row tiles at one block per SM (kernels/marlin_dispatch.h, wgmma_pair_tiles).
+#define MARLINC_INSTANTIATE_WGMMA_WS_PAIR(DT)                  \
+  MARLINC_INSTANTIATE_WGMMA_WS_CL(DT, kWgmmaPairRows, 1, true) \
+  template cudaError_t wgmma_ws_max_clusters<DT>(int, const LaunchOpts&, int*);
 
 }  // namespace marlinc::kernels::detail

@@ -512,6 +512,36 @@ TEST_CASE("marlin: Hopper wgmma kernel, producer warpgroup", "[gpu][marlin][wgmm
     for (int sms : {1, 5}) run_case(big, 300, rng, producer(rows, sms, 16));
 }
 
+// The producer kernel's pair form (kernels/marlin_dispatch.h, wgmma_pair_tiles): on num_sms SMs chosen so that the
+// rule holds, every tile is split in two along k and each pair of blocks is one cluster that adds its halves
+// through distributed shared memory. Tokens past m in the last row chunk, every group size, both activation types.
+TEST_CASE("marlin: Hopper wgmma kernel, tiles split in two as clusters", "[gpu][marlin][wgmma]") {
+  if (!marlin_wgmma_available()) {
+    WARN("skipped: no compute capability 9.0 device, or no sm_90a code in this build");
+    return;
+  }
+  std::mt19937_64 rng(kSeed + 17);
+  struct PairCase { int64_t m; int sms; };
+  // 1024 x 768: 3 slices of 256, 16 k-tiles. Tiles (par x 3) x 2 blocks = the SMs, or 90% of them.
+  const PairCase cases[] = {{100, 6}, {128, 6}, {250, 12}, {300, 19}, {1000, 48}};
+  for (ActType act : {ActType::F16, ActType::BF16})
+    for (int64_t g : kGroups) {
+      if (act == ActType::BF16 && g != 128) continue;
+      const Layer L = make_layer(rng, 1024, 768, g, act);
+      for (const PairCase& pc : cases) {
+        INFO("pair case m " << pc.m << " sms " << pc.sms);
+        REQUIRE(kernels::wgmma_pair_tiles(int(pc.m), int(L.n), int(L.k), kernels::kWgmmaPairRows, pc.sms));
+        RunOpts o;
+        o.path = MarlinPath::Wgmma;
+        o.wgmma_rows = kernels::kWgmmaPairRows;
+        o.wgmma_pipeline = 2;
+        o.num_sms = pc.sms;
+        o.max_ref_rows = 48;
+        run_case(L, pc.m, rng, o);
+      }
+    }
+}
+
 // The operand maps under the Hopper kernel, alone on the device: small integers make every product and
 // sum exact, so D must equal A B^T bit for bit. A failure here (and not in the CPU model) means the
 // PTX-derived model of wgmma's fragments, descriptor or swizzle is wrong; a kernel failure with this
@@ -573,6 +603,17 @@ TEST_CASE("marlin: Hopper wgmma kernel under the sanitizers", "[gpu][marlin][wgm
             o.num_sms = sms;
             run_case(L, m, rng, o);
           }
+    // The pair form (tiles split in two as clusters: 2 slices x par row chunks x 2 blocks = the SMs).
+    for (int64_t m : {int64_t(100), int64_t(200)}) {
+      const int sms = m == 100 ? 4 : 8;
+      REQUIRE(kernels::wgmma_pair_tiles(int(m), int(L.n), int(L.k), kernels::kWgmmaPairRows, sms));
+      RunOpts o;
+      o.path = MarlinPath::Wgmma;
+      o.wgmma_rows = kernels::kWgmmaPairRows;
+      o.wgmma_pipeline = 2;
+      o.num_sms = sms;
+      run_case(L, m, rng, o);
+    }
   }
 }
 

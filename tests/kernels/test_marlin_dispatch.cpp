@@ -284,6 +284,46 @@ TEST_CASE("dispatch: Hopper launches give blocks whole column slices where those
     }
 }
 
+// The Hopper kernel's pair form (wgmma_pair_tiles): the layers timed faster with pairs take them, the 64-row tiles
+// that measured slower do not; and the partition the launcher asks for gives each tile exactly two consecutive
+// blocks (one cluster, rank = block % 2), half the k tiles each.
+TEST_CASE("dispatch: Hopper tiles split in two as clusters where pairs fill 90% of the SMs", "[kernels][dispatch]") {
+  constexpr int kSms = 132;
+  // 64 tiles of 128 rows, 128 blocks: 8B o and down at m = 512, 70B o and down at 256.
+  CHECK(wgmma_pair_tiles(512, kO8B.n, kO8B.k, 128, kSms));
+  CHECK(wgmma_pair_tiles(512, kDown8B.n, kDown8B.k, 128, kSms));
+  CHECK(wgmma_pair_tiles(256, kO70B.n, kO70B.k, 128, kSms));
+  CHECK(wgmma_pair_tiles(256, kDown70B.n, kDown70B.k, 128, kSms));
+  CHECK(wgmma_pair_tiles(200, kO70B.n, kO70B.k, 128, kSms));  // a partial last row chunk
+  // 64-row tiles (8B o at m = 256, 70B o at 128: slower in pairs), whole-slice plans (70B o and down at 512),
+  // too many tiles (8B q/k/v at 512: 96), too few (8B o at 256 in 128-row tiles: 32 of 132 blocks in pairs),
+  // m <= 64, and k not a whole number of two-tile halves.
+  CHECK_FALSE(wgmma_pair_tiles(256, kO8B.n, kO8B.k, 64, kSms));
+  CHECK_FALSE(wgmma_pair_tiles(128, kO70B.n, kO70B.k, 64, kSms));
+  CHECK_FALSE(wgmma_pair_tiles(512, kO70B.n, kO70B.k, 128, kSms));
+  CHECK_FALSE(wgmma_pair_tiles(512, kDown70B.n, kDown70B.k, 128, kSms));
+  CHECK_FALSE(wgmma_pair_tiles(512, kQkv8B.n, kQkv8B.k, 128, kSms));
+  CHECK_FALSE(wgmma_pair_tiles(256, kO8B.n, kO8B.k, 128, kSms));
+  CHECK_FALSE(wgmma_pair_tiles(64, kO70B.n, kO70B.k, 128, kSms));
+  CHECK_FALSE(wgmma_pair_tiles(512, kO8B.n, 4096 + 64, 128, kSms));
+  // Every benchmark layer at every m: where the rule holds, the pair partition.
+  for (int m : {65, 100, 128, 256, 300, 512, 1024, 2048})
+    for (const Layer& L : {kQkv8B, kO8B, kGateUp8B, kDown8B, kQkv70B, kO70B, kGateUp70B, kDown70B, kLarge}) {
+      if (!wgmma_pair_tiles(m, L.n, L.k, 128, kSms)) continue;
+      INFO(L.name << " m " << m);
+      const int par = (m + 127) / 128, n_tiles = L.n / 256, k_tiles = L.k / 64;
+      const Partition P = marlin_partition(m, n_tiles, k_tiles, 128, 2 * par * n_tiles);
+      CHECK(P.grid <= kSms);
+      CHECK(P.grid * 100 >= kSms * kWgmmaPairMinFillPct);
+      CHECK(P.iters * 2 == k_tiles);
+      CHECK(P.chunk_groups == par);
+      for (int t = 0; t < n_tiles; ++t) {
+        CHECK(slice_first_block(0, t, k_tiles, P.iters) == 2 * t);
+        CHECK(slice_last_block(0, t, k_tiles, P.iters) == 2 * t + 1);
+      }
+    }
+}
+
 // The streaming kernel's tile sequences (stream_ranges, walked as the kernel walks them): every (slice,
 // k tile) once; the blocks that share a slice are the contiguous split blocks the kernel names as its
 // first/last block, and round slices have one block each. Where the launcher runs slices split in two as
