@@ -195,6 +195,7 @@ __device__ __forceinline__ void wg_pair_finish(const KernelArgs& p, float (&acc)
   const uint32_t rank = blockIdx.x & 1u, partner = rank ^ 1u;
   const uint32_t free_bar = pair_bar, recv_bar = pair_bar + 8;
   const int g = cw >> 2, wtid = ctid & 127;
+  tl_mark(p, kTlInfo, ctid == 0, 2u * 2u + 1u);  // as wg_finish_slice: two blocks on the tile, this one writes C
   team_sync<1, wl::kThreads>();  // this block's products are done and its ring read
   cluster_wait();                // the partner's barriers are initialized
   if (ctid == 0) {
@@ -218,11 +219,11 @@ __device__ __forceinline__ void wg_pair_finish(const KernelArgs& p, float (&acc)
     for (int j = 0; j < 2; ++j)
 #pragma unroll
       for (int q = 0; q < kQ; ++q) {
-        const float4 o = lds128f(ring + ((j * kQ + q) * 128 + wtid) * 16);
-        acc[j][4 * q] += o.x;
-        acc[j][4 * q + 1] += o.y;
-        acc[j][4 * q + 2] += o.z;
-        acc[j][4 * q + 3] += o.w;
+        const int4 o = lds128(ring + ((j * kQ + q) * 128 + wtid) * 16);
+        acc[j][4 * q] += __int_as_float(o.x);
+        acc[j][4 * q + 1] += __int_as_float(o.y);
+        acc[j][4 * q + 2] += __int_as_float(o.z);
+        acc[j][4 * q + 3] += __int_as_float(o.w);
       }
     wg_write_c<DT, GROUPED, NT, true>(p, acc, slice, row0, cw, lane, epi);
   }
