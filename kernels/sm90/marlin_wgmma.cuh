@@ -131,7 +131,7 @@ __device__ __forceinline__ void wg_issue(float (&acc)[2][NT / 2], uint32_t stage
 // The warp's share of a finished tile into C: wgmma D layout (per warp 16 rows): acc[j][4i + 2h + e] is column
 // wl::acc_col(.., j, lane, h), token wl::acc_token(i, lane, e). Lanes l and l ^ 4 swap one value so that each
 // writes a 4-byte pair of one token row (wl::pair_*), with per-channel scales applied first. Warp-synchronous
-// only: any subset of the tile's warps may call it.
+// only: any subset of the tile's warps may call it. STAGED, epi: as for wg_finish_slice below.
 template <int DT, bool GROUPED, int NT, bool STAGED>
 __device__ __forceinline__ void wg_write_c(const KernelArgs& p, const float (&acc)[2][NT / 2], int slice, int row0,
                                            int warp, int lane, uint32_t epi) {
