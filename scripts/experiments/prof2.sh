@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build bench_marlin; bench given shapes; ncu metrics + source-level stall samples on the wgmma kernel.
-# RUNS: "sets:ms:wgmma_rows:wgmma_pipeline ..." (none: no benches); SKIP_BUILD=1 reuses build/cuda; NCU_SPECS: "set:m:launch_skip:kernel_regex:wgmma_pipeline ...".
+# RUNS: "sets:ms:wgmma_rows:wgmma_pipeline ..." (none: no benches); SKIP_BUILD=1 reuses build/cuda; NCU_SPECS: "set:m:launch_skip:kernel_regex:wgmma_pipeline ...";
+# EXTRA_METRICS: more ncu metrics, comma-separated.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 t0=$(date +%s)
@@ -20,6 +21,7 @@ for spec in ${RUNS:-"8192x57344,28672x8192:64,128,256,1024:"}; do
 done
 M="sm__cycles_elapsed.avg.per_second,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed.avg.per_cycle_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__throughput.avg.pct_of_peak_sustained_elapsed,l1tex__throughput.avg.pct_of_peak_sustained_active,gpu__time_duration.sum,sm__cycles_active.avg,sm__cycles_elapsed.avg,dram__bytes_read.sum,smsp__warps_active.avg.per_cycle_active,launch__registers_per_thread,launch__grid_size,smsp__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active,smsp__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active,l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed"
 for s in barrier long_scoreboard short_scoreboard math_pipe_throttle mio_throttle wait not_selected selected dispatch_stall lg_throttle no_instruction branch_resolving membar drain tex_throttle sleeping misc; do M="$M,smsp__average_warps_issue_stalled_${s}_per_issue_active.ratio"; done
+[ -n "${EXTRA_METRICS:-}" ] && M="$M,$EXTRA_METRICS"
 for spec in ${NCU_SPECS:-"8192x57344:256:3:marlin_wgmma_kernel" "8192x57344:1024:3:marlin_wgmma_kernel" "8192x57344:1024:3:sm90|gemm|xmma|cutlass"}; do
   IFS=: read -r set m skip kern pipe <<< "$spec"
   tag="${set}_${m}_${kern%%|*}_p${pipe:-0}"
