@@ -52,25 +52,36 @@ __device__ __forceinline__ void mma_16816(const uint32_t (&a)[4], uint32_t b0, u
 // ---- the end of a slice (fragments of mma.m16n8 accumulators) ---------------------------------------
 
 // Sums the partial accumulators of the KG k-groups of warps (KG a power of two, GROUP warps each; warp
-// `pos` of group wk) in a fixed tree through shared memory `red` ((KG / 2) * GROUP * ACC * 32 float4):
-// each step halves the active groups, so group 0 ends up with the sums in a deterministic order.
-// kBar/kCount: the barrier of the threads taking part (team_sync).
-template <int KG, int GROUP, int ACC, int kBar = 0, int kCount = 0>
+// `pos` of group wk) in a fixed tree through shared memory `red` (kgroup_red_slots<KG, RADIX>() * GROUP * ACC *
+// 32 float4): each step divides the active groups by RADIX (by 2 once fewer remain), group i adding those of
+// i + q, i + 2q, ... in that order, so group 0 ends up with the sums in a deterministic order. Each step costs two
+// barriers; RADIX 4 halves the steps for 1.5 times the shared memory. kBar/kCount: the barrier of the threads
+// taking part (team_sync).
+template <int KG, int RADIX = 2>
+constexpr int kgroup_red_slots() {  // the first step's writers, the most of any step
+  return KG < 2 ? 0 : KG - KG / (KG >= RADIX ? RADIX : 2);
+}
+template <int KG, int GROUP, int ACC, int kBar = 0, int kCount = 0, int RADIX = 2>
 __device__ __forceinline__ void reduce_kgroups(float4* red, float (&acc)[ACC][4], int wk, int pos, int lane) {
+  static_assert(RADIX == 2 || RADIX == 4, "tree steps of two or four groups");
 #pragma unroll
-  for (int step = KG / 2; step >= 1; step /= 2) {
-    if (wk >= step && wk < 2 * step) {
-      float4* dst = red + ((wk - step) * GROUP + pos) * (ACC * 32);
+  for (int active = KG; active > 1; active /= (active >= RADIX ? RADIX : 2)) {
+    const int r = active >= RADIX ? RADIX : 2, q = active / r;  // groups q .. active - 1 hand over
+    if (wk >= q && wk < active) {
+      float4* dst = red + ((wk - q) * GROUP + pos) * (ACC * 32);
 #pragma unroll
       for (int a = 0; a < ACC; ++a) dst[a * 32 + lane] = make_float4(acc[a][0], acc[a][1], acc[a][2], acc[a][3]);
     }
     team_sync<kBar, kCount>();
-    if (wk < step) {
-      const float4* src = red + (wk * GROUP + pos) * (ACC * 32);
+    if (wk < q) {
 #pragma unroll
-      for (int a = 0; a < ACC; ++a) {
-        const float4 v = src[a * 32 + lane];
-        acc[a][0] += v.x; acc[a][1] += v.y; acc[a][2] += v.z; acc[a][3] += v.w;
+      for (int i = 1; i < r; ++i) {
+        const float4* src = red + ((wk + (i - 1) * q) * GROUP + pos) * (ACC * 32);
+#pragma unroll
+        for (int a = 0; a < ACC; ++a) {
+          const float4 v = src[a * 32 + lane];
+          acc[a][0] += v.x; acc[a][1] += v.y; acc[a][2] += v.z; acc[a][3] += v.w;
+        }
       }
     }
     team_sync<kBar, kCount>();

@@ -56,7 +56,11 @@ struct StreamShape {
   static constexpr int kStage = kBBytes + kABytes + kSBytes;  // [weights | activations | scales]
   static constexpr int kAcc = 8;                          // n8 tiles per 64-column block (C fragments)
   static constexpr int kAccK = SWAP ? 4 : kAcc;           // SWAP: m16 column groups x n8 tokens while summing k
-  static constexpr int kRedBytes = (kKG / 2) * kNB * kAccK * 32 * 16;  // first step of the k-group tree
+  // The k-group tree (reduce_kgroups): SWAP sums four groups per step, two steps at most instead of two to four, on
+  // the end of every slice, which the small layers' critical path runs through (docs/PERF.md, twenty-second session);
+  // its sums are half the 16-token form's, whose ring keeps its depth with steps of two.
+  static constexpr int kRedRadix = SWAP ? 4 : 2;
+  static constexpr int kRedBytes = kgroup_red_slots<kKG, kRedRadix>() * kNB * kAccK * 32 * 16;
   static constexpr int kAlign = 1024;                     // 128B-swizzled boxes start on 1 KB
   static constexpr int kSmemLimit = 227 * 1024;
   static constexpr int kMaxStages = 16;
@@ -290,8 +294,8 @@ __global__ void __launch_bounds__(StreamShape<TN>::kThreads, 1)
 
       // The k-groups of each column block, summed in a fixed tree through shared memory.
       if constexpr (SWAP) {
-        reduce_kgroups<S::kKG, S::kNB, S::kAccK, S::kBar, S::kConsumerThreads>(reinterpret_cast<float4*>(red_raw),
-                                                                                acck, wk, wn, lane);
+        reduce_kgroups<S::kKG, S::kNB, S::kAccK, S::kBar, S::kConsumerThreads, S::kRedRadix>(
+            reinterpret_cast<float4*>(red_raw), acck, wk, wn, lane);
         if (wk == 0) swapped_to_frags(acck, acc, lane);  // the holders (warp-uniform) hold the k-group sums
       } else {
         reduce_kgroups<S::kKG, S::kNB, S::kAcc, S::kBar, S::kConsumerThreads>(reinterpret_cast<float4*>(red_raw), acc,
