@@ -70,6 +70,9 @@ struct StreamShape {
   // measured slower (kernels/marlin.cu, kStreamClusterSplit).
   static constexpr int kMaxCluster = CLUSTER ? 2 : 1;
   static constexpr int kPartBytes = kRows * TN * 4;
+  // What a partner sends: its k-group sums as they stand (SWAP: before the conversion to C fragments, so without
+  // the zero rows of tokens 8-15), every holder lane's as float4, [column block][sum][lane].
+  static constexpr int kSendBytes = kNB * kAccK * 32 * 16;
   static constexpr int kRecvBytes = (kMaxCluster - 1) * kPartBytes;
   static constexpr int kFit = (kSmemLimit - kAlign - kRedBytes - kRecvBytes - (CLUSTER ? 16 : 0)) / (kStage + 16);
   // SWAP frees shared memory (8-row boxes, half the k-group area), yet its ring is two stages shallower than the
@@ -95,6 +98,7 @@ struct StreamShape {
   static_assert(!SWAP || kAccK * 2 == kAcc, "SWAP: one m16 product per pair of n8 tiles");
   static_assert(kStages >= 4, "the ring keeps several stages in flight");
   static_assert(kPartBytes == kNB * kAcc * 32 * 16, "a partner's sums: every holder lane's acc as float4");
+  static_assert(kSendBytes <= kPartBytes, "the receive area holds what a partner sends");
   static_assert(kSmemBytes <= kSmemLimit, "one block per SM");
 };
 
@@ -296,7 +300,6 @@ __global__ void __launch_bounds__(StreamShape<TN>::kThreads, 1)
       if constexpr (SWAP) {
         reduce_kgroups<S::kKG, S::kNB, S::kAccK, S::kBar, S::kConsumerThreads, S::kRedRadix>(
             reinterpret_cast<float4*>(red_raw), acck, wk, wn, lane);
-        if (wk == 0) swapped_to_frags(acck, acc, lane);  // the holders (warp-uniform) hold the k-group sums
       } else {
         reduce_kgroups<S::kKG, S::kNB, S::kAcc, S::kBar, S::kConsumerThreads>(reinterpret_cast<float4*>(red_raw), acc,
                                                                                wk, wn, lane);
@@ -314,19 +317,24 @@ __global__ void __launch_bounds__(StreamShape<TN>::kThreads, 1)
       // rank order, as the deposits in finish_slice_frags in block order, and writes C alone. No global-memory
       // round trip, fence or counter (docs/PERF.md, sixteenth session).
       const bool clustered = CLUSTER && last_b > first_b;
+      // The holders' k-group sums (SWAP: still swapped; swapped_to_frags only moves values, so converting after
+      // the partner's sums are added gives the same fp32 additions in the same order, on half the bytes sent).
+      auto sums = [&]() -> float (&)[S::kAccK][4] {
+        if constexpr (SWAP) return acck; else return acc;
+      };
       if (clustered) cluster_wait();  // every block of the cluster has initialized its barriers
       if (clustered && b > first_b) {
         if (wk == 0) {
           const uint32_t base = smem_addr(sh);
-          const uint32_t dst = map_to_rank(base + kRecvOff + ((b - first_b - 1) * S::kNB + wn) * S::kAcc * 512 + lane * 16, 0);
+          const uint32_t dst = map_to_rank(base + kRecvOff + ((b - first_b - 1) * S::kNB + wn) * S::kAccK * 512 + lane * 16, 0);
           const uint32_t bar = map_to_rank(base + kRecvBarOff, 0);
 #pragma unroll
-          for (int a = 0; a < S::kAcc; ++a) st_async_f4(dst + a * 512, acc[a], bar);
+          for (int a = 0; a < S::kAccK; ++a) st_async_f4(dst + a * 512, sums()[a], bar);
         }
       } else {
         if (clustered) {
           const uint32_t recv_bar = smem_addr(sh) + kRecvBarOff;
-          if (tid == 0) mbar_expect_tx(recv_bar, uint32_t(last_b - first_b) * S::kPartBytes);
+          if (tid == 0) mbar_expect_tx(recv_bar, uint32_t(last_b - first_b) * S::kSendBytes);
           if (wk == 0) {
             const float4* recv = reinterpret_cast<const float4*>(sh + kRecvOff);
             mbar_wait(recv_bar, 0);  // one split slice per block and launch: the barrier's first phase
@@ -334,13 +342,16 @@ __global__ void __launch_bounds__(StreamShape<TN>::kThreads, 1)
             for (int q = 0; q < S::kMaxCluster - 1; ++q)  // unrolled: a loop of unknown count spilled acc
               if (q < last_b - first_b)
 #pragma unroll
-                for (int a = 0; a < S::kAcc; ++a) {
-                  const float4 v = recv[((q * S::kNB + wn) * S::kAcc + a) * 32 + lane];
-                  acc[a][0] += v.x, acc[a][1] += v.y, acc[a][2] += v.z, acc[a][3] += v.w;
+                for (int a = 0; a < S::kAccK; ++a) {
+                  const float4 v = recv[((q * S::kNB + wn) * S::kAccK + a) * 32 + lane];
+                  float (&x)[4] = sums()[a];
+                  x[0] += v.x, x[1] += v.y, x[2] += v.z, x[3] += v.w;
                 }
           }
           tl_mark(p, kTlReduced, lead);
         }
+        if constexpr (SWAP)
+          if (wk == 0) swapped_to_frags(acck, acc, lane);  // the holders (warp-uniform) hold the k-group sums
         finish_slice_frags<DT, GROUPED, 1, S::kRows, TN, S::kBar, S::kConsumerThreads>(
             p, acc, slice, clustered ? b : first_b, clustered ? b : last_b, 0, 0, p.m, wk == 0, wn, lane);
       }
