@@ -61,6 +61,9 @@ template <int KG, int RADIX = 2>
 constexpr int kgroup_red_slots() {  // the first step's writers, the most of any step
   return KG < 2 ? 0 : KG - KG / (KG >= RADIX ? RADIX : 2);
 }
+static_assert(kgroup_red_slots<16>() == 8 && kgroup_red_slots<16, 4>() == 12 && kgroup_red_slots<8, 4>() == 6 &&
+                  kgroup_red_slots<4, 4>() == 3 && kgroup_red_slots<2, 4>() == 1,
+              "16 groups: 8 writers in steps of two, 12 in steps of four (then 3); 2 groups: one step of two");
 template <int KG, int GROUP, int ACC, int kBar = 0, int kCount = 0, int RADIX = 2>
 __device__ __forceinline__ void reduce_kgroups(float4* red, float (&acc)[ACC][4], int wk, int pos, int lane) {
   static_assert(RADIX == 2 || RADIX == 4, "tree steps of two or four groups");
