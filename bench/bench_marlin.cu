@@ -409,10 +409,10 @@ int main(int argc, char** argv) {
     CK(cudaFree(a));
     CK(cudaFree(b));
     CK(cudaFree(c));
-    // The second of dense GEMMs above runs the GPU into its power cap, and the clocks lag behind: the first
-    // layer timed after it read up to 24% slow (8B q/k/v at m = 1: 8.7-10.0 us against 8.0-8.3 at m = 4 and
-    // 8, cuBLAS 5% slow; docs/PERF.md, twenty-second session). Memory-bound copies, untimed, for
-    // kSettleSeconds let them recover before the first timed graph, as every later layer finds them.
+    // The dense GEMMs above (about a second of them) run the GPU into its power cap, and the clocks lag
+    // behind: the first layer timed after them read up to 24% slow (8B q/k/v at m = 1: 8.7-10.0 us against
+    // 8.0-8.3 at m = 4 and 8, cuBLAS 5% slow; docs/PERF.md, twenty-second session). Memory-bound copies,
+    // untimed, for kSettleSeconds let them recover before the first timed graph, as every later layer finds them.
     const auto t_end = std::chrono::steady_clock::now() + std::chrono::duration<double>(kSettleSeconds);
     while (std::chrono::steady_clock::now() < t_end) {
       for (int r = 0; r < 8; ++r)

@@ -55,8 +55,8 @@ __device__ __forceinline__ void mma_16816(const uint32_t (&a)[4], uint32_t b0, u
 // `pos` of group wk) in a fixed tree through shared memory `red` (kgroup_red_slots<KG, RADIX>() * GROUP * ACC *
 // 32 float4): each step divides the active groups by RADIX (by 2 once fewer remain), group i adding those of
 // i + q, i + 2q, ... in that order, so group 0 ends up with the sums in a deterministic order. Each step costs two
-// barriers; RADIX 4 halves the steps for 1.5 times the shared memory. kBar/kCount: the barrier of the threads
-// taking part (team_sync).
+// barriers; RADIX 4 takes fewer steps (two for 16 groups, against four) for 1.5 times the shared memory.
+// kBar/kCount: the barrier of the threads taking part (team_sync).
 template <int KG, int RADIX = 2>
 constexpr int kgroup_red_slots() {  // the first step's writers, the most of any step
   return KG < 2 ? 0 : KG - KG / (KG >= RADIX ? RADIX : 2);

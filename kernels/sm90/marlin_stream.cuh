@@ -75,7 +75,7 @@ struct StreamShape {
   static constexpr int kSendBytes = kNB * kAccK * 32 * 16;
   static constexpr int kRecvBytes = (kMaxCluster - 1) * kPartBytes;
   static constexpr int kFit = (kSmemLimit - kAlign - kRedBytes - kRecvBytes - (CLUSTER ? 16 : 0)) / (kStage + 16);
-  // SWAP frees shared memory (8-row boxes, half the k-group area), yet its ring is two stages shallower than the
+  // SWAP frees shared memory (8-row boxes, a smaller k-group area), yet its ring is two stages shallower than the
   // 16-token form's: 5 at 128 columns, 6 at 256 (and 5 at 64, where the 16-token form fits 5). H100, same calls
   // (docs/PERF.md, twentieth session), 70B set at m = 1-8: all that fits (9-10 stages) 160.2-164.9 us, the
   // 16-token depth 159.1-160.6, two fewer 155.9-157.1, three fewer 155.9-156.3; 70B down alone 42.6-43.7,
