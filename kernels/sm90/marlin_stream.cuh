@@ -319,9 +319,7 @@ __global__ void __launch_bounds__(StreamShape<TN>::kThreads, 1)
       const bool clustered = CLUSTER && last_b > first_b;
       // The holders' k-group sums (SWAP: still swapped; swapped_to_frags only moves values, so converting after
       // the partner's sums are added gives the same fp32 additions in the same order, on half the bytes sent).
-      auto sums = [&]() -> float (&)[S::kAccK][4] {
-        if constexpr (SWAP) return acck; else return acc;
-      };
+      float(*const sums)[4] = SWAP ? acck : acc;  // [S::kAccK][4]
       if (clustered) cluster_wait();  // every block of the cluster has initialized its barriers
       if (clustered && b > first_b) {
         if (wk == 0) {
@@ -329,7 +327,7 @@ __global__ void __launch_bounds__(StreamShape<TN>::kThreads, 1)
           const uint32_t dst = map_to_rank(base + kRecvOff + ((b - first_b - 1) * S::kNB + wn) * S::kAccK * 512 + lane * 16, 0);
           const uint32_t bar = map_to_rank(base + kRecvBarOff, 0);
 #pragma unroll
-          for (int a = 0; a < S::kAccK; ++a) st_async_f4(dst + a * 512, sums()[a], bar);
+          for (int a = 0; a < S::kAccK; ++a) st_async_f4(dst + a * 512, sums[a], bar);
         }
       } else {
         if (clustered) {
@@ -344,7 +342,7 @@ __global__ void __launch_bounds__(StreamShape<TN>::kThreads, 1)
 #pragma unroll
                 for (int a = 0; a < S::kAccK; ++a) {
                   const float4 v = recv[((q * S::kNB + wn) * S::kAccK + a) * 32 + lane];
-                  float (&x)[4] = sums()[a];
+                  float(&x)[4] = sums[a];
                   x[0] += v.x, x[1] += v.y, x[2] += v.z, x[3] += v.w;
                 }
           }
