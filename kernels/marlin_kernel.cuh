@@ -17,6 +17,7 @@
 
 #include <cstdint>
 
+#include "kernels/kgroup_tree.h"
 #include "kernels/marlin_device.cuh"
 #include "kernels/marlin_launch.h"
 
@@ -53,25 +54,18 @@ __device__ __forceinline__ void mma_16816(const uint32_t (&a)[4], uint32_t b0, u
 
 // Sums the partial accumulators of the KG k-groups of warps (KG a power of two, GROUP warps each; warp
 // `pos` of group wk) in a fixed tree through shared memory `red` (kgroup_red_slots<KG, RADIX>() * GROUP * ACC *
-// 32 float4): each step divides the active groups by RADIX (by 2 once fewer remain), group i adding those of
-// i + q, i + 2q, ... in that order, so group 0 ends up with the sums in a deterministic order. Each step costs two
-// barriers; RADIX 4 takes fewer steps (two for 16 groups, against four) for 1.5 times the shared memory.
-// kBar/kCount: the barrier of the threads taking part (team_sync).
-template <int KG, int RADIX = 2>
-constexpr int kgroup_red_slots() {  // the first step's writers, the most of any step
-  return KG < 2 ? 0 : KG - KG / (KG >= RADIX ? RADIX : 2);
-}
-static_assert(kgroup_red_slots<16>() == 8 && kgroup_red_slots<16, 4>() == 12 && kgroup_red_slots<8, 4>() == 6 &&
-                  kgroup_red_slots<4, 4>() == 3 && kgroup_red_slots<2, 4>() == 1,
-              "16 groups: 8 writers in steps of two, 12 in steps of four (then 3); 2 groups: one step of two");
+// 32 float4; the tree is kernels/kgroup_tree.h, replayed on the CPU there). Each step costs two barriers; RADIX 4
+// takes fewer steps (two for 16 groups, against four) for 1.5 times the shared memory. kBar/kCount: the barrier of
+// the threads taking part (team_sync).
 template <int KG, int GROUP, int ACC, int kBar = 0, int kCount = 0, int RADIX = 2>
 __device__ __forceinline__ void reduce_kgroups(float4* red, float (&acc)[ACC][4], int wk, int pos, int lane) {
   static_assert(RADIX == 2 || RADIX == 4, "tree steps of two or four groups");
 #pragma unroll
-  for (int active = KG; active > 1; active /= (active >= RADIX ? RADIX : 2)) {
-    const int r = active >= RADIX ? RADIX : 2, q = active / r;  // groups q .. active - 1 hand over
+  for (int active = KG; active > 1; active = kgroup_step(active, RADIX).q) {
+    const KgroupStep step = kgroup_step(active, RADIX);
+    const int r = step.r, q = step.q;  // groups q .. active - 1 hand over
     if (wk >= q && wk < active) {
-      float4* dst = red + ((wk - q) * GROUP + pos) * (ACC * 32);
+      float4* dst = red + (kgroup_write_slot(wk, q) * GROUP + pos) * (ACC * 32);
 #pragma unroll
       for (int a = 0; a < ACC; ++a) dst[a * 32 + lane] = make_float4(acc[a][0], acc[a][1], acc[a][2], acc[a][3]);
     }
@@ -79,7 +73,7 @@ __device__ __forceinline__ void reduce_kgroups(float4* red, float (&acc)[ACC][4]
     if (wk < q) {
 #pragma unroll
       for (int i = 1; i < r; ++i) {
-        const float4* src = red + ((wk + (i - 1) * q) * GROUP + pos) * (ACC * 32);
+        const float4* src = red + (kgroup_read_slot(wk, q, i) * GROUP + pos) * (ACC * 32);
 #pragma unroll
         for (int a = 0; a < ACC; ++a) {
           const float4 v = src[a * 32 + lane];
