@@ -107,11 +107,8 @@ constexpr StreamPlan stream_short_plan(int n, int k, int sms) {
   }
   return best;
 }
-constexpr StreamPlan stream_plan(int n, int k, int sms, int tn_forced) {
-  if (tn_forced == 0) {
-    const StreamPlan s = stream_short_plan(n, k, sms);
-    if (s.tn != 0) return s;
-  }
+// The fill search alone (stream_plan without the short rule).
+constexpr StreamPlan stream_fill_plan(int n, int k, int sms, int tn_forced) {
   StreamPlan best;
   // Fill as a fraction num / den of the SMs' time: slices x split / (sms x (rounds x split + 1)) in rounds,
   // slices x split / sms without.
@@ -133,6 +130,13 @@ constexpr StreamPlan stream_plan(int n, int k, int sms, int tn_forced) {
     if (tn_forced == 0 && n % 256 == 0 && k % stream_tk(256) == 0) best.tn = 256;  // stripes: fewer slices
   }
   return best;
+}
+constexpr StreamPlan stream_plan(int n, int k, int sms, int tn_forced) {
+  if (tn_forced == 0) {
+    const StreamPlan s = stream_short_plan(n, k, sms);
+    if (s.tn != 0) return s;
+  }
+  return stream_fill_plan(n, k, sms, tn_forced);
 }
 // A block's tiles in the streaming kernel (slice-major tile index), as ranges: `rounds` whole slices
 // r x grid + b (r < rounds), then [t0, t1): part b % split of slice rounds x grid + b / split (empty where
@@ -169,9 +173,9 @@ constexpr int64_t kStreamPairLayer = int64_t(1) << 26;    // 70B o in, 8B down 2
 constexpr bool stream_auto(int m, int n, int k, int sms) {
   if (m < 1 || m > kStreamMaxM) return false;
   const int64_t weights = int64_t(n) * k;
-  const StreamPlan p = stream_plan(n, k, sms, 0);
-  if (p.tn == 0 || p.split <= 0) return false;
   if (stream_short_plan(n, k, sms).tn != 0) return true;  // the short rule (above): measured at m = 1-16
+  const StreamPlan p = stream_fill_plan(n, k, sms, 0);
+  if (p.tn == 0 || p.split <= 0) return false;
   if (weights >= (m <= kStreamSmallMaxM ? kStreamSmallMLayer : kStream16Layer)) return true;
   return m <= kStreamSmallMaxM && weights >= kStreamPairLayer && p.split == kStreamClusterSplit;
 }
