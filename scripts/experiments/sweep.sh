@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Builds the working tree ("new") and, where present, build/carry/old-src ("old") and build/carry/mid-src
-# ("mid") in parallel (TARGETS, e.g. test_gpu, only in the working tree), then bench runs RUNS="old mid new:VAR=value ..." (a tree, optionally one
+# Builds the working tree ("new") and the trees RUNS names (NAME: build/carry/NAME-src, e.g. old, mid) in parallel (TARGETS, e.g. test_gpu, only in the working tree), then bench runs RUNS="old mid new:VAR=value ..." (a tree, optionally one
 # environment assignment), so that variants and knobs compare within one device call.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
-dir_of() { case $1 in old) echo build/carry/old-src ;; mid) echo build/carry/mid-src ;; *) echo . ;; esac; }
+dir_of() { case $1 in new) echo . ;; *) echo build/carry/$1-src ;; esac; }  # old, mid or any NAME: build/carry/NAME-src
 t0=$(date +%s)
-for tree in new old mid; do
+trees=$( (echo new; for run in ${RUNS:-old new}; do echo "${run%%:*}"; done) | sort -u)
+for tree in $trees; do
   d=$(dir_of $tree); [ -f "$d/CMakeLists.txt" ] || continue
   (cd "$d" && cmake --preset cuda -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null &&
      cmake --build build/cuda --target bench_marlin $([ $tree = new ] && echo ${TARGETS:-}) -j ${JOBS:-5} > "$OUT/build_$tree.log" 2>&1
