@@ -75,12 +75,13 @@ struct StreamShape {
   static constexpr int kSendBytes = kNB * kAccK * 32 * 16;
   static constexpr int kRecvBytes = (kMaxCluster - 1) * kPartBytes;
   static constexpr int kFit = (kSmemLimit - kAlign - kRedBytes - kRecvBytes - (CLUSTER ? 16 : 0)) / (kStage + 16);
-  // SWAP frees shared memory (8-row boxes, a smaller k-group area), yet its ring is two stages shallower than the
-  // 16-token form's: 5 at 128 columns, 6 at 256 (and 5 at 64, where the 16-token form fits 5). H100, same calls
-  // (docs/PERF.md, twentieth session), 70B set at m = 1-8: all that fits (9-10 stages) 160.2-164.9 us, the
-  // 16-token depth 159.1-160.6, two fewer 155.9-157.1, three fewer 155.9-156.3; 70B down alone 42.6-43.7,
-  // 42.1-42.7, 41.1-41.4 and 40.6-40.8 us against 41.1-41.8 for the 16-token form.
-  static constexpr int kDepthCap = SWAP ? (TN == 256 ? 6 : 5) : kMaxStages;
+  // SWAP frees shared memory (8-row boxes, a smaller k-group area), yet its ring is shallower than the 16-token
+  // form's: 4 stages at every width. H100, same calls (docs/PERF.md, twentieth session), 70B set at m = 1-8: all
+  // that fits (9-10 stages) 160.2-164.9 us, the 16-token depth 159.1-160.6, two fewer 155.9-157.1, three fewer
+  // 155.9-156.3. Once the consumers' loop lost 7 instructions a stage (twenty-third session), two fewer (5 / 6)
+  // read 8B gate/up at m = 1 4% slower than before; 4 stages: 8B set 48.5-48.6 us at m = 1 (48.7-48.9 before),
+  // 70B 154.7-155.1 (155.6-155.8), 32768^2 g128 175.1-175.5 (180.2-180.5).
+  static constexpr int kDepthCap = SWAP ? 4 : kMaxStages;
   static constexpr int kStages = kFit < kDepthCap ? kFit : kDepthCap;
   // [ring | k-group reduction | partner sums | full/empty barriers | the sums' barrier]
   static constexpr int kSmemBytes =
@@ -104,6 +105,12 @@ struct StreamShape {
 
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+// mbar_wait with its retry loop inside the asm block: the consumers' per-stage wait then compiles without the
+// convergence barrier (BSSY / BSYNC) and YIELD that ptxas puts around a C++ loop (kernels/marlin_wgmma_ws.cuh).
+__device__ __forceinline__ void mbar_wait_spin(uint32_t bar, uint32_t parity) {
+  asm volatile("{\n .reg .pred p;\n WAIT:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra WAIT;\n}\n"
+               ::"r"(bar), "r"(parity) : "memory");
 }
 
 // SWAP: the swapped products' C fragments rearranged into the 16-token form's (kernels/mma_frag.h), which the
@@ -230,15 +237,19 @@ __global__ void __launch_bounds__(StreamShape<TN>::kThreads, 1)
   // 64-wide box sits at chunk c ^ (r % 8) (128B swizzle). ldmatrix .x4 (A operand): lanes 0-15 address rows
   // 0-15 at the k16 row's low 8 columns, lanes 16-31 at its high 8; .x2 (SWAP, B operand): lanes 0-7 rows 0-7
   // low, lanes 8-15 high (lanes 16-31 repeat them).
-  int a_off[U], b_off[U], s_row[U];
+  // Offsets from a stage's shared-window address (the loop keeps that address, not a generic pointer: no window
+  // base to recompute per stage). Row u of B is TN * 8 bytes after row 0. A warp's U = 2 rows (32 k from a multiple
+  // of 32) lie in one group of scales, so one scale load serves both.
+  static_assert(U == 2, "the warp's rows of a stage share their scales' group row (groups of 32 and up)");
+  int a_off[U];
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     const int kr = wk * U + u;
     const int a_row = SWAP ? lane & 7 : lane & 15, a_chunk = kr * 2 + (SWAP ? (lane >> 3) & 1 : lane >> 4);
     a_off[u] = S::kBBytes + (a_chunk >> 3) * S::kABox + a_row * 128 + (((a_chunk & 7) ^ (a_row & 7)) << 4);
-    b_off[u] = kr * TN * 8 + (wn * 32 + lane) * 16;
-    s_row[u] = S::kBBytes + S::kABytes + ((kr * 16) >> p.group_shift) * (TN * 2) + (wn * 8 + (lane >> 2)) * 16;
   }
+  const int b_off = wk * U * TN * 8 + (wn * 32 + lane) * 16;
+  const int s_off = S::kBBytes + S::kABytes + ((wk * U * 16) >> p.group_shift) * (TN * 2) + (wn * 8 + (lane >> 2)) * 16;
   RingPos r;
   for (int q = 0; q <= nr; ++q) {
     int it = q < nr ? (q * grid + b) * k_tiles : t0;
@@ -253,21 +264,21 @@ __global__ void __launch_bounds__(StreamShape<TN>::kThreads, 1)
 #pragma unroll
       for (int a = 0; a < S::kAccK; ++a) acck[a][0] = acck[a][1] = acck[a][2] = acck[a][3] = 0.f;
       for (int t = 0; t < cnt; ++t) {
-        mbar_wait(full0 + 8 * r.st, r.phase);
+        mbar_wait_spin(full0 + 8 * r.st, r.phase);
         tl_mark(p, kTlFirstData, tl_first);
         tl_first = false;
-        const unsigned char* stage = sh + r.st * S::kStage;
+        const uint32_t stage = ring0 + uint32_t(r.st * S::kStage);
         uint32_t fa[U][4];
-        int4 fb[U], fs[U];
+        int4 fb[U], fs = {};
 #pragma unroll
         for (int u = 0; u < U; ++u) {
           if constexpr (SWAP)
-            ldmatrix_x2(fa[u][0], fa[u][1], stage + a_off[u]);  // the B fragment of 8 tokens
+            ldmatrix_x2_s(fa[u][0], fa[u][1], stage + a_off[u]);  // the B fragment of 8 tokens
           else
-            ldmatrix_x4(fa[u], stage + a_off[u]);
-          fb[u] = *reinterpret_cast<const int4*>(stage + b_off[u]);
-          if constexpr (GROUPED) fs[u] = *reinterpret_cast<const int4*>(stage + s_row[u]);
+            ldmatrix_x4_s(fa[u], stage + a_off[u]);
+          fb[u] = lds128(stage + b_off + u * TN * 8);
         }
+        if constexpr (GROUPED) fs = lds128(stage + s_off);
         mbar_arrive(empty0 + 8 * r.st);
         r.next<S::kStages>();
 #pragma unroll
@@ -278,7 +289,7 @@ __global__ void __launch_bounds__(StreamShape<TN>::kThreads, 1)
             uint32_t v[4];
             dequant8<DT>(words[j], v);
             if constexpr (GROUPED) {
-              const uint32_t sw = uint32_t(j == 0 ? fs[u].x : j == 1 ? fs[u].y : j == 2 ? fs[u].z : fs[u].w);
+              const uint32_t sw = uint32_t(j == 0 ? fs.x : j == 1 ? fs.y : j == 2 ? fs.z : fs.w);
               scale2<DT, false>(v[0], v[1], sw);
               scale2<DT, true>(v[2], v[3], sw);
             }
