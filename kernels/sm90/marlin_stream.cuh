@@ -106,8 +106,8 @@ struct StreamShape {
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
 }
-// mbar_wait with its retry loop inside the asm block: the consumers' per-stage wait then compiles without the
-// convergence barrier (BSSY / BSYNC) and YIELD that ptxas puts around a C++ loop (kernels/marlin_wgmma_ws.cuh).
+// mbar_wait (kernels/marlin_wgmma_ws.cuh) with its retry loop inside the asm block: ptxas then places the retries,
+// and their YIELD, out of line, so a stage whose data has landed costs the consumers' loop one wait and a branch.
 __device__ __forceinline__ void mbar_wait_spin(uint32_t bar, uint32_t parity) {
   asm volatile("{\n .reg .pred p;\n WAIT:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra WAIT;\n}\n"
                ::"r"(bar), "r"(parity) : "memory");
