@@ -334,15 +334,14 @@ __global__ void __launch_bounds__(StreamShape<TN>::kThreads, 1)
       if (clustered) cluster_wait();  // every block of the cluster has initialized its barriers
       if (clustered && b > first_b) {
         if (wk == 0) {
-          const uint32_t base = smem_addr(sh);
-          const uint32_t dst = map_to_rank(base + kRecvOff + ((b - first_b - 1) * S::kNB + wn) * S::kAccK * 512 + lane * 16, 0);
-          const uint32_t bar = map_to_rank(base + kRecvBarOff, 0);
+          const uint32_t dst = map_to_rank(ring0 + kRecvOff + ((b - first_b - 1) * S::kNB + wn) * S::kAccK * 512 + lane * 16, 0);
+          const uint32_t bar = map_to_rank(ring0 + kRecvBarOff, 0);
 #pragma unroll
           for (int a = 0; a < S::kAccK; ++a) st_async_f4(dst + a * 512, sums[a], bar);
         }
       } else {
         if (clustered) {
-          const uint32_t recv_bar = smem_addr(sh) + kRecvBarOff;
+          const uint32_t recv_bar = ring0 + kRecvBarOff;
           if (tid == 0) mbar_expect_tx(recv_bar, uint32_t(last_b - first_b) * S::kSendBytes);
           if (wk == 0) {
             const float4* recv = reinterpret_cast<const float4*>(sh + kRecvOff);
