@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the working tree ("new") and the trees RUNS names (NAME: build/carry/NAME-src, e.g. old, mid) in parallel (TARGETS, e.g. test_gpu, only in the working tree), then bench runs RUNS="old mid new:VAR=value ..." (a tree, optionally one
-# environment assignment), so that variants and knobs compare within one device call.
+# Builds the working tree ("new") and the trees RUNS names (NAME: build/carry/NAME-src, e.g. old, mid) in parallel
+# (TARGETS, e.g. test_gpu, only in the working tree), then bench runs RUNS="old mid new:VAR=value ..." (a tree,
+# optionally one environment assignment), so that variants and knobs compare within one device call.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
