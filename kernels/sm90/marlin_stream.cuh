@@ -58,8 +58,9 @@ struct StreamShape {
   static constexpr int kAccK = SWAP ? 4 : kAcc;           // SWAP: m16 column groups x n8 tokens while summing k
   // The k-group tree (reduce_kgroups): SWAP sums four groups per step, two steps at most instead of two to four, on
   // the end of every slice, which the small layers' critical path runs through (docs/PERF.md, twenty-second session);
-  // its sums are half the 16-token form's, whose ring keeps its depth with steps of two.
-  static constexpr int kRedRadix = SWAP ? 4 : 2;
+  // its sums are half the 16-token form's, whose ring keeps its depth with steps of two at 128 and 256 columns. At 64
+  // columns (16 k-groups: four steps of two, two of four) the wider tree costs that form no stage (5 either way).
+  static constexpr int kRedRadix = SWAP || TN == 64 ? 4 : 2;
   static constexpr int kRedBytes = kgroup_red_slots<kKG, kRedRadix>() * kNB * kAccK * 32 * 16;
   static constexpr int kAlign = 1024;                     // 128B-swizzled boxes start on 1 KB
   static constexpr int kSmemLimit = 227 * 1024;
@@ -312,8 +313,8 @@ __global__ void __launch_bounds__(StreamShape<TN>::kThreads, 1)
         reduce_kgroups<S::kKG, S::kNB, S::kAccK, S::kBar, S::kConsumerThreads, S::kRedRadix>(
             reinterpret_cast<float4*>(red_raw), acck, wk, wn, lane);
       } else {
-        reduce_kgroups<S::kKG, S::kNB, S::kAcc, S::kBar, S::kConsumerThreads>(reinterpret_cast<float4*>(red_raw), acc,
-                                                                               wk, wn, lane);
+        reduce_kgroups<S::kKG, S::kNB, S::kAcc, S::kBar, S::kConsumerThreads, S::kRedRadix>(
+            reinterpret_cast<float4*>(red_raw), acc, wk, wn, lane);
       }
 
       // The reduction across the blocks that share the slice and the output, as in marlin_kernel.
