@@ -1,6 +1,6 @@
 // The streaming Marlin kernel for m <= 16 on Hopper (sm_90a): one block per SM whose stages are filled by
 // TMA (2D tensor copies: one box of weights, two to eight of activations and one of group scales per stage)
-// from one producer thread, and sixteen consumer warps that expand and multiply as the mma.sync kernel
+// from one producer thread, and eight consumer warps that expand and multiply as the mma.sync kernel
 // does (marlin_kernel.cuh: lop3 dequantization into m16n8k16 B fragments, ldmatrix for the activations).
 //
 // Why (docs/PERF.md, eighth to eleventh sessions): at m <= 16 the other kernels run two blocks per SM; an
@@ -14,7 +14,7 @@
 // Tile: a column slice of TN = 64, 128 or 256 columns; a stage holds 32 packed 16x64 blocks (kKRows k16 rows
 // of the slice's kNB 64-column blocks), the same k range of A (16 rows, or 8 in the SWAP form; 64-wide boxes
 // with the 128B swizzle; rows past m are zero-filled by the TMA unit) and the stage's group scales. Consumer warp
-// (wn, wk) expands k16 rows 2 wk and 2 wk + 1 of 64-column block wn in every stage; the kKG warps of a
+// (wn, wk) expands k16 rows U wk .. U wk + U - 1 (U = 4) of 64-column block wn in every stage; the kKG warps of a
 // column block sum their partial products through shared memory at the end of each slice. The
 // cross-block reduction (fp32 deposits, the in-order finisher) and the output are the mma.sync kernel's
 // (KernelArgs, marlin_partition.h), over the stripe partition, the k-split (KernelArgs::split) or rounds of
@@ -36,11 +36,23 @@ namespace marlinc::kernels::detail {
 // whose rows past m are zeros, and the A boxes hold 8 rows. Why: the streaming layers run into the H100's 700 W
 // cap (cuBLAS does not), and the SM clock drops to 1.4-1.9 GHz (docs/PERF.md, twentieth session); half the
 // tensor-core work and activation reads is power the stream can use.
+//
+// Both forms run eight consumer warps, each expanding U = 4 k16 rows of a stage. With sixteen warps of two rows, the
+// k-groups summed at the end of every slice were twice as many (the 16-token form's tree moved 48-60 KB through shared
+// memory, 16-28 KB now). H100, same calls (docs/PERF.md, twenty-fifth session), Auto's set sums, µs: 8B 48.4-48.7 ->
+// 47.1-47.5 at m = 1-8 and 53.0-53.1 -> 50.5-50.9 at m = 16; 70B 154.5-155.0 -> 152.1-152.9 at m = 1-8. The gain at
+// m <= 8 is in the stage loop as much as in the tail (70B gate/up, 448 slices: 81.0-81.3 -> 79.7-79.9); why is not
+// established: one arrival per warp on the empty barriers instead of one per thread measured level. Four warps (one per
+// scheduler) lost or were level on every layer but 8B down (8B gate/up at m = 1: 21.1 -> 30.7 µs).
+// A block of the 256-column forms now takes 91-108 KB of shared memory and about 31k registers, so two would fit one
+// SM; the grid never exceeds the SMs, and the hardware placed one block per SM in every measurement.
+constexpr int kStreamConsumerWarps = 8;
+
 template <int TN, bool CLUSTER = false, bool SWAP = false>
 struct StreamShape {
-  static constexpr int U = 2;  // packed 16x64 blocks per consumer warp and stage
   static constexpr int kNB = TN / 64;                     // 64-column packed blocks per slice
-  static constexpr int kConsumerWarps = 16;
+  static constexpr int kConsumerWarps = kStreamConsumerWarps;
+  static constexpr int U = 32 / kConsumerWarps;           // packed 16x64 blocks per consumer warp and stage
   static constexpr int kKG = kConsumerWarps / kNB;        // warps per column block (k-groups)
   static constexpr int kKRows = kKG * U;                  // k16 rows per stage: U per warp
   static constexpr int kTK = 16 * kKRows;                 // stage depth
@@ -52,14 +64,15 @@ struct StreamShape {
   static constexpr int kABox = kARows * 128;              // one TMA box: kARows rows x 64 activations, 128B swizzle
   static constexpr int kABoxes = kTK / 64;
   static constexpr int kABytes = kABoxes * kABox;
-  static constexpr int kSBytes = 1024 * U;                // up to kTK / 32 group rows of TN scales
+  static constexpr int kSBytes = 2048;                    // up to kTK / 32 group rows of TN scales
   static constexpr int kStage = kBBytes + kABytes + kSBytes;  // [weights | activations | scales]
   static constexpr int kAcc = 8;                          // n8 tiles per 64-column block (C fragments)
   static constexpr int kAccK = SWAP ? 4 : kAcc;           // SWAP: m16 column groups x n8 tokens while summing k
   // The k-group tree (reduce_kgroups): SWAP sums four groups per step, two steps at most instead of two to four, on
   // the end of every slice, which the small layers' critical path runs through (docs/PERF.md, twenty-second session);
-  // its sums are half the 16-token form's, whose ring keeps its depth with steps of two at 128 and 256 columns. At 64
-  // columns (16 k-groups: four steps of two, two of four) the wider tree costs that form no stage (5 either way).
+  // its sums are half the 16-token form's, which keeps steps of two at 128 and 256 columns (one and two steps on
+  // eight warps; four-way at 128 columns measured level on 8B, twenty-fifth session). At 64 columns (8 k-groups: two
+  // steps, against three of two) the wider tree costs that form no stage (5 either way).
   static constexpr int kRedRadix = SWAP || TN == 64 ? 4 : 2;
   static constexpr int kRedBytes = kgroup_red_slots<kKG, kRedRadix>() * kNB * kAccK * 32 * 16;
   static constexpr int kAlign = 1024;                     // 128B-swizzled boxes start on 1 KB
@@ -67,8 +80,7 @@ struct StreamShape {
   static constexpr int kMaxStages = 16;
   // CLUSTER: a slice split in two runs as a cluster of its two blocks (LaunchOpts::cluster): the partner
   // sends its sums into the finisher's shared memory, one 16 x TN fp32 tile as [column block][n8 tile][lane].
-  // Room for one partner keeps the ring's stages (7 at 128 columns, 8 at 256); clusters of three and four
-  // measured slower (kernels/marlin.cu, kStreamClusterSplit).
+  // Clusters of three and four measured slower (kernels/marlin.cu, kStreamClusterSplit).
   static constexpr int kMaxCluster = CLUSTER ? 2 : 1;
   static constexpr int kPartBytes = kRows * TN * 4;
   // What a partner sends: its k-group sums as they stand (SWAP: before the conversion to C fragments, so without
@@ -82,7 +94,11 @@ struct StreamShape {
   // 155.9-156.3. Once the consumers' loop lost 7 instructions a stage (twenty-third session), two fewer (5 / 6)
   // read 8B gate/up at m = 1 4% slower than before; 4 stages: 8B set 48.5-48.6 us at m = 1 (48.7-48.9 before),
   // 70B 154.7-155.1 (155.6-155.8), 32768^2 g128 175.1-175.5 (180.2-180.5).
-  static constexpr int kDepthCap = SWAP ? 4 : kMaxStages;
+  // The 16-token form on eight warps: 4 stages at 128 and 256 columns as well, all that fits (5) at 64. Same calls
+  // (twenty-fifth session), three runs each, 70B set at m = 9 / 16: all that fits (7-9 stages) 160.1-160.8 /
+  // 159.7-160.8 us, 6 stages 158.4-159.4 / 158.3-159.5, 4 stages 153.2-153.5 / 154.4-158.3 (70B down 42.1-42.7 ->
+  // 40.3-40.4 at m = 9); the 8B set level, but 8B down (64 columns) 0.15 us slower at 4 than at 5.
+  static constexpr int kDepthCap = SWAP || TN != 64 ? 4 : kMaxStages;
   static constexpr int kStages = kFit < kDepthCap ? kFit : kDepthCap;
   // [ring | k-group reduction | partner sums | full/empty barriers | the sums' barrier]
   static constexpr int kSmemBytes =
@@ -91,7 +107,8 @@ struct StreamShape {
 
   static_assert(TN == 64 || TN == 128 || TN == 256, "slices of one, two or four packed 64-column blocks");
   static_assert(kKG >= 2 && (kKG & (kKG - 1)) == 0, "tree reduction over a power-of-two number of k-groups");
-  static_assert(kBBytes == U * 16 * 512, "a stage holds U 16x64 packed blocks per consumer warp");
+  static_assert(kBBytes == kConsumerWarps * U * 512, "a stage holds U 16x64 packed blocks per consumer warp");
+  static_assert(U % 2 == 0, "a warp's rows of a stage come in pairs, 32 k each: one group row of scales a pair");
   static_assert(kTK == stream_tk(TN), "the host encodes the weight boxes with this depth (marlin_dispatch.h)");
   static_assert((kTK / 32 > 1 ? kTK / 32 : 1) * TN * 2 <= kSBytes, "a stage's group rows fit the scale area");
   static_assert(kStage % kAlign == 0, "every stage's activation boxes stay 1 KB aligned");
@@ -132,7 +149,7 @@ __device__ __forceinline__ void swapped_to_frags(const float (&c)[4][4], float (
 }
 
 template <int DT, bool GROUPED, int TN, bool CLUSTER, bool SWAP>
-__global__ void __launch_bounds__(StreamShape<TN>::kThreads, 1)
+__global__ void __launch_bounds__(StreamShape<TN, CLUSTER, SWAP>::kThreads, 1)
     marlin_stream_kernel(const KernelArgs p, const __grid_constant__ TmaMaps maps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using S = StreamShape<TN, CLUSTER, SWAP>;
@@ -239,9 +256,9 @@ __global__ void __launch_bounds__(StreamShape<TN>::kThreads, 1)
   // 0-15 at the k16 row's low 8 columns, lanes 16-31 at its high 8; .x2 (SWAP, B operand): lanes 0-7 rows 0-7
   // low, lanes 8-15 high (lanes 16-31 repeat them).
   // Offsets from a stage's shared-window address (the loop keeps that address, not a generic pointer: no window
-  // base to recompute per stage). Row u of B is TN * 8 bytes after row 0. A warp's U = 2 rows (32 k from a multiple
-  // of 32) lie in one group of scales, so one scale load serves both.
-  static_assert(U == 2, "the warp's rows of a stage share their scales' group row (groups of 32 and up)");
+  // base to recompute per stage). Row u of B is TN * 8 bytes after row 0. Each pair of a warp's rows (32 k from a
+  // multiple of 32) lies in one group of scales, so one scale load serves the pair.
+  constexpr int kPairs = U / 2;
   int a_off[U];
 #pragma unroll
   for (int u = 0; u < U; ++u) {
@@ -250,7 +267,10 @@ __global__ void __launch_bounds__(StreamShape<TN>::kThreads, 1)
     a_off[u] = S::kBBytes + (a_chunk >> 3) * S::kABox + a_row * 128 + (((a_chunk & 7) ^ (a_row & 7)) << 4);
   }
   const int b_off = wk * U * TN * 8 + (wn * 32 + lane) * 16;
-  const int s_off = S::kBBytes + S::kABytes + ((wk * U * 16) >> p.group_shift) * (TN * 2) + (wn * 8 + (lane >> 2)) * 16;
+  int s_off[kPairs];
+#pragma unroll
+  for (int h = 0; h < kPairs; ++h)
+    s_off[h] = S::kBBytes + S::kABytes + (((wk * U + 2 * h) * 16) >> p.group_shift) * (TN * 2) + (wn * 8 + (lane >> 2)) * 16;
   RingPos r;
   for (int q = 0; q <= nr; ++q) {
     int it = q < nr ? (q * grid + b) * k_tiles : t0;
@@ -270,7 +290,7 @@ __global__ void __launch_bounds__(StreamShape<TN>::kThreads, 1)
         tl_first = false;
         const uint32_t stage = ring0 + uint32_t(r.st * S::kStage);
         uint32_t fa[U][4];
-        int4 fb[U], fs = {};
+        int4 fb[U], fs[kPairs] = {};
 #pragma unroll
         for (int u = 0; u < U; ++u) {
           if constexpr (SWAP)
@@ -279,7 +299,9 @@ __global__ void __launch_bounds__(StreamShape<TN>::kThreads, 1)
             ldmatrix_x4_s(fa[u], stage + a_off[u]);
           fb[u] = lds128(stage + b_off + u * TN * 8);
         }
-        if constexpr (GROUPED) fs = lds128(stage + s_off);
+        if constexpr (GROUPED)
+#pragma unroll
+          for (int h = 0; h < kPairs; ++h) fs[h] = lds128(stage + s_off[h]);
         mbar_arrive(empty0 + 8 * r.st);
         r.next<S::kStages>();
 #pragma unroll
@@ -290,7 +312,8 @@ __global__ void __launch_bounds__(StreamShape<TN>::kThreads, 1)
             uint32_t v[4];
             dequant8<DT>(words[j], v);
             if constexpr (GROUPED) {
-              const uint32_t sw = uint32_t(j == 0 ? fs.x : j == 1 ? fs.y : j == 2 ? fs.z : fs.w);
+              const int4& f = fs[u / 2];
+              const uint32_t sw = uint32_t(j == 0 ? f.x : j == 1 ? f.y : j == 2 ? f.z : f.w);
               scale2<DT, false>(v[0], v[1], sw);
               scale2<DT, true>(v[2], v[3], sw);
             }
