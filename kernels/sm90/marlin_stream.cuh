@@ -39,11 +39,12 @@ namespace marlinc::kernels::detail {
 //
 // Both forms run eight consumer warps, each expanding U = 4 k16 rows of a stage. With sixteen warps of two rows, the
 // k-groups summed at the end of every slice were twice as many (the 16-token form's tree moved 48-60 KB through shared
-// memory, 16-28 KB now). H100, same calls (docs/PERF.md, twenty-fifth session), Auto's set sums, µs: 8B 48.4-48.7 ->
-// 47.1-47.5 at m = 1-8 and 53.0-53.1 -> 50.5-50.9 at m = 16; 70B 154.5-155.0 -> 152.1-152.9 at m = 1-8. The gain at
+// memory, 16-28 KB now). H100, same calls (docs/PERF.md, twenty-fifth session), Auto's set sums, µs: 8B 48.4-48.8 ->
+// 47.1-47.8 at m = 1-8 and 53.0-53.1 -> 50.5-50.9 at m = 16; 70B 154.5-155.0 -> 152.1-152.9 at m = 1-8. The gain at
 // m <= 8 is in the stage loop as much as in the tail (70B gate/up, 448 slices: 81.0-81.3 -> 79.7-79.9); why is not
-// established: one arrival per warp on the empty barriers instead of one per thread measured level. Four warps (one per
-// scheduler) lost or were level on every layer but 8B down (8B gate/up at m = 1: 21.1 -> 30.7 µs).
+// established: one arrival per warp on the empty barriers instead of one per thread did not help (8B 0.3-0.4 µs
+// slower). Four warps (one per scheduler) lost or were level on every layer but 8B down (8B gate/up at m = 1: 21.1 ->
+// 30.7 µs).
 // A block of the 256-column forms now takes 91-108 KB of shared memory and about 31k registers, so two would fit one
 // SM; the grid never exceeds the SMs, and the hardware placed one block per SM in every measurement.
 constexpr int kStreamConsumerWarps = 8;
