@@ -65,7 +65,7 @@ struct StreamShape {
   static constexpr int kABox = kARows * 128;              // one TMA box: kARows rows x 64 activations, 128B swizzle
   static constexpr int kABoxes = kTK / 64;
   static constexpr int kABytes = kABoxes * kABox;
-  static constexpr int kSBytes = 2048;                    // up to kTK / 32 group rows of TN scales
+  static constexpr int kSBytes = kTK / 32 * TN * 2;       // up to kTK / 32 group rows of TN scales (2 KB)
   static constexpr int kStage = kBBytes + kABytes + kSBytes;  // [weights | activations | scales]
   static constexpr int kAcc = 8;                          // n8 tiles per 64-column block (C fragments)
   static constexpr int kAccK = SWAP ? 4 : kAcc;           // SWAP: m16 column groups x n8 tokens while summing k
