@@ -65,7 +65,7 @@ struct StreamShape {
   static constexpr int kABox = kARows * 128;              // one TMA box: kARows rows x 64 activations, 128B swizzle
   static constexpr int kABoxes = kTK / 64;
   static constexpr int kABytes = kABoxes * kABox;
-  static constexpr int kSBytes = kTK / 32 * TN * 2;       // up to kTK / 32 group rows of TN scales (2 KB)
+  static constexpr int kSBytes = kTK / 32 * TN * 2;       // kTK / 32 group rows of TN scales (groups of 32 at most)
   static constexpr int kStage = kBBytes + kABytes + kSBytes;  // [weights | activations | scales]
   static constexpr int kAcc = 8;                          // n8 tiles per 64-column block (C fragments)
   static constexpr int kAccK = SWAP ? 4 : kAcc;           // SWAP: m16 column groups x n8 tokens while summing k
@@ -111,7 +111,6 @@ struct StreamShape {
   static_assert(kBBytes == kConsumerWarps * U * 512, "a stage holds U 16x64 packed blocks per consumer warp");
   static_assert(U % 2 == 0, "a warp's rows of a stage come in pairs, 32 k each: one group row of scales a pair");
   static_assert(kTK == stream_tk(TN), "the host encodes the weight boxes with this depth (marlin_dispatch.h)");
-  static_assert((kTK / 32 > 1 ? kTK / 32 : 1) * TN * 2 <= kSBytes, "a stage's group rows fit the scale area");
   static_assert(kStage % kAlign == 0, "every stage's activation boxes stay 1 KB aligned");
   static_assert(kABox % kAlign == 0, "a 128B-swizzled box spans whole 8-row (1 KB) swizzle atoms");
   static_assert(kARows == (SWAP ? kStreamSwapMaxM : kStreamMaxM), "the host's activation box rows (marlin.cu, run_stream)");
