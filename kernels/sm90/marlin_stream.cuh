@@ -1,6 +1,6 @@
 // The streaming Marlin kernel for m <= 16 on Hopper (sm_90a): one block per SM whose stages are filled by
 // TMA (2D tensor copies: one box of weights, two to eight of activations and one of group scales per stage)
-// from one producer thread, and eight consumer warps that expand and multiply as the mma.sync kernel
+// from one producer thread, and four or eight consumer warps that expand and multiply as the mma.sync kernel
 // does (marlin_kernel.cuh: lop3 dequantization into m16n8k16 B fragments, ldmatrix for the activations).
 //
 // Why (docs/PERF.md, eighth to eleventh sessions): at m <= 16 the other kernels run two blocks per SM; an
@@ -14,7 +14,7 @@
 // Tile: a column slice of TN = 64, 128 or 256 columns; a stage holds 32 packed 16x64 blocks (kKRows k16 rows
 // of the slice's kNB 64-column blocks), the same k range of A (16 rows, or 8 in the SWAP form; 64-wide boxes
 // with the 128B swizzle; rows past m are zero-filled by the TMA unit) and the stage's group scales. Consumer warp
-// (wn, wk) expands k16 rows U wk .. U wk + U - 1 (U = 4) of 64-column block wn in every stage; the kKG warps of a
+// (wn, wk) expands k16 rows U wk .. U wk + U - 1 (U = 4 or 8) of 64-column block wn in every stage; the kKG warps of a
 // column block sum their partial products through shared memory at the end of each slice. The
 // cross-block reduction (fp32 deposits, the in-order finisher) and the output are the mma.sync kernel's
 // (KernelArgs, marlin_partition.h), over the stripe partition, the k-split (KernelArgs::split) or rounds of
@@ -37,22 +37,32 @@ namespace marlinc::kernels::detail {
 // cap (cuBLAS does not), and the SM clock drops to 1.4-1.9 GHz (docs/PERF.md, twentieth session); half the
 // tensor-core work and activation reads is power the stream can use.
 //
-// Both forms run eight consumer warps, each expanding U = 4 k16 rows of a stage. With sixteen warps of two rows, the
-// k-groups summed at the end of every slice were twice as many (the 16-token form's tree moved 48-60 KB through shared
-// memory, 16-28 KB now). H100, same calls (docs/PERF.md, twenty-fifth session), Auto's set sums, µs: 8B 48.4-48.8 ->
-// 47.1-47.8 at m = 1-8 and 53.0-53.1 -> 50.5-50.9 at m = 16; 70B 154.5-155.0 -> 152.1-152.9 at m = 1-8. The gain at
-// m <= 8 is in the stage loop as much as in the tail (70B gate/up, 448 slices: 81.0-81.3 -> 79.7-79.9); why is not
-// established: one arrival per warp on the empty barriers instead of one per thread did not help (8B 0.3-0.4 µs
-// slower). Four warps (one per scheduler) lost or were level on every layer but 8B down (8B gate/up at m = 1: 21.1 ->
-// 30.7 µs).
+// Both forms run eight consumer warps (one exception, below), each expanding U = 4 k16 rows of a stage. With sixteen
+// warps of two rows, the k-groups summed at the end of every slice were twice as many (the 16-token form's tree moved
+// 48-60 KB through shared memory, 16-28 KB now). H100, same calls (docs/PERF.md, twenty-fifth session), Auto's set
+// sums, µs: 8B 48.4-48.8 -> 47.1-47.8 at m = 1-8 and 53.0-53.1 -> 50.5-50.9 at m = 16; 70B 154.5-155.0 -> 152.1-152.9
+// at m = 1-8. The gain at m <= 8 is in the stage loop as much as in the tail (70B gate/up, 448 slices: 81.0-81.3 ->
+// 79.7-79.9); why is not established: one arrival per warp on the empty barriers instead of one per thread did not help
+// (8B 0.3-0.4 µs slower). Four warps (one per scheduler) lost or were level on every layer but 8B down (8B gate/up at m
+// = 1: 21.1 -> 30.7 µs).
 // A block of the 256-column forms now takes 91-108 KB of shared memory and about 31k registers, so two would fit one
-// SM; the grid never exceeds the SMs, and the hardware placed one block per SM in every measurement.
+// SM; the grid never exceeds the SMs, and the hardware placed one block per SM in every measurement. Asking for two
+// (`__launch_bounds__` minimum 2: 96 registers, no spills) made the 16-token layers at 128 and 256 columns slower (8B
+// gate/up at m = 16 22.3 -> 36.0 us, 70B q/k/v 18.9 -> 27.9; twenty-seventh session), so the forms ask for one.
 constexpr int kStreamConsumerWarps = 8;
+// The exception: the 16-token form at 64 columns runs four consumer warps of U = 8 rows (the same 512-deep stage) and a
+// 3-stage ring. Its stage is the largest (16 KB of activations beside 16 KB of weights), and eight warps took 24 KB for
+// their k-group tree: 5 stages and 199 KB a block. H100, same calls, two runs each (docs/PERF.md, twenty-seventh
+// session), µs at m = 9 / 16: 8B o 6.49-6.76 / 6.49-6.55 -> 6.24-6.32 / 5.98-6.21, 8B down 13.33-13.41 / 13.33-13.45
+// -> 12.61-12.77 / 12.61-12.73; the 8B set 50.0-50.4 -> 48.8-49.2. Four warps at 4 stages, eight at 3 and four with a
+// tree of steps of two (8 KB, against 12) each read 0.2-0.9 us slower on the set; so did three stages at 128 columns
+// (8B q/k/v 8.25 against 8.11 us at m = 16, 70B gate/up 83.0 against 80.9 at m = 9).
+constexpr int kStream16Warps64 = 4;
 
 template <int TN, bool CLUSTER = false, bool SWAP = false>
 struct StreamShape {
   static constexpr int kNB = TN / 64;                     // 64-column packed blocks per slice
-  static constexpr int kConsumerWarps = kStreamConsumerWarps;
+  static constexpr int kConsumerWarps = TN == 64 && !SWAP ? kStream16Warps64 : kStreamConsumerWarps;
   static constexpr int U = 32 / kConsumerWarps;           // packed 16x64 blocks per consumer warp and stage
   static constexpr int kKG = kConsumerWarps / kNB;        // warps per column block (k-groups)
   static constexpr int kKRows = kKG * U;                  // k16 rows per stage: U per warp
@@ -72,13 +82,13 @@ struct StreamShape {
   // The k-group tree (reduce_kgroups): SWAP sums four groups per step, two steps at most instead of two to four, on
   // the end of every slice, which the small layers' critical path runs through (docs/PERF.md, twenty-second session);
   // its sums are half the 16-token form's, which keeps steps of two at 128 and 256 columns (one and two steps on
-  // eight warps; four-way at 128 columns measured level on 8B, twenty-fifth session). At 64 columns (8 k-groups: two
-  // steps, against three of two) the wider tree costs that form no stage (5 either way).
+  // eight warps; four-way at 128 columns measured level on 8B, twenty-fifth session). At 64 columns the 16-token form
+  // has four k-groups: one step of four, which measured 0.1 us faster on 8B o and down than two of two (twenty-seventh
+  // session).
   static constexpr int kRedRadix = SWAP || TN == 64 ? 4 : 2;
   static constexpr int kRedBytes = kgroup_red_slots<kKG, kRedRadix>() * kNB * kAccK * 32 * 16;
   static constexpr int kAlign = 1024;                     // 128B-swizzled boxes start on 1 KB
   static constexpr int kSmemLimit = 227 * 1024;
-  static constexpr int kMaxStages = 16;
   // CLUSTER: a slice split in two runs as a cluster of its two blocks (LaunchOpts::cluster): the partner
   // sends its sums into the finisher's shared memory, one 16 x TN fp32 tile as [column block][n8 tile][lane].
   // Clusters of three and four measured slower (kernels/marlin.cu, kStreamClusterSplit).
@@ -95,11 +105,11 @@ struct StreamShape {
   // 155.9-156.3. Once the consumers' loop lost 7 instructions a stage (twenty-third session), two fewer (5 / 6)
   // read 8B gate/up at m = 1 4% slower than before; 4 stages: 8B set 48.5-48.6 us at m = 1 (48.7-48.9 before),
   // 70B 154.7-155.1 (155.6-155.8), 32768^2 g128 175.1-175.5 (180.2-180.5).
-  // The 16-token form on eight warps: 4 stages at 128 and 256 columns as well, all that fits (5) at 64. Same calls
-  // (twenty-fifth session), three runs each, 70B set at m = 9 / 16: all that fits (7-9 stages) 160.1-160.8 /
-  // 159.7-160.8 us, 6 stages 158.4-159.4 / 158.3-159.5, 4 stages 153.2-153.5 / 154.4-158.3 (70B down 42.1-42.7 ->
-  // 40.3-40.4 at m = 9); the 8B set level, but 8B down (64 columns) 0.15 us slower at 4 than at 5.
-  static constexpr int kDepthCap = SWAP || TN != 64 ? 4 : kMaxStages;
+  // The 16-token form on eight warps: 4 stages at 128 and 256 columns as well. Same calls (twenty-fifth session), three
+  // runs each, 70B set at m = 9 / 16: all that fits (7-9 stages) 160.1-160.8 / 159.7-160.8 us, 6 stages 158.4-159.4 /
+  // 158.3-159.5, 4 stages 153.2-153.5 / 154.4-158.3 (70B down 42.1-42.7 -> 40.3-40.4 at m = 9). At 64 columns, on four
+  // warps, 3 stages (kStream16Warps64, above).
+  static constexpr int kDepthCap = SWAP || TN != 64 ? 4 : 3;
   static constexpr int kStages = kFit < kDepthCap ? kFit : kDepthCap;
   // [ring | k-group reduction | partner sums | full/empty barriers | the sums' barrier]
   static constexpr int kSmemBytes =
@@ -115,7 +125,7 @@ struct StreamShape {
   static_assert(kABox % kAlign == 0, "a 128B-swizzled box spans whole 8-row (1 KB) swizzle atoms");
   static_assert(kARows == (SWAP ? kStreamSwapMaxM : kStreamMaxM), "the host's activation box rows (marlin.cu, run_stream)");
   static_assert(!SWAP || kAccK * 2 == kAcc, "SWAP: one m16 product per pair of n8 tiles");
-  static_assert(kStages >= 4, "the ring keeps several stages in flight");
+  static_assert(kStages == kDepthCap, "the ring is as deep as measured best, not cut short by shared memory");
   static_assert(kPartBytes == kNB * kAcc * 32 * 16, "a partner's sums: every holder lane's acc as float4");
   static_assert(kSendBytes <= kPartBytes, "the receive area holds what a partner sends");
   static_assert(kSmemBytes <= kSmemLimit, "one block per SM");

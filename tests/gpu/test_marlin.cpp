@@ -683,7 +683,7 @@ TEST_CASE("marlin: streaming kernel under the sanitizers", "[gpu][marlin][stream
   std::mt19937_64 rng(kSeed + 15);
   for (int64_t g : {int64_t(-1), int64_t(32)}) {
     const Layer L = make_layer(rng, 512, 512, g, ActType::F16);
-    for (int tn : {128, 256})
+    for (int tn : {64, 128, 256})
       for (int sms : {0, 2})
         for (int64_t m : {int64_t(1), int64_t(16)}) {
           RunOpts o;
@@ -699,6 +699,10 @@ TEST_CASE("marlin: streaming kernel under the sanitizers", "[gpu][marlin][stream
   o.thread_n = 256;
   o.num_sms = 4;
   for (int64_t m : {int64_t(7), int64_t(12)}) run_case(Ls, m, rng, o);  // the swapped and the 16-token form
+  const Layer L64 = make_layer(rng, 1024, 256, 64, ActType::F16);  // four 64-column slices in halves on eight SMs
+  o.thread_n = 64;
+  o.num_sms = 8;
+  for (int64_t m : {int64_t(5), int64_t(16)}) run_case(L64, m, rng, o);
 }
 
 TEST_CASE("marlin: bf16 activations and scales", "[gpu][marlin]") {
