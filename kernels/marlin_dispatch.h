@@ -76,11 +76,11 @@ constexpr int kStreamMinFillPct = 75;
 constexpr int stream_tk(int tn) { return 32768 / tn; }
 struct StreamPlan { int tn = 0, split = 0, rounds = 0; };  // tn 0: no width fits n and k
 constexpr int kStreamClusterSplit = 2;  // slices split this many ways run as clusters (kernels/marlin.cu)
-// The short rule: on layers of at least 2^24 weights whose 64-column slices fit one wave (no rounds at any width),
-// a plan whose slices are whole or in halves (no deposit in the workspace: halves run as two-block clusters),
-// wherever one fills 70% of the SMs: the most blocks, the wider slice on ties (half the activation reads). Such a
-// plan beats the fill search's deeper splits, whose finisher waits for 3-8 deposits; Auto takes the streaming
-// kernel wherever it applies (stream_auto). Wider layers keep the fill search, whose rounds fill the SMs better.
+// The short rule: on layers of at least 2^24 weights whose 64-column slices fit one wave (no rounds at any width), a
+// plan whose slices are whole or in halves (no deposit in the workspace: halves run as two-block clusters), wherever
+// one fills 70% of the SMs: the most blocks, the wider slice on ties (half the activation reads; below). Such a plan
+// beats the fill search's deeper splits, whose finisher waits for 3-8 deposits; Auto takes the streaming kernel
+// wherever it applies (stream_auto). Wider layers keep the fill search, whose rounds fill the SMs better.
 // H100, same calls (docs/PERF.md, twentieth session), µs at m = 1 / 8 / 16:
 // - 8B o, 64 slices of 64 in halves: 6.6 / 6.5 / 7.1 against Auto's 7.6 / 7.7 / 8.1 before (mma.sync 128 x 64)
 //   and the search's 128-column quarters 8.4 / 8.4 / 9.3;
@@ -90,19 +90,25 @@ constexpr int kStreamClusterSplit = 2;  // slices split this many ways run as cl
 //   64 (the tie) 7.9-8.3 / 7.9 / 8.7;
 // - 70B o and down keep the search's plan (128-column halves; whole slices of 64 tie and measured level or
 //   slower: 70B o 14.1 / 13.9 / 15.3 against 14.1 / 14.0 / 14.9, 70B down 42.7-53.6 against 41.3-44.2).
+// Ties go to the narrower slice below kStreamShortNarrowTieLayer weights: 8B q/k/v then takes 96 whole slices of 64
+// (no cluster exchange) instead of 48 of 128 in halves. H100, two calls, two runs each (docs/PERF.md,
+// twenty-seventh session), µs at m = 1 / 9 / 16: 7.61-7.64 / 8.13-8.17 / 8.06-8.17 -> 7.34-7.45 / 7.95-8.05 /
+// 7.94-8.04. On 70B o and down (2^26 and more) the narrower lost: 13.45 -> 13.67 and 40.0 -> 40.6 at m = 1.
 constexpr int64_t kStreamShortMinLayer = int64_t(1) << 24;
+constexpr int64_t kStreamShortNarrowTieLayer = int64_t(1) << 25;
 constexpr int kStreamShortMinFillPct = 70;
 constexpr StreamPlan stream_short_plan(int n, int k, int sms) {
   StreamPlan best;
   int64_t best_blocks = 0;
   if (int64_t(n) * k < kStreamShortMinLayer || sms < 1 || n / kStreamTn[0] > sms) return best;
-  for (int tn : kStreamTn) {  // narrowest first: `>=` below keeps the wider on ties
+  const bool wider_on_ties = int64_t(n) * k >= kStreamShortNarrowTieLayer;
+  for (int tn : kStreamTn) {  // narrowest first
     if (n % tn != 0 || k % stream_tk(tn) != 0) continue;
     const int64_t slices = n / tn, deep = k / stream_tk(tn);
     for (int split = 1; split <= kStreamClusterSplit && split <= deep; ++split) {
       const int64_t blocks = slices * split;
       if (blocks > sms || blocks * 100 < int64_t(sms) * kStreamShortMinFillPct) continue;
-      if (blocks >= best_blocks) best_blocks = blocks, best = {tn, split, 0};
+      if (blocks > best_blocks || (blocks == best_blocks && wider_on_ties)) best_blocks = blocks, best = {tn, split, 0};
     }
   }
   return best;

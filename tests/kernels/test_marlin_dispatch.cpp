@@ -125,7 +125,7 @@ TEST_CASE("dispatch: the streaming kernel's slice width and k-split per layer", 
   constexpr int kSms = 132;  // one block per SM
   struct Want { Layer L; int tn, split, rounds; };
   const Want wants[] = {
-      {kQkv8B, 128, 2, 0},  // the short rule: 48 x 2 = 96 (73%; 64 x 1 ties); the search took 24 x 5 = 120
+      {kQkv8B, 64, 1, 0},   // the short rule: 96 x 1 (73%; 128 x 2 ties: the narrower below 2^25 weights)
       {kO8B, 64, 2, 0},     // the short rule: 64 slices of 64 in halves (clusters)
       {kGateUp8B, 256, 1, 0},  // 112 of 132; 224 slices of 128 in rounds (1 + 92 whole) fill no better
       {kDown8B, 64, 2, 0}, {kQkv70B, 256, 3, 0}, {kO70B, 128, 2, 0},  // 70B o: 128 x 2 ties 64 x 1, the wider
@@ -152,8 +152,10 @@ TEST_CASE("dispatch: the streaming kernel's slice width and k-split per layer", 
   CHECK(stream_plan(kQkv8B.n, kQkv8B.k, kSms, 128).tn == 128);
   CHECK(stream_plan(kQkv8B.n, kQkv8B.k, kSms, 128).split == 0);
   CHECK(stream_plan(kQkv8B.n, kQkv8B.k, kSms, 96).tn == 0);   // no such width
-  // The short rule (whole slices or halves filling 70%, the wider on ties) against the fill search.
-  CHECK(stream_short_plan(kDown70B.n, kDown70B.k, kSms).tn == 128);  // 128 x 2 ties 64 x 1
+  // The short rule (whole slices or halves filling 70%, the wider on ties from 2^25 weights) against the fill search.
+  CHECK(stream_short_plan(kDown70B.n, kDown70B.k, kSms).tn == 128);  // 128 x 2 ties 64 x 1: the wider from 2^25
+  CHECK(stream_short_plan(6144, 6144, kSms).tn == 128);  // 2^25.2 weights: 128 x 2 ties 64 x 1, the wider
+  CHECK(stream_short_plan(6144, 5120, kSms).tn == 64);   // 2^24.9: the narrower
   CHECK(stream_plan(kDown70B.n, kDown70B.k, kSms, 64).split == 1);
   CHECK(stream_short_plan(kQkv70B.n, kQkv70B.k, kSms).tn == 0);      // 80 blocks at most (61%): the search
   CHECK(stream_short_plan(kGateUp70B.n, kGateUp70B.k, kSms).tn == 0);  // more slices than SMs: rounds
@@ -180,7 +182,7 @@ TEST_CASE("dispatch: Auto takes the streaming kernel on large layers at m <= 16"
       INFO(L.name);
       CHECK(stream_auto(m, L.n, L.k, kSms));
     }
-    // The short rule's layers (8B o and down: 64-column slices in halves; 8B q/k/v: 128-column halves).
+    // The short rule's layers (8B o and down: 64-column slices in halves; 8B q/k/v: whole 64-column slices).
     for (const Layer& L : {kO8B, kDown8B, kQkv8B}) {
       INFO(L.name);
       CHECK(stream_auto(m, L.n, L.k, kSms));
