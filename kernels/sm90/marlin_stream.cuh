@@ -48,15 +48,15 @@ namespace marlinc::kernels::detail {
 // A block of the 256-column forms now takes 91-108 KB of shared memory and about 31k registers, so two would fit one
 // SM; the grid never exceeds the SMs, and the hardware placed one block per SM in every measurement. Asking for two
 // (`__launch_bounds__` minimum 2: 96 registers, no spills) made the 16-token layers at 128 and 256 columns slower (8B
-// gate/up at m = 16 22.3 -> 36.0 us, 70B q/k/v 18.9 -> 27.9; twenty-seventh session), so the forms ask for one.
+// gate/up at m = 16 22.3 -> 36.0 µs, 70B q/k/v 18.9 -> 27.9; twenty-seventh session), so the forms ask for one.
 constexpr int kStreamConsumerWarps = 8;
 // The exception: the 16-token form at 64 columns runs four consumer warps of U = 8 rows (the same 512-deep stage) and a
 // 3-stage ring. Its stage is the largest (16 KB of activations beside 16 KB of weights), and eight warps took 24 KB for
-// their k-group tree: 5 stages and 199 KB a block. H100, same calls, two runs each (docs/PERF.md, twenty-seventh
-// session), µs at m = 9 / 16: 8B o 6.49-6.76 / 6.49-6.55 -> 6.24-6.32 / 5.98-6.21, 8B down 13.33-13.41 / 13.33-13.45
-// -> 12.61-12.77 / 12.61-12.73; the 8B set 50.0-50.4 -> 48.8-49.2. Four warps at 4 stages, eight at 3 and four with a
-// tree of steps of two (8 KB, against 12) each read 0.2-0.9 us slower on the set; so did three stages at 128 columns
-// (8B q/k/v 8.25 against 8.11 us at m = 16, 70B gate/up 83.0 against 80.9 at m = 9).
+// their k-group tree: 5 stages and 199 KB a block, 119 KB now. H100, three calls, two runs each (docs/PERF.md,
+// twenty-seventh session), µs at m = 9 / 16: 8B o 6.71-6.77 / 6.49-6.55 -> 6.24-6.28 / 5.99-6.21, 8B down 13.33-13.41 /
+// 13.33-13.45 -> 12.61-12.77 / 12.61-12.73; the 8B set 50.0-50.4 -> 48.8-49.2. Four warps at 4 stages, eight at 3 and
+// four with a tree of steps of two (8 KB, against 12) read 0.1-1.0 µs slower on that set; three stages at 128 columns
+// as well cost 8B q/k/v 0.15 µs at m = 16 and 70B gate/up 2 µs at m = 9.
 constexpr int kStream16Warps64 = 4;
 
 template <int TN, bool CLUSTER = false, bool SWAP = false>
