@@ -83,7 +83,7 @@ struct StreamShape {
   // the end of every slice, which the small layers' critical path runs through (docs/PERF.md, twenty-second session);
   // its sums are half the 16-token form's, which keeps steps of two at 128 and 256 columns (one and two steps on
   // eight warps; four-way at 128 columns measured level on 8B, twenty-fifth session). At 64 columns the 16-token form
-  // has four k-groups: one step of four, which measured 0.1 us faster on 8B o and down than two of two (twenty-seventh
+  // has four k-groups: one step of four, which measured 0.1 µs faster on 8B o and down than two of two (twenty-seventh
   // session).
   static constexpr int kRedRadix = SWAP || TN == 64 ? 4 : 2;
   static constexpr int kRedBytes = kgroup_red_slots<kKG, kRedRadix>() * kNB * kAccK * 32 * 16;
