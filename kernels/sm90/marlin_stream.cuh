@@ -98,7 +98,6 @@ struct StreamShape {
   // the zero rows of tokens 8-15), every holder lane's as float4, [column block][sum][lane].
   static constexpr int kSendBytes = kNB * kAccK * 32 * 16;
   static constexpr int kRecvBytes = (kMaxCluster - 1) * kPartBytes;
-  static constexpr int kFit = (kSmemLimit - kAlign - kRedBytes - kRecvBytes - (CLUSTER ? 16 : 0)) / (kStage + 16);
   // SWAP frees shared memory (8-row boxes, a smaller k-group area), yet its ring is shallower than the 16-token
   // form's: 4 stages at every width. H100, same calls (docs/PERF.md, twentieth session), 70B set at m = 1-8: all
   // that fits (9-10 stages) 160.2-164.9 us, the 16-token depth 159.1-160.6, two fewer 155.9-157.1, three fewer
@@ -109,8 +108,8 @@ struct StreamShape {
   // runs each, 70B set at m = 9 / 16: all that fits (7-9 stages) 160.1-160.8 / 159.7-160.8 us, 6 stages 158.4-159.4 /
   // 158.3-159.5, 4 stages 153.2-153.5 / 154.4-158.3 (70B down 42.1-42.7 -> 40.3-40.4 at m = 9). At 64 columns, on four
   // warps, 3 stages (kStream16Warps64, above).
-  static constexpr int kDepthCap = SWAP || TN != 64 ? 4 : 3;
-  static constexpr int kStages = kFit < kDepthCap ? kFit : kDepthCap;
+  // Every form's ring is the depth measured best, never what shared memory leaves (kSmemBytes' assert below).
+  static constexpr int kStages = SWAP || TN != 64 ? 4 : 3;
   // [ring | k-group reduction | partner sums | full/empty barriers | the sums' barrier]
   static constexpr int kSmemBytes =
       kAlign + kStages * kStage + kRedBytes + kRecvBytes + 16 * kStages + (CLUSTER ? 16 : 0);
@@ -125,7 +124,6 @@ struct StreamShape {
   static_assert(kABox % kAlign == 0, "a 128B-swizzled box spans whole 8-row (1 KB) swizzle atoms");
   static_assert(kARows == (SWAP ? kStreamSwapMaxM : kStreamMaxM), "the host's activation box rows (marlin.cu, run_stream)");
   static_assert(!SWAP || kAccK * 2 == kAcc, "SWAP: one m16 product per pair of n8 tiles");
-  static_assert(kStages == kDepthCap, "the ring is as deep as measured best, not cut short by shared memory");
   static_assert(kPartBytes == kNB * kAcc * 32 * 16, "a partner's sums: every holder lane's acc as float4");
   static_assert(kSendBytes <= kPartBytes, "the receive area holds what a partner sends");
   static_assert(kSmemBytes <= kSmemLimit, "one block per SM");
