@@ -77,4 +77,20 @@ MARLINC_PART_HD inline int slice_last_block(int base_b, int slice, int k_tiles, 
   return base_b + ((slice + 1) * k_tiles - 1) / iters;
 }
 
+// Where a stripe is at least kEarlyDepositStripePct / 100 slices long, a shared slice has two blocks: the
+// finisher reaches it at the end of its stripe, the other block at the start of its own, and deposits it after
+// at most k_tiles tiles, when the finisher has at least iters - k_tiles tiles to go before it starts the slice.
+// The Hopper kernel's warp-specialized form then has its producer fetch the deposit into the ring behind the
+// slice's last tile (kernels/sm90/marlin_wgmma_ws.cuh), so that the finisher adds it from shared memory instead
+// of reading it from L2 after its products, when every other block is at its end too. The margin, half a slice
+// of tiles, covers blocks that start a few tiles apart and the depositor's stores. Only on kEarlyDepositRows-row
+// tiles. H100 (docs/PERF.md, twenty-eighth session), same call, four runs each: 8B gate/up at m = 512 181.4 ->
+// 176.0 us, 70B q/k/v at 1024 254.0 -> 244.9, 70B gate/up at 128 195.2 -> 190.9, the others level; on the 64-row
+// tile 70B gate/up at m = 64 read 113.0 -> 116.9 (and slower in two more calls), so that tile keeps the read.
+constexpr int kEarlyDepositStripePct = 150;
+constexpr int kEarlyDepositRows = 128;
+MARLINC_PART_HD inline bool slice_early_deposit(int iters, int k_tiles, int rows) {
+  return rows == kEarlyDepositRows && int64_t(iters) * 100 >= int64_t(k_tiles) * kEarlyDepositStripePct;
+}
+
 }  // namespace marlinc::kernels

@@ -194,16 +194,28 @@ __device__ __forceinline__ void wg_write_c(const KernelArgs& p, const float (&ac
   }
 }
 
+// Whether this block finishes `slice` of its row chunk from a deposit that arrives early (marlin_partition.h,
+// slice_early_deposit): the slice is shared with exactly the next block, which deposits it first thing in its
+// stripe, and this block reaches it at the end of its own. The warp-specialized form then fetches the deposit
+// through its ring while the slice's last tiles are computed (marlin_wgmma_ws.cuh) instead of reading it after.
+template <int NT>
+__device__ __forceinline__ bool wg_early_finisher(const KernelArgs& p, int slice, int base_b, int k_tiles) {
+  const int first_b = slice_first_block(base_b, slice, k_tiles, p.iters);
+  return int(blockIdx.x) == first_b && slice_last_block(base_b, slice, k_tiles, p.iters) == first_b + 1 &&
+         slice_early_deposit(p.iters, k_tiles, NT);
+}
+
 // The end of a slice, for the 256 threads that hold its accumulators (team_tid 0..255; team barrier
 // kBar/kCount, see team_sync): the cross-block reduction as in marlin_kernel (deposits in thread order,
 // coalesced float4, one in-order sum by the slice's first block), then the finisher (or a block that owns
 // the whole slice) writes C.
 // STAGED: C passes through the warp's kEpiWarpBytes buffer at shared-window address `epi` (wgmma_layout.h,
-// epi_byte); otherwise each lane stores 4-byte pairs straight from its accumulators.
+// epi_byte); otherwise each lane stores 4-byte pairs straight from its accumulators. `added`: the finisher
+// has added the deposit already (wg_early_finisher), so only C is left.
 template <int DT, bool GROUPED, int NT, int kBar, int kCount, bool STAGED = false>
 __device__ __forceinline__ void wg_finish_slice(const KernelArgs& p, float (&acc)[2][NT / 2], int slice, int row0,
                                                 int base_b, int k_tiles, int warp, int lane, int team_tid,
-                                                uint32_t epi = 0) {
+                                                uint32_t epi = 0, bool added = false) {
   using S = WgShape<NT>;
   const int first_b = slice_first_block(base_b, slice, k_tiles, p.iters);
   const int last_b = slice_last_block(base_b, slice, k_tiles, p.iters);
@@ -211,7 +223,9 @@ __device__ __forceinline__ void wg_finish_slice(const KernelArgs& p, float (&acc
   const bool finisher = int(blockIdx.x) == first_b, leader = team_tid == 0;
   constexpr int kQ = S::kAcc / 4;  // float4 per thread per wgmma accumulator
   tl_mark(p, kTlInfo, leader, unsigned(count) * 2u + (finisher ? 1u : 0u));
-  if (count > 1) {
+  if (count > 1 && added) {
+    tl_mark(p, kTlReduced, leader);
+  } else if (count > 1) {
     int* counter = p.locks + first_b;
     if (!finisher) {
       float4* mine = reinterpret_cast<float4*>(p.red + size_t(blockIdx.x) * S::kPart);

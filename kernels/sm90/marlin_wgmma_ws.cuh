@@ -85,7 +85,15 @@ struct WsShape : WgShape<NT> {
   // warpgroup r, whose partial the partner's warpgroup r sends into r's ring, free once both blocks' products
   // are done: [j][q][thread] float4, kHalfBytes.
   static constexpr int kHalfBytes = 128 * 2 * Base::kAcc * 4;
+  // An early finisher's deposit (wg_early_finisher) comes through the ring after the slice's last tile, as
+  // kDepPieces stages of up to kDepRows rows of wg_finish_slice's layout ([j][q][thread] float4: a row is one
+  // float4 of every consumer thread).
+  static constexpr int kDepRowBytes = wl::kThreads * 16;
+  static constexpr int kDepRows = Base::kStage / kDepRowBytes;
+  static constexpr int kDepTotalRows = 2 * Base::kAcc / 4;
+  static constexpr int kDepPieces = (kDepTotalRows + kDepRows - 1) / kDepRows;
   static_assert(!CL || kHalfBytes <= kStages * Base::kStage, "the ring holds the partner's half tile");
+  static_assert(kDepRows >= 1 && kDepTotalRows * kDepRowBytes == Base::kPart * 4, "a stage holds whole deposit rows");
   static_assert(!CL || (NT == kWgmmaPairRows && BPS == 1), "the pair form's tiles (marlin_dispatch.h)");
   static_assert(kSmemBytes <= kSmemPerBlock, "the ring fits the block's shared memory");
   static_assert(kConsumerRegs <= 256 && kProducerRegs >= 24, "setmaxnreg bounds");
@@ -156,6 +164,14 @@ __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n"
                ::"r"(bar), "r"(bytes) : "memory");
 }
+// `bytes` (a multiple of 16) from global memory into this block's shared memory by the TMA unit, completing on
+// the mbarrier; and the fence that orders this thread's earlier generic-proxy accesses to global memory (here the
+// acquire of a deposit counter) before its later async-proxy ones.
+__device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+               ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 template <int R>
 __device__ __forceinline__ void regs_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R)); }
 template <int R>
@@ -317,6 +333,27 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS)
         w.next<S::kStages>();
         if (++kt == k_tiles) kt = 0, ++slice;
       }
+      // An early finisher's last slice: the next block's deposit into the stages after the slice's last tile.
+      // That block made it first thing in its stripe; the counter's acquire orders its stores before the copies.
+      const int last_slice = (it_end - 1) / k_tiles;
+      if (!CL && it_end > local * p.iters && wg_early_finisher<NT>(p, last_slice, base_b, k_tiles)) {
+        const int first_b = slice_first_block(base_b, last_slice, k_tiles, p.iters);
+        int* counter = p.locks + first_b;
+        while (ld_acquire(counter) != 1) {
+        }
+        *counter = 0;  // re-arm for the next launch; nothing else reads it in this one
+        fence_proxy_async_global();
+        const unsigned char* dep = reinterpret_cast<const unsigned char*>(p.red + size_t(first_b + 1) * S::kPart);
+#pragma unroll 1
+        for (int i = 0; i < S::kDepPieces; ++i) {
+          const int rows = min(S::kDepRows, S::kDepTotalRows - i * S::kDepRows);
+          mbar_wait(empty0 + 8 * w.st, w.phase ^ 1u);
+          mbar_expect_tx(full0 + 8 * w.st, rows * S::kDepRowBytes);
+          bulk_g2s(sbase + w.st * S::kStage, dep + size_t(i) * S::kDepRows * S::kDepRowBytes, rows * S::kDepRowBytes,
+                   full0 + 8 * w.st);
+          w.next<S::kStages>();
+        }
+      }
     }
     return;  // every box lands before the consumers, which wait for each one, let the block exit
   }
@@ -389,12 +426,33 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS)
       mbar_arrive_if(cempty0 + 8 * prev, true);
       tl_mark(p, kTlComputed, tl0);
       tl_first = false;
+      // An early finisher adds the deposit the producer put into the ring (one fp32 addition per element, as
+      // wg_finish_slice would after its wait).
+      const bool added = !CL && it + cnt == it_end && wg_early_finisher<NT>(p, slice, base_b, k_tiles);
+      if (added) {
+#pragma unroll
+        for (int i = 0; i < S::kDepPieces; ++i) {
+          mbar_wait(cfull0 + 8 * r.st, r.phase);
+          const uint32_t stage = cbase + r.st * S::kStage;
+#pragma unroll
+          for (int row = i * S::kDepRows; row < S::kDepTotalRows && row < (i + 1) * S::kDepRows; ++row) {
+            const int4 o = lds128(stage + (row - i * S::kDepRows) * S::kDepRowBytes + ctid * 16);
+            float* a = &acc[row / (S::kAcc / 4)][4 * (row % (S::kAcc / 4))];
+            a[0] += __int_as_float(o.x);
+            a[1] += __int_as_float(o.y);
+            a[2] += __int_as_float(o.z);
+            a[3] += __int_as_float(o.w);
+          }
+          mbar_arrive_if(cempty0 + 8 * r.st, true);
+          r.next<S::kStages>();
+        }
+      }
       if constexpr (CL)
         wg_pair_finish<DT, GROUPED, NT, BPS>(p, acc, slice, pc * NT, cbase, cbase + (pair_bar - sbase), cw, lane, ctid,
                                              cepi);
       else
         wg_finish_slice<DT, GROUPED, NT, 1, wl::kThreads, true>(p, acc, slice, pc * NT, base_b, k_tiles, cw, lane,
-                                                               ctid, cepi);
+                                                               ctid, cepi, added);
       it += cnt;
     }
   }

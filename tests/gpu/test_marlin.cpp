@@ -13,12 +13,14 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "checkpoint/half.h"
 #include "checkpoint/safetensors.h"
 #include "kernels/marlin.h"
 #include "kernels/marlin_dispatch.h"
+#include "kernels/marlin_partition.h"
 #include "kernels/reference_gemm.h"
 #include "packer/marlin.h"
 #include "tests/common.h"
@@ -259,6 +261,19 @@ double run_case(const Layer& L, int64_t m, std::mt19937_64& rng, const RunOpts& 
 
 const int64_t kMs[] = {1, 2, 7, 16, 17, 33, 64, 100, 128, 256, 1000};
 const int64_t kGroups[] = {-1, 32, 64, 128};
+
+// Whether the producer kernel's launch on `sms` SMs has stripes of one and a half slices or more that cut
+// slices (kernels/marlin_partition.h, slice_early_deposit): every shared slice's finisher then fetches the
+// other block's deposit through its ring. 512 x 2048 with 128-row tiles: 8 slices of 8 tiles in stripes of 13.
+bool takes_early_deposits(int64_t m, int64_t n, int64_t k, int sms) {
+  const int rows = kernels::kEarlyDepositRows, k_tiles = int(k / kernels::kWgmmaTileK);
+  const int whole = kernels::wgmma_whole_slices(int(m), int(n), rows, sms);
+  const kernels::Partition P =
+      kernels::marlin_partition(int(m), int(n / kernels::kWgmmaTileN), k_tiles, rows, sms, whole);
+  return whole == 0 && !kernels::wgmma_pair_tiles(int(m), int(n), int(k), rows, sms) && P.iters % k_tiles != 0 &&
+         kernels::slice_early_deposit(P.iters, k_tiles, rows);
+}
+const std::pair<int, int64_t> kEarlyCases[] = {{5, 65}, {5, 100}, {10, 200}};  // (SMs, m): one and two row chunks
 
 }  // namespace
 
@@ -510,6 +525,15 @@ TEST_CASE("marlin: Hopper wgmma kernel, producer warpgroup", "[gpu][marlin][wgmm
   const Layer big = make_layer(rng, 4096, 1024, 128, ActType::F16);
   for (int rows : {64, 128})
     for (int sms : {1, 5}) run_case(big, 300, rng, producer(rows, sms, 16));
+  // Finishers that fetch the other block's deposit through the ring (takes_early_deposits).
+  for (ActType act : {ActType::F16, ActType::BF16})
+    for (int64_t g : kGroups) {
+      const Layer wide = make_layer(rng, 512, 2048, g, act);
+      for (const auto& [sms, m] : kEarlyCases) {
+        REQUIRE(takes_early_deposits(m, wide.n, wide.k, sms));
+        run_case(wide, m, rng, producer(kernels::kEarlyDepositRows, sms, 48));
+      }
+    }
 }
 
 // The producer kernel's pair form (kernels/marlin_dispatch.h, wgmma_pair_tiles): on num_sms SMs chosen so that the
@@ -613,6 +637,17 @@ TEST_CASE("marlin: Hopper wgmma kernel under the sanitizers", "[gpu][marlin][wgm
       o.wgmma_pipeline = 2;
       o.num_sms = sms;
       run_case(L, m, rng, o);
+    }
+    // Finishers that fetch the other block's deposit through the ring (takes_early_deposits).
+    const Layer wide = make_layer(rng, 512, 2048, g, ActType::F16);
+    for (const auto& [sms, m] : kEarlyCases) {
+      REQUIRE(takes_early_deposits(m, wide.n, wide.k, sms));
+      RunOpts o;
+      o.path = MarlinPath::Wgmma;
+      o.wgmma_rows = kernels::kEarlyDepositRows;
+      o.wgmma_pipeline = 2;
+      o.num_sms = sms;
+      run_case(wide, m, rng, o);
     }
   }
 }

@@ -78,6 +78,26 @@ void replay(const Launch& L, int whole = 0) {
       ++bad_slices;
   }
   REQUIRE(bad_slices == 0);
+
+  // Early deposits (slice_early_deposit): the Hopper kernel's producer waits for the deposit while the finisher
+  // computes the slice's last tiles, so the other block must make it first thing in its stripe, and the finisher
+  // must have at least half a slice of tiles more than that to run before it starts the slice.
+  if (slice_early_deposit(P.iters, k_tiles, L.rows)) {
+    size_t late = 0;
+    for (int b = 0; b < P.grid; ++b) {
+      int before = 0;  // tiles this block runs before the segment
+      for (const Seg& s : segs[size_t(b)]) {
+        const int count = s.last_b - s.first_b + 1;
+        if (count > 1 && b == s.first_b) {
+          const auto& dep = segs[size_t(s.last_b)];
+          const bool first_thing = count == 2 && !dep.empty() && dep.front().pc == s.pc && dep.front().slice == s.slice;
+          if (!first_thing || 2 * (before - dep.front().cnt) < k_tiles) ++late;
+        }
+        before += s.cnt;
+      }
+    }
+    REQUIRE(late == 0);
+  }
   if (whole > 0) {  // whole slices: none shared
     size_t shared = 0;
     for (const auto& [key, blocks] : who) shared += blocks.size() == 1 ? 0 : 1;
