@@ -22,6 +22,11 @@
 // The pair form (CL, 128-row tiles): where every tile is split in two along k (marlin_dispatch.h,
 // wgmma_pair_tiles), the two blocks of a tile run as one cluster and add their halves through each other's
 // shared memory (wg_pair_finish) instead of the workspace.
+//
+// Early deposits (128-row tiles, stripes of 1.5 slices or more: marlin_partition.h, slice_early_deposit): the
+// next block deposits the finisher's last slice first thing in its stripe, so the producer, once it has issued
+// that slice's last tile, copies the deposit from the workspace into the ring behind it, and the consumers add
+// it from shared memory after their products instead of reading it from L2 at the end.
 #pragma once
 #include <cstdint>
 
