@@ -259,6 +259,17 @@ double run_case(const Layer& L, int64_t m, std::mt19937_64& rng, const RunOpts& 
   return rel;
 }
 
+// The Hopper kernel's producer-warpgroup form on rows-row tiles and `sms` SMs (0: all of them).
+RunOpts producer(int rows, int sms, int ref_rows = 1 << 30) {
+  RunOpts o;
+  o.path = MarlinPath::Wgmma;
+  o.wgmma_rows = rows;
+  o.wgmma_pipeline = 2;
+  o.num_sms = sms;
+  o.max_ref_rows = ref_rows;
+  return o;
+}
+
 const int64_t kMs[] = {1, 2, 7, 16, 17, 33, 64, 100, 128, 256, 1000};
 const int64_t kGroups[] = {-1, 32, 64, 128};
 
@@ -500,15 +511,6 @@ TEST_CASE("marlin: Hopper wgmma kernel, producer warpgroup", "[gpu][marlin][wgmm
     return;
   }
   std::mt19937_64 rng(kSeed + 13);
-  auto producer = [](int rows, int sms, int ref_rows) {
-    RunOpts o;
-    o.path = MarlinPath::Wgmma;
-    o.wgmma_rows = rows;
-    o.wgmma_pipeline = 2;
-    o.num_sms = sms;
-    o.max_ref_rows = ref_rows;
-    return o;
-  };
   for (ActType act : {ActType::F16, ActType::BF16})
     for (int64_t g : kGroups) {
       const Layer L = make_layer(rng, 1024, 768, g, act);
@@ -555,13 +557,7 @@ TEST_CASE("marlin: Hopper wgmma kernel, tiles split in two as clusters", "[gpu][
       for (const PairCase& pc : cases) {
         INFO("pair case m " << pc.m << " sms " << pc.sms);
         REQUIRE(kernels::wgmma_pair_tiles(int(pc.m), int(L.n), int(L.k), kernels::kWgmmaPairRows, pc.sms));
-        RunOpts o;
-        o.path = MarlinPath::Wgmma;
-        o.wgmma_rows = kernels::kWgmmaPairRows;
-        o.wgmma_pipeline = 2;
-        o.num_sms = pc.sms;
-        o.max_ref_rows = 48;
-        run_case(L, pc.m, rng, o);
+        run_case(L, pc.m, rng, producer(kernels::kWgmmaPairRows, pc.sms, 48));
       }
     }
 }
@@ -631,23 +627,13 @@ TEST_CASE("marlin: Hopper wgmma kernel under the sanitizers", "[gpu][marlin][wgm
     for (int64_t m : {int64_t(100), int64_t(200)}) {
       const int sms = m == 100 ? 4 : 8;
       REQUIRE(kernels::wgmma_pair_tiles(int(m), int(L.n), int(L.k), kernels::kWgmmaPairRows, sms));
-      RunOpts o;
-      o.path = MarlinPath::Wgmma;
-      o.wgmma_rows = kernels::kWgmmaPairRows;
-      o.wgmma_pipeline = 2;
-      o.num_sms = sms;
-      run_case(L, m, rng, o);
+      run_case(L, m, rng, producer(kernels::kWgmmaPairRows, sms));
     }
     // Finishers that fetch the other block's deposit through the ring (takes_early_deposits).
     const Layer wide = make_layer(rng, 512, 2048, g, ActType::F16);
     for (const auto& [sms, m] : kEarlyCases) {
       REQUIRE(takes_early_deposits(m, wide.n, wide.k, sms));
-      RunOpts o;
-      o.path = MarlinPath::Wgmma;
-      o.wgmma_rows = kernels::kEarlyDepositRows;
-      o.wgmma_pipeline = 2;
-      o.num_sms = sms;
-      run_case(wide, m, rng, o);
+      run_case(wide, m, rng, producer(kernels::kEarlyDepositRows, sms));
     }
   }
 }
