@@ -171,6 +171,18 @@ TEST_CASE("partition: Hopper kernel launches stay inside the workspace and finis
               if (par * ((slices + each - 1) / each) <= L.max_blocks) replay(L, each);
           }
   }
+  // The Llama-3-8B and 70B layers at the benchmark's large m on an H100's 132 SMs, in whole slices where
+  // wgmma_whole_slices takes them and in stripes otherwise (also where the launcher takes the pair form): among
+  // them stripes of 1.2 to 3.4 slices, where slice_early_deposit decides whether the deposit comes early.
+  const Shape2 llama[] = {{4096, 6144}, {4096, 4096}, {4096, 28672}, {14336, 4096},
+                          {8192, 10240}, {8192, 8192}, {8192, 57344}, {28672, 8192}};
+  for (const Shape2& s : llama)
+    for (int m : {128, 256, 512, 1024}) {
+      const int rows = 128, sms = 132;
+      const Launch L{m, s.n, s.k, rows, kWgmmaTileN, kWgmmaTileK, sms, sms, size_t(kWgmmaTileN) * rows,
+                     kWgmmaPartFloats};
+      replay(L, wgmma_whole_slices(m, s.n, rows, sms));
+    }
   // The slot bound itself: 128-row tiles fill a whole SM's slots, so one block per SM whatever the
   // occupancy; 32-row tiles would fit four but the locks allow two.
   REQUIRE(wgmma_blocks_per_sm(2, 128) == 1);
