@@ -126,6 +126,7 @@ struct StreamShape {
   static_assert(!SWAP || kAccK * 2 == kAcc, "SWAP: one m16 product per pair of n8 tiles");
   static_assert(kPartBytes == kNB * kAcc * 32 * 16, "a partner's sums: every holder lane's acc as float4");
   static_assert(kSendBytes <= kPartBytes, "the receive area holds what a partner sends");
+  static_assert(kStages >= 3, "the ring keeps a stage in flight on both sides of the one being read");
   static_assert(kSmemBytes <= kSmemLimit, "one block per SM");
 };
 

@@ -205,6 +205,14 @@ __device__ __forceinline__ bool wg_early_finisher(const KernelArgs& p, int slice
          slice_early_deposit(p.iters, k_tiles, NT);
 }
 
+// acc[0..3] += the four fp32 values of a 16-byte shared-memory load (a partner's or a deposit's sums).
+__device__ __forceinline__ void add_f4(float* acc, const int4& v) {
+  acc[0] += __int_as_float(v.x);
+  acc[1] += __int_as_float(v.y);
+  acc[2] += __int_as_float(v.z);
+  acc[3] += __int_as_float(v.w);
+}
+
 // The end of a slice, for the 256 threads that hold its accumulators (team_tid 0..255; team barrier
 // kBar/kCount, see team_sync): the cross-block reduction as in marlin_kernel (deposits in thread order,
 // coalesced float4, one in-order sum by the slice's first block), then the finisher (or a block that owns

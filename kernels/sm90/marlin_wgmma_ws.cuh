@@ -240,11 +240,7 @@ __device__ __forceinline__ void wg_pair_finish(const KernelArgs& p, float (&acc)
     for (int j = 0; j < 2; ++j)
 #pragma unroll
       for (int q = 0; q < kQ; ++q) {
-        const int4 o = lds128(ring + ((j * kQ + q) * 128 + wtid) * 16);
-        acc[j][4 * q] += __int_as_float(o.x);
-        acc[j][4 * q + 1] += __int_as_float(o.y);
-        acc[j][4 * q + 2] += __int_as_float(o.z);
-        acc[j][4 * q + 3] += __int_as_float(o.w);
+        add_f4(&acc[j][4 * q], lds128(ring + ((j * kQ + q) * 128 + wtid) * 16));
       }
     wg_write_c<DT, GROUPED, NT, true>(p, acc, slice, row0, cw, lane, epi);
   }
@@ -441,12 +437,8 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS)
           const uint32_t stage = cbase + r.st * S::kStage;
 #pragma unroll
           for (int row = i * S::kDepRows; row < S::kDepTotalRows && row < (i + 1) * S::kDepRows; ++row) {
-            const int4 o = lds128(stage + (row - i * S::kDepRows) * S::kDepRowBytes + ctid * 16);
-            float* a = &acc[row / (S::kAcc / 4)][4 * (row % (S::kAcc / 4))];
-            a[0] += __int_as_float(o.x);
-            a[1] += __int_as_float(o.y);
-            a[2] += __int_as_float(o.z);
-            a[3] += __int_as_float(o.w);
+            add_f4(&acc[row / (S::kAcc / 4)][4 * (row % (S::kAcc / 4))],
+                   lds128(stage + (row - i * S::kDepRows) * S::kDepRowBytes + ctid * 16));
           }
           mbar_arrive_if(cempty0 + 8 * r.st, true);
           r.next<S::kStages>();
