@@ -338,7 +338,7 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS)
       // That block made it first thing in its stripe; the counter's acquire orders its stores before the copies.
       const int last_slice = (it_end - 1) / k_tiles;
       if (!CL && it_end > local * p.iters && wg_early_finisher<NT>(p, last_slice, base_b, k_tiles)) {
-        const int first_b = slice_first_block(base_b, last_slice, k_tiles, p.iters);
+        const int first_b = int(blockIdx.x);  // an early finisher is its slice's first block, the depositor the next
         int* counter = p.locks + first_b;
         while (ld_acquire(counter) != 1) {
         }
