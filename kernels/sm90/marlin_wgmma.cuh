@@ -205,7 +205,7 @@ __device__ __forceinline__ bool wg_early_finisher(const KernelArgs& p, int slice
          slice_early_deposit(p.iters, k_tiles, NT);
 }
 
-// acc[0..3] += the four fp32 values of a 16-byte shared-memory load (a partner's or a deposit's sums).
+// acc[0..3] += the four fp32 values of a 16-byte load (a partner's or a deposit's sums).
 __device__ __forceinline__ void add_f4(float* acc, const int4& v) {
   acc[0] += __int_as_float(v.x);
   acc[1] += __int_as_float(v.y);
@@ -249,17 +249,11 @@ __device__ __forceinline__ void wg_finish_slice(const KernelArgs& p, float (&acc
       wait_deposits<kBar, kCount>(counter, count - 1, leader);
       tl_mark(p, kTlReduced, leader);
       for (int b = first_b + 1; b <= last_b; ++b) {
-        const float4* other = reinterpret_cast<const float4*>(p.red + size_t(b) * S::kPart);
+        const int4* other = reinterpret_cast<const int4*>(p.red + size_t(b) * S::kPart);
 #pragma unroll
         for (int j = 0; j < 2; ++j)
 #pragma unroll
-          for (int q = 0; q < kQ; ++q) {
-            const float4 o = __ldcg(other + (j * kQ + q) * S::kThreads + team_tid);
-            acc[j][4 * q] += o.x;
-            acc[j][4 * q + 1] += o.y;
-            acc[j][4 * q + 2] += o.z;
-            acc[j][4 * q + 3] += o.w;
-          }
+          for (int q = 0; q < kQ; ++q) add_f4(&acc[j][4 * q], __ldcg(other + (j * kQ + q) * S::kThreads + team_tid));
       }
       if (leader) *counter = 0;  // re-arm for the next launch
     }
