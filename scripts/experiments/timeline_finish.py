@@ -9,14 +9,10 @@ For call 32 of each layer csv (times in us from the call's first block's first d
   last exit      the call's last block exit
 Usage: timeline_finish.py DIR [MIN_BLOCKS]  (csv names: tl_SET_gG_mM_kK_nN.csv)
 """
-import csv
 import os
 import sys
 
-
-def med(v):
-    v = sorted(v)
-    return v[len(v) // 2] if v else float("nan")
+from timeline_path import med, rows_of  # the same record reader and median as the critical-path report
 
 
 def main():
@@ -26,8 +22,7 @@ def main():
     for name in sorted(os.listdir(d)):
         if not name.endswith(".csv"):
             continue
-        with open(os.path.join(d, name)) as f:
-            rows = [{k: int(v) for k, v in r.items()} for r in csv.DictReader(f) if int(r["call"]) == 32]
+        rows = [r for r in rows_of(os.path.join(d, name)) if r["call"] == 32]
         if not rows:
             continue
         t0 = min(r["first"] for r in rows)
