@@ -120,6 +120,22 @@ constexpr int kEpiReads = kEpiTokens * kEpiChunks / 32;  // 16-byte reads per la
 static_assert(2 * kEpiChunks * 16 == 128, "two token rows fill one 128-byte bank row");
 static_assert(kEpiTokens % 8 == 0 && kEpiTokens * kEpiChunks % 32 == 0, "whole pair-store and read instructions");
 
+// ---- 128-column tiles: 256 tokens x two packed 64-wide tiles per block, one m64n256 wgmma per warpgroup and k16
+// step, so that each expanded weight fragment feeds 256 tokens (half the expansion per product of the 128 x 256
+// tile above; docs/PERF.md, thirtieth session, calls 9 and 10). Checked on the CPU model of wgmma
+// (tests/kernels/test_wgmma_model.cpp); no kernel uses them yet. The maps above that take a tile and a subblock
+// (weight_byte, scale_byte, acc_col, act_chunk_byte, the descriptors) hold for them unchanged.
+constexpr int kFeat128 = 128;
+constexpr int kWeightRowBytes128 = kFeat128 * 8;  // one k16 row of the stage's two packed tiles (2 x 512 B)
+constexpr int kScaleRowBytes128 = kFeat128 * 2;
+// int4 i of such a stage's weight copy: k16 row i / 64, int4 i % 64 of the row's two packed tiles.
+MARLINC_HD constexpr int weight_int4_row128(int i) { return i / (kFeat128 / 2); }
+MARLINC_HD constexpr int weight_int4_col128(int i) { return i % (kFeat128 / 2); }
+// Warp w expands packed tile w / 4 (warpgroup g owns tile g) and its 16-column subblock w % 4 (one packed word
+// per k16 step): the four warps of a warpgroup are the four 16-row slices of its one 64-row wgmma.
+MARLINC_HD constexpr int warp_tile128(int warp) { return warp >> 2; }
+MARLINC_HD constexpr int warp_sub128(int warp) { return warp & 3; }
+
 // Position of column c's per-channel scale in the permuted scale row (§1.6: the single permutation,
 // inside each 32-column chunk).
 MARLINC_HD constexpr int channel_scale_pos(int c) {
