@@ -111,13 +111,24 @@ struct Cols {
     if (feat == wl::kFeat) return wl::warp_sub0(warp);
     return mu == Mutation::SwapSubblocks ? 3 - wl::warp_sub128(warp) : wl::warp_sub128(warp);
   }
+  // The staged epilogue's buffer map.
+  int epi_cols() const { return feat == wl::kFeat ? wl::kEpiCols : wl::kEpiCols128; }
+  int epi_tokens() const { return feat == wl::kFeat ? wl::kEpiTokens : wl::kEpiTokens128; }
+  int epi_reads() const { return feat == wl::kFeat ? wl::kEpiReads : wl::kEpiReads128; }
+  int epi_byte(int lt, int col) const { return feat == wl::kFeat ? wl::epi_byte(lt, col) : wl::epi_byte128(lt, col); }
+  int read_token(int s, int lane) const {
+    return feat == wl::kFeat ? wl::epi_read_token(s, lane) : wl::epi_read_token128(s, lane);
+  }
+  int read_chunk(int s, int lane) const {
+    return feat == wl::kFeat ? wl::epi_read_chunk(s, lane) : wl::epi_read_chunk128(s, lane);
+  }
 };
 constexpr Cols kCols256{wl::kFeat}, kCols128{wl::kFeat128};
 static_assert(wl::kWeightRowBytes128 == 1024 && wl::kScaleRowBytes128 == 256, "two packed tiles a row");
 
 // Replays the kernel for every (row chunk of NT rows, slice of cols.feat columns) with the whole k in one block
 // (the cross-block reduction only adds partial tiles). Returns C in double; `writes` counts stores.
-// `staged`: the producer-fed kernel's epilogue through the warps' buffers (its tiles, NT = 64 and 128, 256 columns).
+// `staged`: the producer-fed kernel's epilogue through the warps' buffers (its tiles: NT of 64 or more).
 std::vector<double> replay(const Problem& p, int NT, std::vector<int>& writes, Mutation mu = Mutation::None,
                            bool staged = false, Cols cols = kCols256) {
   const int m = int(p.m), k = int(p.k), n = int(p.n);
@@ -126,7 +137,6 @@ std::vector<double> replay(const Problem& p, int NT, std::vector<int>& writes, M
   const int a_bytes = NT * wl::kRowBytes, b_bytes = wl::kKB * cols.weight_row_bytes();
   const int stage_bytes = a_bytes + b_bytes + 2 * cols.scale_row_bytes();
   const int J = cols.wgmmas(), feat = cols.feat;
-  if (staged && feat != wl::kFeat) FAIL("the staged epilogue is modelled for 256-column tiles only");
   std::vector<double> C(size_t(m) * n, 0.0);
   writes.assign(size_t(m) * n, 0);
   const int accs = NT / 2;  // fp32 registers per thread per 64-row wgmma
@@ -227,18 +237,19 @@ std::vector<double> replay(const Problem& p, int NT, std::vector<int>& writes, M
         if (staged) {
           // Producer-fed kernel: per round, every lane's pairs into the warp's buffer, then each lane's
           // 16-byte rows out; every buffer half written exactly once per round before it is read.
-          const int wc0 = slice * wl::kFeat + wl::acc_col(wl::warp_tile(warp), wl::warp_sub0(warp), 0, 0, 0);
-          constexpr int kI = wl::kEpiTokens / 8;
-          for (int r = 0; r < NT / wl::kEpiTokens; ++r) {
+          const int wc0 = slice * feat + wl::acc_col(cols.tile(warp), cols.sub0(warp), 0, 0, 0);
+          const int kI = cols.epi_tokens() / 8;
+          if (NT % cols.epi_tokens() != 0) FAIL("whole staging rounds");
+          for (int r = 0; r < NT / cols.epi_tokens(); ++r) {
             std::vector<double> buf(wl::kEpiWarpBytes / 2, 0.0);
             std::vector<int> filled(wl::kEpiWarpBytes / 2, 0);
             for (int lane = 0; lane < 32; ++lane)
-              for (int j = 0; j < 2; ++j)
+              for (int j = 0; j < J; ++j)
                 for (int h = 0; h < 2; ++h)
                   for (int ii = 0; ii < kI; ++ii) {
                     const Pair q = pair_of(warp, lane, j, h, r * kI + ii);
                     if (q.col - wc0 != wl::pair_col(wl::epi_col(j, lane, h), lane)) FAIL("epilogue column map");
-                    const int byte = wl::epi_byte(wl::pair_token(ii, lane), q.col - wc0);
+                    const int byte = cols.epi_byte(wl::pair_token(ii, lane), q.col - wc0);
                     if (byte % 4 != 0 || byte < 0 || byte + 4 > wl::kEpiWarpBytes)
                       FAIL("staging pair at byte " << byte);
                     buf[size_t(byte / 2)] = q.v0, buf[size_t(byte / 2 + 1)] = q.v1;
@@ -247,13 +258,13 @@ std::vector<double> replay(const Problem& p, int NT, std::vector<int>& writes, M
             int bad = 0;
             for (int f : filled) bad += f == 1 ? 0 : 1;
             REQUIRE(bad == 0);
-            for (int sr = 0; sr < wl::kEpiReads; ++sr)
+            for (int sr = 0; sr < cols.epi_reads(); ++sr)
               for (int lane = 0; lane < 32; ++lane) {
-                const int lt = wl::epi_read_token(sr, lane), x = wl::epi_read_chunk(sr, lane);
-                const int byte = wl::epi_byte(lt, 8 * x);
+                const int lt = cols.read_token(sr, lane), x = cols.read_chunk(sr, lane);
+                const int byte = cols.epi_byte(lt, 8 * x);
                 if (byte % 16 != 0) FAIL("staging read at byte " << byte);
                 for (int e = 0; e < 8; ++e)
-                  store(row0 + r * wl::kEpiTokens + lt, wc0 + 8 * x + e, buf[size_t(byte / 2 + e)]);
+                  store(row0 + r * cols.epi_tokens() + lt, wc0 + 8 * x + e, buf[size_t(byte / 2 + e)]);
               }
           }
           continue;
@@ -325,7 +336,10 @@ TEST_CASE("wgmma model: 128-column tiles of up to 256 tokens reproduce the refer
   for (int64_t group : {int64_t(-1), int64_t(32), int64_t(64), int64_t(128)})
     for (int64_t m : {int64_t(1), int64_t(130), int64_t(300)}) {
       const Problem p = make_problem(rng, m, 256, 512, group);
-      for (int NT : {64, 128, 256}) check(p, NT, false, kCols128);
+      for (int NT : {64, 128, 256}) {
+        check(p, NT, false, kCols128);
+        check(p, NT, true, kCols128);
+      }
     }
   // The warps' subblocks reversed inside their tile must fail: the check sees which column each word feeds.
   const Problem p = make_problem(rng, 16, 128, 256, 128);
@@ -345,33 +359,40 @@ TEST_CASE("wgmma model: 128-column tiles of up to 256 tokens reproduce the refer
 }
 
 TEST_CASE("wgmma model: the staged epilogue's buffer map is a bijection without bank conflicts", "[kernels][wgmma]") {
-  // Every (token, even column) pair slot once, every (token, chunk) read slot once, inside the buffer.
-  std::vector<int> pair_hits(wl::kEpiWarpBytes / 4, 0), read_hits(wl::kEpiWarpBytes / 16, 0);
-  for (int lt = 0; lt < wl::kEpiTokens; ++lt)
-    for (int col = 0; col < wl::kEpiCols; col += 2) ++pair_hits[size_t(wl::epi_byte(lt, col) / 4)];
-  for (int s = 0; s < wl::kEpiReads; ++s)
-    for (int lane = 0; lane < 32; ++lane)
-      ++read_hits[size_t(wl::epi_byte(wl::epi_read_token(s, lane), 8 * wl::epi_read_chunk(s, lane)) / 16)];
-  for (int h : pair_hits) REQUIRE(h == 1);
-  for (int h : read_hits) REQUIRE(h == 1);
-  // Banks (4-byte words mod 32): a pair store (j, h, ii) puts 32 lanes on 32 banks; a 16-byte read is served
-  // in four 8-lane phases, each of which must cover 32 distinct banks.
-  for (int j = 0; j < 2; ++j)
-    for (int h = 0; h < 2; ++h)
-      for (int ii = 0; ii < wl::kEpiTokens / 8; ++ii) {
+  for (const Cols& cols : {kCols256, kCols128}) {
+    INFO("columns " << cols.feat);
+    const int chunks = cols.epi_cols() * 2 / 16, J = cols.wgmmas();
+    REQUIRE(cols.epi_tokens() * cols.epi_cols() * 2 == wl::kEpiWarpBytes);
+    // Every (token, even column) pair slot once, every (token, chunk) read slot once, inside the buffer.
+    std::vector<int> pair_hits(wl::kEpiWarpBytes / 4, 0), read_hits(wl::kEpiWarpBytes / 16, 0);
+    for (int lt = 0; lt < cols.epi_tokens(); ++lt)
+      for (int col = 0; col < cols.epi_cols(); col += 2) ++pair_hits[size_t(cols.epi_byte(lt, col) / 4)];
+    for (int s = 0; s < cols.epi_reads(); ++s)
+      for (int lane = 0; lane < 32; ++lane) {
+        REQUIRE(cols.read_chunk(s, lane) < chunks);
+        ++read_hits[size_t(cols.epi_byte(cols.read_token(s, lane), 8 * cols.read_chunk(s, lane)) / 16)];
+      }
+    for (int h : pair_hits) REQUIRE(h == 1);
+    for (int h : read_hits) REQUIRE(h == 1);
+    // Banks (4-byte words mod 32): a pair store (j, h, ii) puts 32 lanes on 32 banks; a 16-byte read is served
+    // in four 8-lane phases, each of which must cover 32 distinct banks.
+    for (int j = 0; j < J; ++j)
+      for (int h = 0; h < 2; ++h)
+        for (int ii = 0; ii < cols.epi_tokens() / 8; ++ii) {
+          std::vector<int> bank(32, 0);
+          for (int lane = 0; lane < 32; ++lane)
+            ++bank[size_t(cols.epi_byte(wl::pair_token(ii, lane), wl::pair_col(wl::epi_col(j, lane, h), lane)) / 4 % 32)];
+          for (int b : bank) REQUIRE(b == 1);
+        }
+    for (int s = 0; s < cols.epi_reads(); ++s)
+      for (int phase = 0; phase < 4; ++phase) {
         std::vector<int> bank(32, 0);
-        for (int lane = 0; lane < 32; ++lane)
-          ++bank[size_t(wl::epi_byte(wl::pair_token(ii, lane), wl::pair_col(wl::epi_col(j, lane, h), lane)) / 4 % 32)];
+        for (int lane = 8 * phase; lane < 8 * phase + 8; ++lane)
+          for (int w = 0; w < 4; ++w)
+            ++bank[size_t((cols.epi_byte(cols.read_token(s, lane), 8 * cols.read_chunk(s, lane)) / 4 + w) % 32)];
         for (int b : bank) REQUIRE(b == 1);
       }
-  for (int s = 0; s < wl::kEpiReads; ++s)
-    for (int phase = 0; phase < 4; ++phase) {
-      std::vector<int> bank(32, 0);
-      for (int lane = 8 * phase; lane < 8 * phase + 8; ++lane)
-        for (int w = 0; w < 4; ++w)
-          ++bank[size_t((wl::epi_byte(wl::epi_read_token(s, lane), 8 * wl::epi_read_chunk(s, lane)) / 4 + w) % 32)];
-      for (int b : bank) REQUIRE(b == 1);
-    }
+  }
 }
 
 TEST_CASE("wgmma model: a wrong A-register order or swizzle is caught", "[kernels][wgmma]") {
