@@ -4,7 +4,7 @@ issues, one per (token count N, element type). Inline PTX needs every accumulato
 out (N/2 of them per thread), hence a generator rather than hand-written operand lists."""
 import os
 
-NS = (8, 16, 32, 64, 128)
+NS = (8, 16, 32, 64, 128, 256)
 TYPES = (("f16", 0), ("bf16", 1))
 
 out = [
