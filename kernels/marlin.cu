@@ -44,7 +44,8 @@ MARLINC_DECLARE_WGMMA(1, 64) MARLINC_DECLARE_WGMMA(1, 128)
   MARLINC_DECLARE_WGMMA_WS_CL(DT, kWgmmaPairRows, 1, true)                                                  \
   extern template cudaError_t wgmma_ws_max_clusters<DT>(int, const LaunchOpts&, int*);
 MARLINC_DECLARE_WGMMA_WS_CL(0, 64, 1, false) MARLINC_DECLARE_WGMMA_WS_CL(0, 128, 1, false)
-MARLINC_DECLARE_WGMMA_WS_CL(1, 64, 1, false) MARLINC_DECLARE_WGMMA_WS_CL(1, 128, 1, false)
+MARLINC_DECLARE_WGMMA_WS_CL(0, kWgmmaWideRows, 1, false) MARLINC_DECLARE_WGMMA_WS_CL(1, 64, 1, false)
+MARLINC_DECLARE_WGMMA_WS_CL(1, 128, 1, false) MARLINC_DECLARE_WGMMA_WS_CL(1, kWgmmaWideRows, 1, false)
 MARLINC_DECLARE_WGMMA_WS_PAIR(0) MARLINC_DECLARE_WGMMA_WS_PAIR(1)
 #define MARLINC_DECLARE_STREAM_CL(DT, TN, CL, SW)                                                              \
   extern template cudaError_t stream_prepare<DT, TN, CL, SW>(int*, int*);                                  \
@@ -83,9 +84,11 @@ const Entry kTable[2][kMaxMBlocks][kNumShapes] = {
     {MARLINC_ENTRY_MB(1, 1), MARLINC_ENTRY_MB(1, 2), MARLINC_ENTRY_MB(1, 3), MARLINC_ENTRY_MB(1, 4)},
 };
 
-// The warp-specialized pipeline (wgmma_pipeline 2) is built for the token tiles from kWsMinRows up.
+// The warp-specialized pipeline (wgmma_pipeline 2) is built for the token tiles from kWsMinRows up, and is the only
+// one of the wide tile (kWgmmaWideRows rows of 128 columns).
 constexpr int kWsMinRows = 64;
-constexpr int kNumWsRows = 2;
+constexpr int kWsRows[] = {64, 128, kWgmmaWideRows};
+constexpr int kNumWsRows = int(sizeof(kWsRows) / sizeof(kWsRows[0]));
 // The Hopper kernel's token tiles (rows of C per tile), smallest first.
 constexpr int kWgRows[] = {8, 16, 32, 64, 128};
 constexpr int kNumWgRows = int(sizeof(kWgRows) / sizeof(kWgRows[0]));
@@ -104,8 +107,10 @@ struct TmaEntry { PrepareFn prepare; TmaLaunchFn launch; };
 using ClustersFn = cudaError_t (*)(int, const LaunchOpts&, int*);
 #define MARLINC_WS_ENTRY_CL(DT, NT, CL) TmaEntry{&wgmma_ws_prepare<DT, NT, 1, CL>, &wgmma_ws_launch<DT, NT, 1, CL>}
 const TmaEntry kWsTable[2][kNumWsRows] = {
-    {MARLINC_WS_ENTRY_CL(0, 64, false), MARLINC_WS_ENTRY_CL(0, 128, false)},
-    {MARLINC_WS_ENTRY_CL(1, 64, false), MARLINC_WS_ENTRY_CL(1, 128, false)},
+    {MARLINC_WS_ENTRY_CL(0, 64, false), MARLINC_WS_ENTRY_CL(0, 128, false),
+     MARLINC_WS_ENTRY_CL(0, kWgmmaWideRows, false)},
+    {MARLINC_WS_ENTRY_CL(1, 64, false), MARLINC_WS_ENTRY_CL(1, 128, false),
+     MARLINC_WS_ENTRY_CL(1, kWgmmaWideRows, false)},
 };
 // The pair form (128-row tiles only: kernels/marlin_dispatch.h, wgmma_pair_tiles).
 const TmaEntry kWsPairTable[2] = {MARLINC_WS_ENTRY_CL(0, kWgmmaPairRows, true),
@@ -320,7 +325,7 @@ const char* marlin_status_name(MarlinStatus s) {
     case MarlinStatus::WorkspaceTooSmall: return "workspace too small";
     case MarlinStatus::NoConfig:
       return "forced configuration does not fit the shape or device (thread_m_blocks not in 0..4, wgmma_rows not "
-             "0/8/16/32/64/128, wgmma_pipeline not 0..2 or 2 below 64 rows, path Wgmma without a 9.0 device, "
+             "0/8/16/32/64/128/256, wgmma_pipeline not 0..2, 2 below 64 rows or 1 on 256, path Wgmma without a 9.0 device, "
              "sm_90a code and n % 256 == 0, or path Stream without those, m <= 16 and a slice width (thread_n "
              "0/128/256) dividing n with k % (32768 / width) == 0)";
     case MarlinStatus::CudaError: return "CUDA error";
@@ -472,18 +477,19 @@ MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int 
   const int rows = g.wgmma_rows > 0                               ? g.wgmma_rows
                    : wgmma_prefer_64_rows(g.m, g.n, g.k, sms) ? kWsMinRows
                                                               : wgmma_rows_for(g.m);
-  int ri = -1;
+  int ri = -1, wi = -1;
   for (int i = 0; i < kNumWgRows; ++i)
     if (kWgRows[i] == rows) ri = i;
-  if (ri < 0) return MarlinStatus::NoConfig;
+  for (int i = 0; i < kNumWsRows; ++i)
+    if (kWsRows[i] == rows) wi = i;
+  if (ri < 0 && wi < 0) return MarlinStatus::NoConfig;
   const int dt = g.act == ActType::F16 ? 0 : 1;
   const int pipeline = g.wgmma_pipeline != 0 ? g.wgmma_pipeline : wgmma_pipeline_for(rows);
-  if (pipeline == 2 && rows < kWsMinRows) return MarlinStatus::NoConfig;
-  const int wi = pipeline == 2 ? (rows == kWsMinRows ? 0 : 1) : 0;
+  if ((pipeline == 2 && wi < 0) || (pipeline == 1 && ri < 0)) return MarlinStatus::NoConfig;
   const Prepared pr = pipeline == 2 ? prepare_once(g_ws_prepared[dev][dt][wi], kWsTable[dt][wi].prepare)
                                     : prepare_once(g_wg_prepared[dev][dt][ri], kWgTable[dt][ri]);
   if (pr.err != cudaSuccess || pr.blocks_per_sm < 1) return MarlinStatus::CudaError;
-  const TileShape t{kWgmmaTileN, kWgmmaTileK};
+  const TileShape t{wgmma_tile_n(rows), kWgmmaTileK};
   if (int64_t(ceil_div(g.m, rows)) * (g.n / t.tn) * (g.k / t.tk) > std::numeric_limits<int>::max() / 2)
     return MarlinStatus::BadShape;
   const int bps = wgmma_blocks_per_sm(pr.blocks_per_sm, rows), max_blocks = sms * bps;
@@ -669,7 +675,8 @@ MarlinStatus marlin_gemm(const MarlinGemm& g) {
   // counts kMaxLockBlocks blocks.
   if (sms > dev_sms || sms > kMaxSms) return MarlinStatus::BadShape;
 
-  if (g.wgmma_rows != 0 && std::find(std::begin(kWgRows), std::end(kWgRows), g.wgmma_rows) == std::end(kWgRows))
+  if (g.wgmma_rows != 0 && std::find(std::begin(kWgRows), std::end(kWgRows), g.wgmma_rows) == std::end(kWgRows) &&
+      g.wgmma_rows != kWgmmaWideRows)
     return MarlinStatus::NoConfig;
   if (g.wgmma_pipeline < 0 || g.wgmma_pipeline > 2) return MarlinStatus::NoConfig;
   const bool cublas_ok = g.cublas && g.workspace_bytes >= marlin_workspace_bytes(sms, true);

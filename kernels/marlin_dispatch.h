@@ -28,6 +28,8 @@
 #pragma once
 #include <cstdint>
 
+#include "kernels/marlin_partition.h"
+
 namespace marlinc::kernels {
 
 // m <= 16: the mma.sync kernel's 128x128 tile gives each block one whole column slice (k deep, no
@@ -226,8 +228,9 @@ constexpr int kWgmmaWholeMinFillPct = 75;
 constexpr int kWgmmaWholeMultiMinFillPct = 95;
 constexpr int kWgmmaWholeMultiMinM = 65;
 constexpr int wgmma_whole_slices(int m, int n, int rows, int max_blocks) {
-  if (m < 1 || rows < 1 || n < 256 || max_blocks < 1) return 0;
-  const int64_t par = (int64_t(m) + rows - 1) / rows, slices = n / 256;
+  const int tn = wgmma_tile_n(rows);
+  if (m < 1 || rows < 1 || n < tn || max_blocks < 1) return 0;
+  const int64_t par = (int64_t(m) + rows - 1) / rows, slices = n / tn;
   if (par > max_blocks) return 0;
   const int64_t per_chunk = max_blocks / par, each = (slices + per_chunk - 1) / per_chunk;
   if (each > 1 && m < kWgmmaWholeMultiMinM) return 0;

@@ -27,12 +27,16 @@ for n in NS:
         d = ",".join(f"%{i}" for i in range(nacc))
         a = ",".join(f"%{nacc + i}" for i in range(4))
         desc = nacc + 4
-        cons_d = ", ".join(f'"+f"(d[{i}])' for i in range(nacc))
+        # N = 256 (the 256-token tiles) takes its 128 accumulators as two arrays of 64, the kernels' acc[2][64]:
+        # d0 tokens 0-127, d1 tokens 128-255 (register 4i + 2h + e holds token 8i + 2 (lane % 4) + e).
+        split = n == 256
+        cons_d = ", ".join((f'"+f"(d{i // 64}[{i % 64}])' if split else f'"+f"(d[{i}])') for i in range(nacc))
+        sig = "float (&d0)[64], float (&d1)[64]" if split else f"float (&d)[{nacc}]"
         cons_a = ", ".join(f'"r"(a[{i}])' for i in range(4))
         out += [
             "template <>",
             f"struct Wgmma<{dt}, {n}> {{",
-            f"  static __device__ __forceinline__ void run(float (&d)[{nacc}], const uint32_t (&a)[4], uint64_t desc) {{",
+            f"  static __device__ __forceinline__ void run({sig}, const uint32_t (&a)[4], uint64_t desc) {{",
             f'    asm volatile("{{\\n .reg .pred p;\\n setp.ne.b32 p, %{desc + 1}, 0;\\n"',
             f'                 " wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{name}.{name} {{{d}}}, {{{a}}}, %{desc}, p, 1, 1, 0;\\n}}\\n"',
             f"                 : {cons_d}",

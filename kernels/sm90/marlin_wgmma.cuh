@@ -32,25 +32,34 @@ namespace wl = wgmma_layout;
 template <int NT>
 struct WgShape {
   static constexpr int kThreads = wl::kThreads;
-  static constexpr int kFeat = wl::kFeat;
+  // NT = 256: the wide tile, 128 columns (wgmma_layout.h, kFeat128): warpgroup g expands packed tile g, one word
+  // per warp and k16 step, into one m64n256 wgmma; its accumulators are acc[2][64], acc[j] tokens 128 j ..
+  // 128 j + 127 (wgmma_ops.cuh). Otherwise acc[j] is packed tile 2 g + j's 64-row wgmma over all NT tokens.
+  static constexpr bool kWide = NT == kWgmmaWideRows;
+  static constexpr int kFeat = kWide ? wl::kFeat128 : wl::kFeat;
+  static constexpr int kWords = kWide ? 1 : 2;  // packed words a warp expands per k16 step
   static constexpr int kTK = wl::kTK;
   static constexpr int kKB = wl::kKB;
+  static constexpr int kWeightRowBytes = kFeat * 8;  // one k16 row of the stage's packed tiles
+  static constexpr int kScaleRowBytes = kFeat * 2;   // one group row of the stage's scales
   // Stages in the ring; kStages - 2 tiles are in flight while one is computed and the one before it
   // may still be read by the last wgmma (see the main loop).
   static constexpr int kStages = NT == 128 ? 5 : 6;
   static constexpr int kABytes = NT * wl::kRowBytes;     // [NT, 64] 16-bit activations, swizzled rows
-  static constexpr int kBBytes = kKB * wl::kWeightRowBytes;  // [4 k16 rows][4 packed tiles x 512 B]
-  static constexpr int kSBytes = 2 * wl::kScaleRowBytes;  // up to two group rows (group 32)
-  static constexpr int kStage = kABytes + kBBytes + kSBytes;
+  static constexpr int kBBytes = kKB * kWeightRowBytes;  // [4 k16 rows][kFeat / 64 packed tiles x 512 B]
+  static constexpr int kSBytes = 2 * kScaleRowBytes;     // up to two group rows (group 32)
   static constexpr int kAlign = wl::kSwizzleAtom;        // swizzle atoms must be address-aligned
+  static constexpr int kStage = (kABytes + kBBytes + kSBytes + kAlign - 1) / kAlign * kAlign;
   static constexpr int kSmemBytes = kStages * kStage + kAlign;  // + slack to align the dynamic base
-  static constexpr int kAcc = NT / 2;              // fp32 accumulators per thread per 64-row wgmma
-  static constexpr int kPart = kFeat * NT;         // floats in one deposited partial tile
-  static constexpr bool kHoistCopies = NT <= 64;   // copy addresses once per slice (see the loaders)
+  static constexpr int kAcc = kWide ? 64 : NT / 2;  // fp32 accumulators per thread in acc[j]
+  static constexpr int kPart = kFeat * NT;          // floats in one deposited partial tile
+  static constexpr bool kHoistCopies = NT <= 64;    // copy addresses once per slice (see the loaders)
 
-  static_assert(NT == 8 || NT == 16 || NT == 32 || NT == 64 || NT == 128, "wgmma N sizes in wgmma_ops.cuh");
+  static_assert(NT == 8 || NT == 16 || NT == 32 || NT == 64 || NT == 128 || NT == 256, "wgmma N sizes in wgmma_ops.cuh");
   static_assert(kStage % kAlign == 0, "every stage's activation tile starts on a swizzle atom");
-  static_assert(kFeat == kWgmmaTileN && kTK == kWgmmaTileK, "the host partitions with these tiles");
+  static_assert(kFeat == wgmma_tile_n(NT) && kTK == kWgmmaTileK, "the host partitions with these tiles");
+  static_assert(kWeightRowBytes == (kWide ? wl::kWeightRowBytes128 : wl::kWeightRowBytes), "wgmma_layout.h's rows");
+  static_assert(2 * kAcc * wl::kThreads == kPart, "a partial tile is every thread's acc[2][kAcc]");
   static_assert(kAcc % 4 == 0, "partial tiles are deposited as float4");
   static_assert(NT % 8 == 0, "tokens come in 8-row swizzle atoms");
   static_assert(size_t(kPart) <= kWgmmaPartFloats, "a block's partial tile fits its workspace slot");
@@ -84,11 +93,11 @@ __device__ __forceinline__ WgWords wg_load_words(const unsigned char* stage, int
   return w;
 }
 
-// One k16 step's expansion: the two words into two A fragments (scaled when grouped).
-template <int DT, bool GROUPED>
-__device__ __forceinline__ void wg_expand(const WgWords& w, uint32_t (&a)[2][4]) {
+// One k16 step's expansion: the W words (q.x, then q.y) into W A fragments (scaled when grouped).
+template <int DT, bool GROUPED, int W>
+__device__ __forceinline__ void wg_expand(const WgWords& w, uint32_t (&a)[W][4]) {
 #pragma unroll
-  for (int j = 0; j < 2; ++j) {
+  for (int j = 0; j < W; ++j) {
     uint32_t f[4];
     dequant8<DT>(uint32_t(j == 0 ? w.q.x : w.q.y), f);
     if constexpr (GROUPED) {
@@ -100,15 +109,20 @@ __device__ __forceinline__ void wg_expand(const WgWords& w, uint32_t (&a)[2][4])
   }
 }
 
-// One k16 step's two 64-row wgmmas on the activations that descriptor `desc` names, from fragments `a`,
-// committed as one group.
+// One k16 step's wgmmas on the activations that descriptor `desc` names, from fragments `a`, committed as one
+// group: two 64-row ones, or the wide tile's one over both accumulator halves.
 template <int DT, int NT>
-__device__ __forceinline__ void wg_mma_desc(float (&acc)[2][NT / 2], uint64_t desc, uint32_t (&a)[2][4]) {
-  fence_regs(a[0]);
-  fence_regs(a[1]);
+__device__ __forceinline__ void wg_mma_desc(float (&acc)[2][WgShape<NT>::kAcc], uint64_t desc,
+                                            uint32_t (&a)[WgShape<NT>::kWords][4]) {
+#pragma unroll
+  for (int j = 0; j < WgShape<NT>::kWords; ++j) fence_regs(a[j]);
   wgmma_fence();
-  Wgmma<DT, NT>::run(acc[0], a[0], desc);
-  Wgmma<DT, NT>::run(acc[1], a[1], desc);
+  if constexpr (WgShape<NT>::kWide) {
+    Wgmma<DT, NT>::run(acc[0], acc[1], a[0], desc);
+  } else {
+    Wgmma<DT, NT>::run(acc[0], a[0], desc);
+    Wgmma<DT, NT>::run(acc[1], a[1], desc);
+  }
   wgmma_commit();
 }
 
@@ -133,14 +147,47 @@ __device__ __forceinline__ void wg_issue(float (&acc)[2][NT / 2], uint32_t stage
 // writes a 4-byte pair of one token row (wl::pair_*), with per-channel scales applied first. Warp-synchronous
 // only: any subset of the tile's warps may call it. STAGED, epi: as for wg_finish_slice below.
 template <int DT, bool GROUPED, int NT, bool STAGED>
-__device__ __forceinline__ void wg_write_c(const KernelArgs& p, const float (&acc)[2][NT / 2], int slice, int row0,
-                                           int warp, int lane, uint32_t epi) {
+__device__ __forceinline__ void wg_write_c(const KernelArgs& p, const float (&acc)[2][WgShape<NT>::kAcc], int slice,
+                                           int row0, int warp, int lane, uint32_t epi) {
   using S = WgShape<NT>;
   const int tile = wl::warp_tile(warp), sub0 = wl::warp_sub0(warp);
   uint16_t* C = static_cast<uint16_t*>(p.C);
   const uint16_t* s16 = static_cast<const uint16_t*>(p.s);
   const bool even = wl::pair_even(lane);
-  if constexpr (STAGED) {
+  if constexpr (S::kWide) {
+    // The wide tile: the warp's 16 columns of subblock warp_sub128 in packed tile warp_tile128, staged through the
+    // buffer kEpiTokens128 tokens a round (epi_byte128); round r is tokens 64 r .., in acc[r / 2].
+    static_assert(STAGED && NT % (2 * wl::kEpiTokens128) == 0 && 2 * wl::kEpiTokens128 == 2 * S::kAcc,
+                  "whole staging rounds, two per accumulator half");
+    constexpr int kI = wl::kEpiTokens128 / 8;  // 8-token accumulator rows per round
+    const int wc0 = slice * S::kFeat + wl::acc_col(wl::warp_tile128(warp), wl::warp_sub128(warp), 0, 0, 0);
+    float sc[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) sc[h] = GROUPED ? 1.f : to_float<DT>(s16[wl::channel_scale_pos(wc0 + wl::epi_col(0, lane, h))]);
+#pragma unroll
+    for (int r = 0; r < NT / wl::kEpiTokens128; ++r) {
+      const float* a = acc[r / 2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int ii = 0; ii < kI; ++ii) {
+          const int i = (r % 2) * kI + ii;
+          const float v0 = a[4 * i + 2 * h] * sc[h], v1 = a[4 * i + 2 * h + 1] * sc[h];
+          const float other = __shfl_xor_sync(0xffffffffu, wl::pair_send_e(lane) ? v1 : v0, 4);
+          sts32(epi + wl::epi_byte128(wl::pair_token(ii, lane), wl::pair_col(wl::epi_col(0, lane, h), lane)),
+                even ? pack2<DT>(v0, other) : pack2<DT>(other, v1));
+        }
+      __syncwarp();  // the round's pairs are in the buffer before any lane reads a row
+#pragma unroll
+      for (int s = 0; s < wl::kEpiReads128; ++s) {
+        const int lt = wl::epi_read_token128(s, lane), x = wl::epi_read_chunk128(s, lane);
+        const int4 v = lds128(epi + wl::epi_byte128(lt, 8 * x));
+        const int tok = row0 + r * wl::kEpiTokens128 + lt;
+        if (tok < p.m) *reinterpret_cast<int4*>(C + size_t(tok) * p.n + wc0 + 8 * x) = v;
+      }
+      __syncwarp();  // every lane has read the round before the next one overwrites it
+    }
+  } else if constexpr (STAGED) {
     static_assert(NT % wl::kEpiTokens == 0, "whole staging rounds");
     constexpr int kI = wl::kEpiTokens / 8;  // 8-token accumulator rows per round
     const int wc0 = slice * S::kFeat + wl::acc_col(tile, sub0, 0, 0, 0);  // the warp's first column
@@ -221,7 +268,7 @@ __device__ __forceinline__ void add_f4(float* acc, const int4& v) {
 // epi_byte); otherwise each lane stores 4-byte pairs straight from its accumulators. `added`: the finisher
 // has added the deposit already (wg_early_finisher), so only C is left.
 template <int DT, bool GROUPED, int NT, int kBar, int kCount, bool STAGED = false>
-__device__ __forceinline__ void wg_finish_slice(const KernelArgs& p, float (&acc)[2][NT / 2], int slice, int row0,
+__device__ __forceinline__ void wg_finish_slice(const KernelArgs& p, float (&acc)[2][WgShape<NT>::kAcc], int slice, int row0,
                                                 int base_b, int k_tiles, int warp, int lane, int team_tid,
                                                 uint32_t epi = 0, bool added = false) {
   using S = WgShape<NT>;
@@ -266,6 +313,7 @@ template <int DT, bool GROUPED, int NT>
 __global__ void __launch_bounds__(256, NT <= 64 ? 2 : 1) marlin_wgmma_kernel(const KernelArgs p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using S = WgShape<NT>;
+  static_assert(!S::kWide, "the wide tile runs on the producer-fed form only (marlin_wgmma_ws.cuh)");
   extern __shared__ __align__(16) unsigned char sh_raw[];
   const uint32_t raw = smem_addr(sh_raw);
   unsigned char* sh = sh_raw + (((raw + S::kAlign - 1) & ~uint32_t(S::kAlign - 1)) - raw);

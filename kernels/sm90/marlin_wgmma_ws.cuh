@@ -79,7 +79,7 @@ struct WsShape : WgShape<NT> {
   // After the wait of the batch from step kRelease on, every wgmma of the previous tile has retired.
   static constexpr int kRelease = (kPending - 1) / kBatch * kBatch;
 
-  static_assert(NT == 64 || NT == 128, "token tiles the warp-specialized kernel is built for");
+  static_assert(NT == 64 || NT == 128 || NT == kWgmmaWideRows, "token tiles the warp-specialized kernel is built for");
   static_assert(Base::kKB % kBatch == 0, "a stage is a whole number of batches");
   static_assert(kPending >= kBatch && kPending <= Base::kKB, "the previous tile retires within the next one");
   static_assert(kPending <= Base::kKB - kBatch, "a batch is expanded into registers no wgmma in flight reads");
@@ -190,6 +190,11 @@ __device__ __forceinline__ int2 lds64(uint32_t addr) {
   asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr));
   return v;
 }
+__device__ __forceinline__ uint32_t lds32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+  return v;
+}
 
 // Position in the ring: stage index and the parity of its current use.
 struct RingPos {
@@ -208,7 +213,7 @@ struct RingPos {
 // C. One fp32 addition per element of the two halves' sums, as the finisher of a tile in stripes adds the other
 // block's deposit (a + b in either order: the bytes do not depend on which block writes).
 template <int DT, bool GROUPED, int NT, int BPS>
-__device__ __forceinline__ void wg_pair_finish(const KernelArgs& p, float (&acc)[2][NT / 2], int slice, int row0,
+__device__ __forceinline__ void wg_pair_finish(const KernelArgs& p, float (&acc)[2][WgShape<NT>::kAcc], int slice, int row0,
                                                uint32_t ring, uint32_t pair_bar, int cw, int lane, int ctid,
                                                uint32_t epi) {
   using S = WsShape<NT, BPS, true>;
@@ -288,7 +293,7 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS)
     regs_dec<S::kProducerRegs>();
     if (tid != 0) return;
     const int s_rows = GROUPED ? tile_scale_rows(S::kTK, p.group_shift) : 0;
-    const uint32_t tx = S::kABytes + S::kBBytes + s_rows * wl::kScaleRowBytes;
+    const uint32_t tx = S::kABytes + S::kBBytes + s_rows * S::kScaleRowBytes;
     // The weights pass through L2 once (the row-chunk groups that share them run side by side). Tagged
     // evict-first, they are the first lines L2 gives up, ahead of the activations every column block
     // re-reads and the partial tiles deposited for the finishers (docs/PERF.md, fourteenth session: 5% on
@@ -363,7 +368,10 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS)
   regs_inc<S::kConsumerRegs>();
   wait_previous_grid();  // C, the workspace and its locks are the previous kernel's until it has finished
   const int ctid = tid - S::kProducerThreads, cw = ctid >> 5;
-  const int tile = wl::warp_tile(cw), sub0 = wl::warp_sub0(cw);
+  // The warp's packed tile and subblock: two subblocks (an int2 of words) on the 256-column tiles, one on the wide
+  // tile (wgmma_layout.h, warp_tile128 / warp_sub128).
+  const int tile = S::kWide ? wl::warp_tile128(cw) : wl::warp_tile(cw);
+  const int sub0 = S::kWide ? wl::warp_sub128(cw) : wl::warp_sub0(cw);
   const bool tl0 = ctid == 0;  // the consumers' thread 0 marks the rest of the timeline
   tl_mark(p, kTlWaited, tl0);
   bool tl_first = tl0;
@@ -371,11 +379,17 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS)
   // Scale words of steps 0-1 and 2-3 (the same row unless the group is 32); odd steps reuse the even
   // step's (wl::pairs_share_scale_rows).
   const int s_byte = S::kABytes + S::kBBytes + wl::scale_byte(tile, lane, sub0);
-  const int s_step2 = GROUPED ? wl::scale_row(2, p.group_shift) * wl::kScaleRowBytes : 0;
+  const int s_step2 = GROUPED ? wl::scale_row(2, p.group_shift) * S::kScaleRowBytes : 0;
   auto words = [&](uint32_t stage, int kk, int2 sv_prev) {
-    WgWords w{lds64(stage + kk * wl::kWeightRowBytes + w_byte), sv_prev};
-    if (GROUPED && kk % 2 == 0) w.sv = lds64(stage + s_byte + (kk / 2) * s_step2);
-    return w;
+    if constexpr (S::kWide) {
+      WgWords w{make_int2(int(lds32(stage + kk * S::kWeightRowBytes + w_byte)), 0), sv_prev};
+      if (GROUPED && kk % 2 == 0) w.sv = make_int2(int(lds32(stage + s_byte + (kk / 2) * s_step2)), 0);
+      return w;
+    } else {
+      WgWords w{lds64(stage + kk * S::kWeightRowBytes + w_byte), sv_prev};
+      if (GROUPED && kk % 2 == 0) w.sv = lds64(stage + s_byte + (kk / 2) * s_step2);
+      return w;
+    }
   };
   uint32_t cbase = sbase;
   asm volatile("" : "+r"(cbase));  // opaque: kept in a register, not re-derived from the CTA id per stage
@@ -404,7 +418,7 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS)
         for (int b = 0; b < S::kBatch; ++b) w[b] = words(stage, b, b ? w[b - 1].sv : make_int2(0, 0));
 #pragma unroll
         for (int kk = 0; kk < S::kKB; kk += S::kBatch) {
-          uint32_t a[S::kBatch][2][4];
+          uint32_t a[S::kBatch][S::kWords][4];
 #pragma unroll
           for (int b = 0; b < S::kBatch; ++b) wg_expand<DT, GROUPED>(w[b], a[b]);
           if (kk + S::kBatch < S::kKB)

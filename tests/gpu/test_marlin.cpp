@@ -504,7 +504,8 @@ TEST_CASE("marlin: Hopper wgmma kernel", "[gpu][marlin][wgmma]") {
 }
 
 // The warp-specialized pipeline (a producer warpgroup and mbarriers) on the same cases as above where
-// it is built (64- and 128-row tiles); its refusal of smaller tiles is in the argument-check case.
+// it is built (64- and 128-row tiles, and the wide tile of 256 rows x 128 columns); its refusal of smaller
+// tiles is in the argument-check case.
 TEST_CASE("marlin: Hopper wgmma kernel, producer warpgroup", "[gpu][marlin][wgmma]") {
   if (!marlin_wgmma_available()) {
     WARN("skipped: no compute capability 9.0 device, or no sm_90a code in this build");
@@ -514,18 +515,18 @@ TEST_CASE("marlin: Hopper wgmma kernel, producer warpgroup", "[gpu][marlin][wgmm
   for (ActType act : {ActType::F16, ActType::BF16})
     for (int64_t g : kGroups) {
       const Layer L = make_layer(rng, 1024, 768, g, act);
-      for (int rows : {64, 128})
+      for (int rows : {64, 128, kernels::kWgmmaWideRows})
         for (int sms : {0, 3})
           for (int64_t m : kMs) {
             if (act == ActType::BF16 && m != 100 && m != 1000) continue;
             run_case(L, m, rng, producer(rows, sms, 48));
           }
     }
-  // A long stripe over many slices and row chunks: the ring's phases wrap many times per block, on both
-  // tiles. On 5 SMs at m = 300 every block owns all four slices whole (wgmma_whole_slices), as 3 SMs at
+  // A long stripe over many slices and row chunks: the ring's phases wrap many times per block, on every
+  // tile. On 5 SMs at m = 300 every block owns all four slices whole (wgmma_whole_slices), as 3 SMs at
   // m = 100 give 64-row blocks all three slices above.
   const Layer big = make_layer(rng, 4096, 1024, 128, ActType::F16);
-  for (int rows : {64, 128})
+  for (int rows : {64, 128, kernels::kWgmmaWideRows})
     for (int sms : {1, 5}) run_case(big, 300, rng, producer(rows, sms, 16));
   // Finishers that fetch the other block's deposit through the ring (takes_early_deposits).
   for (ActType act : {ActType::F16, ActType::BF16})
@@ -611,11 +612,13 @@ TEST_CASE("marlin: Hopper wgmma kernel under the sanitizers", "[gpu][marlin][wgm
   std::mt19937_64 rng(kSeed + 10);
   for (int64_t g : {int64_t(-1), int64_t(32)}) {
     const Layer L = make_layer(rng, 512, 512, g, ActType::F16);
-    for (int rows : {8, 32, 64, 128})
+    for (int rows : {8, 32, 64, 128, kernels::kWgmmaWideRows})
       for (int pipeline : {1, 2})
         for (int sms : {0, 2})
-          for (int64_t m : {int64_t(7), int64_t(100)}) {
-            if (pipeline == 2 ? rows < 64 : rows == 64) continue;  // 64 rows: the producer kernel's form
+          for (int64_t m : {int64_t(7), int64_t(100), int64_t(300)}) {
+            // 64 rows: the producer kernel's form; 256: its only one. 300 tokens: two wide row chunks.
+            if (pipeline == 2 ? rows < 64 : rows == 64 || rows == kernels::kWgmmaWideRows) continue;
+            if (m == 300 && rows != kernels::kWgmmaWideRows) continue;
             RunOpts o;
             o.path = MarlinPath::Wgmma;
             o.wgmma_rows = rows;
@@ -862,7 +865,7 @@ TEST_CASE("marlin: argument checks return a status", "[gpu][marlin]") {
     b.thread_m_blocks = bad_mb;
     REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
   }
-  for (int bad_rows : {-1, 24, 96, 256}) {  // Hopper token tiles are 8, 16, 32, 64 or 128 rows
+  for (int bad_rows : {-1, 24, 96, 192, 512}) {  // Hopper token tiles are 8, 16, 32, 64, 128 or 256 rows
     b = g;
     b.wgmma_rows = bad_rows;
     REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
@@ -875,12 +878,15 @@ TEST_CASE("marlin: argument checks return a status", "[gpu][marlin]") {
   b = g;
   b.path = MarlinPath::Wgmma;  // n = 64 is not a multiple of 256 (and elsewhere than 9.0 nothing runs)
   REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
-  if (marlin_wgmma_available()) {  // the producer pipeline is built for 64- and 128-row tiles only
+  if (marlin_wgmma_available()) {  // the producer pipeline is built for 64-, 128- and 256-row tiles only
     b = g;
     b.n = 256;
     b.path = MarlinPath::Wgmma;
     b.wgmma_rows = 32;
     b.wgmma_pipeline = 2;
+    REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
+    b.wgmma_rows = kernels::kWgmmaWideRows;  // the wide tile has the producer pipeline only
+    b.wgmma_pipeline = 1;
     REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
   }
   if (marlin_wgmma_available()) {  // the streaming kernel: m <= 16, slices of 64, 128 or 256 columns
