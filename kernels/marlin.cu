@@ -40,13 +40,14 @@ MARLINC_DECLARE_WGMMA(1, 64) MARLINC_DECLARE_WGMMA(1, 128)
   extern template cudaError_t wgmma_ws_prepare<DT, NT, BPS, CL>(int*, int*);                              \
   extern template cudaError_t wgmma_ws_launch<DT, NT, BPS, CL>(const KernelArgs&, const TmaMaps&, const LaunchOpts&, \
                                                                cudaStream_t);
-#define MARLINC_DECLARE_WGMMA_WS_PAIR(DT)                                                                  \
-  MARLINC_DECLARE_WGMMA_WS_CL(DT, kWgmmaPairRows, 1, true)                                                  \
-  extern template cudaError_t wgmma_ws_max_clusters<DT>(int, const LaunchOpts&, int*);
+#define MARLINC_DECLARE_WGMMA_WS_PAIR(DT, NT)   \
+  MARLINC_DECLARE_WGMMA_WS_CL(DT, NT, 1, true) \
+  extern template cudaError_t wgmma_ws_max_clusters<DT, NT>(int, const LaunchOpts&, int*);
 MARLINC_DECLARE_WGMMA_WS_CL(0, 64, 1, false) MARLINC_DECLARE_WGMMA_WS_CL(0, 128, 1, false)
 MARLINC_DECLARE_WGMMA_WS_CL(0, kWgmmaWideRows, 1, false) MARLINC_DECLARE_WGMMA_WS_CL(1, 64, 1, false)
 MARLINC_DECLARE_WGMMA_WS_CL(1, 128, 1, false) MARLINC_DECLARE_WGMMA_WS_CL(1, kWgmmaWideRows, 1, false)
-MARLINC_DECLARE_WGMMA_WS_PAIR(0) MARLINC_DECLARE_WGMMA_WS_PAIR(1)
+MARLINC_DECLARE_WGMMA_WS_PAIR(0, kWgmmaPairRows) MARLINC_DECLARE_WGMMA_WS_PAIR(0, kWgmmaWideRows)
+MARLINC_DECLARE_WGMMA_WS_PAIR(1, kWgmmaPairRows) MARLINC_DECLARE_WGMMA_WS_PAIR(1, kWgmmaWideRows)
 #define MARLINC_DECLARE_STREAM_CL(DT, TN, CL, SW)                                                              \
   extern template cudaError_t stream_prepare<DT, TN, CL, SW>(int*, int*);                                  \
   extern template cudaError_t stream_launch<DT, TN, CL, SW>(const KernelArgs&, const TmaMaps&, const LaunchOpts&, \
@@ -112,10 +113,13 @@ const TmaEntry kWsTable[2][kNumWsRows] = {
     {MARLINC_WS_ENTRY_CL(1, 64, false), MARLINC_WS_ENTRY_CL(1, 128, false),
      MARLINC_WS_ENTRY_CL(1, kWgmmaWideRows, false)},
 };
-// The pair form (128-row tiles only: kernels/marlin_dispatch.h, wgmma_pair_tiles).
-const TmaEntry kWsPairTable[2] = {MARLINC_WS_ENTRY_CL(0, kWgmmaPairRows, true),
-                                  MARLINC_WS_ENTRY_CL(1, kWgmmaPairRows, true)};
-const ClustersFn kWsPairClusters[2] = {&wgmma_ws_max_clusters<0>, &wgmma_ws_max_clusters<1>};
+// The pair form (128-row and wide tiles: kernels/marlin_dispatch.h, wgmma_pair_tiles), [dt][wide].
+const TmaEntry kWsPairTable[2][2] = {
+    {MARLINC_WS_ENTRY_CL(0, kWgmmaPairRows, true), MARLINC_WS_ENTRY_CL(0, kWgmmaWideRows, true)},
+    {MARLINC_WS_ENTRY_CL(1, kWgmmaPairRows, true), MARLINC_WS_ENTRY_CL(1, kWgmmaWideRows, true)}};
+const ClustersFn kWsPairClusters[2][2] = {
+    {&wgmma_ws_max_clusters<0, kWgmmaPairRows>, &wgmma_ws_max_clusters<0, kWgmmaWideRows>},
+    {&wgmma_ws_max_clusters<1, kWgmmaPairRows>, &wgmma_ws_max_clusters<1, kWgmmaWideRows>}};
 #endif
 
 #if MARLINC_HAVE_SM90A
@@ -146,7 +150,7 @@ struct Prepared { int blocks_per_sm = 0, smem = 0; cudaError_t err = cudaSuccess
 Prepared g_prepared[kMaxDevices][2][kMaxMBlocks][kNumShapes];
 Prepared g_wg_prepared[kMaxDevices][2][kNumWgRows];
 Prepared g_ws_prepared[kMaxDevices][2][kNumWsRows];
-Prepared g_ws_pair_prepared[kMaxDevices][2];
+Prepared g_ws_pair_prepared[kMaxDevices][2][2];
 Prepared g_st_prepared[kMaxDevices][2][3][2][2];
 std::mutex g_prepared_mu;
 
@@ -467,7 +471,7 @@ bool clusters_fit(int& cache, ClustersFn query, int size, const LaunchOpts& o) {
   }
   return int64_t(clusters) * size >= o.grid;
 }
-int g_ws_pair_clusters[kMaxDevices][2];  // clusters_fit's cache for the Hopper kernel's pair form
+int g_ws_pair_clusters[kMaxDevices][2][2];  // clusters_fit's cache for the Hopper kernel's pair forms
 #endif
 
 MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int dev) {
@@ -500,13 +504,14 @@ MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int 
   // per tile, k_tiles / 2 tiles each.
   int cl = 0;
   Partition P{};
+  const int wide = rows == kWgmmaWideRows ? 1 : 0;
   if (pipeline == 2 && bps == 1 && wgmma_pair_tiles(g.m, g.n, g.k, rows, max_blocks)) {
-    const Prepared pc = prepare_once(g_ws_pair_prepared[dev][dt], kWsPairTable[dt].prepare);
+    const Prepared pc = prepare_once(g_ws_pair_prepared[dev][dt][wide], kWsPairTable[dt][wide].prepare);
     P = partition(g.m, g.n, g.k, rows, t, 2 * ceil_div(g.m, rows) * (g.n / t.tn));
     o.grid = P.grid;
     o.smem_bytes = pc.smem;
     if (pc.err == cudaSuccess && pc.blocks_per_sm >= 1 && P.iters * 2 == g.k / t.tk &&
-        clusters_fit(g_ws_pair_clusters[dev][dt], kWsPairClusters[dt], 2, o))
+        clusters_fit(g_ws_pair_clusters[dev][dt][wide], kWsPairClusters[dt][wide], 2, o))
       cl = 1;
   }
   if (cl == 0) {
@@ -520,7 +525,7 @@ MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int 
     TmaMaps maps;
     const TmaBoxes box{t.tn, t.tk / 16, rows, scale_box_rows(groups, shift, t.tk)};
     if (!tma_maps(g.A, g.B, g.s, g.m, g.n, g.k, groups, box, &maps)) return MarlinStatus::CudaError;
-    const TmaEntry& e = cl == 1 ? kWsPairTable[dt] : kWsTable[dt][wi];
+    const TmaEntry& e = cl == 1 ? kWsPairTable[dt][wide] : kWsTable[dt][wi];
     return e.launch(a, maps, o, g.stream) == cudaSuccess ? MarlinStatus::Ok : MarlinStatus::CudaError;
   }
   return kWgTable[dt][ri].launch(a, o, g.stream) == cudaSuccess ? MarlinStatus::Ok : MarlinStatus::CudaError;

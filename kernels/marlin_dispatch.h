@@ -248,12 +248,15 @@ constexpr int wgmma_whole_slices(int m, int n, int rows, int max_blocks) {
 // Same calls, median of four runs each, pairs against stripes: 8B o at m = 512 30.3 against 32.6 us, 8B down at
 // 512 89.3 against 94.7, 70B o at 256 59.2 against 64.6, 70B down at 256 181.2 against 184.3. On 64-row tiles the
 // pairs lost (8B o at m = 256 21.3 against 19.6, 70B o at 128 40.0 against 38.1), so they are not built there.
+// The wide tile (kWgmmaWideRows rows of 128 columns) has the same form, under the same rule.
 constexpr int kWgmmaPairRows = 128;
 constexpr int kWgmmaPairMinFillPct = 90;
 constexpr bool wgmma_pair_tiles(int m, int n, int k, int rows, int max_blocks) {
-  if (m <= 64 || rows != kWgmmaPairRows || n < 256 || max_blocks < 2 || k % (2 * 64) != 0) return false;
+  const int tn = wgmma_tile_n(rows);
+  if (m <= 64 || (rows != kWgmmaPairRows && rows != kWgmmaWideRows) || n < tn || max_blocks < 2 || k % (2 * 64) != 0)
+    return false;
   if (wgmma_whole_slices(m, n, rows, max_blocks) != 0) return false;
-  const int64_t tiles = int64_t(n / 256) * ((int64_t(m) + rows - 1) / rows);
+  const int64_t tiles = int64_t(n / tn) * ((int64_t(m) + rows - 1) / rows);
   return 2 * tiles <= max_blocks && 2 * tiles * 100 >= int64_t(max_blocks) * kWgmmaPairMinFillPct;
 }
 

@@ -86,7 +86,8 @@ struct WsShape : WgShape<NT> {
   static_assert(kStages >= 3, "the ring needs stages in flight on both sides of the one being read");
   static_assert(16 * kMaxStages <= kPairBarOff, "the ring's barriers fit before the pair form's");
   // CL: a tile split in two runs as a cluster of its two blocks (kernels/marlin_dispatch.h, wgmma_pair_tiles).
-  // Each block's warpgroup g holds columns 128 g .. 128 g + 127 of the tile; block (rank) r writes the half of
+  // Each block's warpgroup g holds columns 128 g .. 128 g + 127 of the tile (64 g .. 64 g + 63 of the wide tile's,
+  // every token); block (rank) r writes the half of
   // warpgroup r, whose partial the partner's warpgroup r sends into r's ring, free once both blocks' products
   // are done: [j][q][thread] float4, kHalfBytes.
   static constexpr int kHalfBytes = 128 * 2 * Base::kAcc * 4;
@@ -99,7 +100,7 @@ struct WsShape : WgShape<NT> {
   static constexpr int kDepPieces = (kDepTotalRows + kDepRows - 1) / kDepRows;
   static_assert(!CL || kHalfBytes <= kStages * Base::kStage, "the ring holds the partner's half tile");
   static_assert(kDepRows >= 1 && kDepTotalRows * kDepRowBytes == Base::kPart * 4, "a stage holds whole deposit rows");
-  static_assert(!CL || (NT == kWgmmaPairRows && BPS == 1), "the pair form's tiles (marlin_dispatch.h)");
+  static_assert(!CL || ((NT == kWgmmaPairRows || NT == kWgmmaWideRows) && BPS == 1), "the pair form's tiles (marlin_dispatch.h)");
   static_assert(kSmemBytes <= kSmemPerBlock, "the ring fits the block's shared memory");
   static_assert(kConsumerRegs <= 256 && kProducerRegs >= 24, "setmaxnreg bounds");
   static_assert(Base::kABytes % 128 == 0 && Base::kBBytes % 128 == 0,
@@ -487,9 +488,8 @@ cudaError_t wgmma_ws_launch(const KernelArgs& a, const TmaMaps& maps, const Laun
 }
 
 // How many clusters of `size` blocks of the pair form (o.smem_bytes each) the device runs at once.
-template <int DT>
+template <int DT, int NT>
 cudaError_t wgmma_ws_max_clusters(int size, const LaunchOpts& o, int* clusters) {
-  constexpr int NT = kWgmmaPairRows;
   return max_active_clusters(marlin_wgmma_ws_kernel<DT, false, NT, 1, true>, marlin_wgmma_ws_kernel<DT, true, NT, 1, true>,
                              WsShape<NT, 1>::kThreads, size, o, clusters);
 }
@@ -499,9 +499,9 @@ cudaError_t wgmma_ws_max_clusters(int size, const LaunchOpts& o, int* clusters) 
   template cudaError_t wgmma_ws_launch<DT, NT, BPS, CL>(const KernelArgs&, const TmaMaps&, const LaunchOpts&, \
                                                         cudaStream_t);
 #define MARLINC_INSTANTIATE_WGMMA_WS(DT, NT, BPS) MARLINC_INSTANTIATE_WGMMA_WS_CL(DT, NT, BPS, false)
-// The pair form: 128-row tiles at one block per SM (kernels/marlin_dispatch.h, wgmma_pair_tiles).
-#define MARLINC_INSTANTIATE_WGMMA_WS_PAIR(DT)                  \
-  MARLINC_INSTANTIATE_WGMMA_WS_CL(DT, kWgmmaPairRows, 1, true) \
-  template cudaError_t wgmma_ws_max_clusters<DT>(int, const LaunchOpts&, int*);
+// The pair form: 128-row and wide tiles at one block per SM (kernels/marlin_dispatch.h, wgmma_pair_tiles).
+#define MARLINC_INSTANTIATE_WGMMA_WS_PAIR(DT, NT)  \
+  MARLINC_INSTANTIATE_WGMMA_WS_CL(DT, NT, 1, true) \
+  template cudaError_t wgmma_ws_max_clusters<DT, NT>(int, const LaunchOpts&, int*);
 
 }  // namespace marlinc::kernels::detail

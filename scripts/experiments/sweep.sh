@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the working tree ("new") and the trees RUNS names (NAME: build/carry/NAME-src, e.g. old, mid) in parallel
 # (TARGETS, e.g. test_gpu, only in the working tree), then bench runs RUNS="old mid new:VAR=value ..." (a tree,
-# optionally one environment assignment), so that variants and knobs compare within one device call.
+# optionally one environment assignment), so that variants and knobs compare within one device call. EXTRA_i: more
+# bench arguments for run i (1-based), e.g. EXTRA_2="--wgmma-rows 256".
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
@@ -35,7 +36,7 @@ for run in ${RUNS:-old new}; do
   i=$((i + 1)); tree=${run%%:*}; envs=(); [ "$run" != "$tree" ] && envs=("${run#*:}")
   t0=$(date +%s)
   env "${envs[@]}" timeout 200 "$(dir_of $tree)/build/cuda/bench/bench_marlin" --sets "${SETS:-llama3-8b,llama3-70b,large}" \
-    --ms "${MS:-1,16}" --json "$OUT/bench_$i.json" ${BENCH_EXTRA:-} > "$OUT/bench_$i.log" 2>&1
-  echo "== $i $run (rc=$?, $(( $(date +%s) - t0 )) s)"; grep -E "^(set|llama|large|explore)" "$OUT/bench_$i.log" | cut -c1-150
+    --ms "${MS:-1,16}" --json "$OUT/bench_$i.json" ${BENCH_EXTRA:-} $(eval echo "\${EXTRA_$i:-}") > "$OUT/bench_$i.log" 2>&1
+  rc=$?; echo "== $i $run $(eval echo "\${EXTRA_$i:-}") (rc=$rc, $(( $(date +%s) - t0 )) s)"; grep -E "^(set|llama|large|explore)" "$OUT/bench_$i.log" | cut -c1-150
 done
 tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls *.log *.json 2>/dev/null) && rm -f "$OUT"/*.log "$OUT"/*.json

@@ -285,6 +285,8 @@ bool takes_early_deposits(int64_t m, int64_t n, int64_t k, int sms) {
          kernels::slice_early_deposit(P.iters, k_tiles, rows);
 }
 const std::pair<int, int64_t> kEarlyCases[] = {{5, 65}, {5, 100}, {10, 200}};  // (SMs, m): one and two row chunks
+struct PairCase { int64_t m; int sms; };
+const PairCase kWidePairCases[] = {{100, 12}, {256, 13}, {300, 24}, {1000, 48}};  // on 1024 x 768
 
 }  // namespace
 
@@ -548,7 +550,6 @@ TEST_CASE("marlin: Hopper wgmma kernel, tiles split in two as clusters", "[gpu][
     return;
   }
   std::mt19937_64 rng(kSeed + 17);
-  struct PairCase { int64_t m; int sms; };
   // 1024 x 768: 3 slices of 256, 16 k-tiles. Tiles (par x 3) x 2 blocks = the SMs, or 90% of them.
   const PairCase cases[] = {{100, 6}, {128, 6}, {250, 12}, {300, 19}, {1000, 48}};
   for (ActType act : {ActType::F16, ActType::BF16})
@@ -559,6 +560,12 @@ TEST_CASE("marlin: Hopper wgmma kernel, tiles split in two as clusters", "[gpu][
         INFO("pair case m " << pc.m << " sms " << pc.sms);
         REQUIRE(kernels::wgmma_pair_tiles(int(pc.m), int(L.n), int(L.k), kernels::kWgmmaPairRows, pc.sms));
         run_case(L, pc.m, rng, producer(kernels::kWgmmaPairRows, pc.sms, 48));
+      }
+      // The wide tile's pairs: 6 slices of 128 x ceil(m / 256) row chunks x 2 blocks.
+      for (const PairCase& pc : kWidePairCases) {
+        INFO("wide pair case m " << pc.m << " sms " << pc.sms);
+        REQUIRE(kernels::wgmma_pair_tiles(int(pc.m), int(L.n), int(L.k), kernels::kWgmmaWideRows, pc.sms));
+        run_case(L, pc.m, rng, producer(kernels::kWgmmaWideRows, pc.sms, 48));
       }
     }
 }
@@ -631,6 +638,12 @@ TEST_CASE("marlin: Hopper wgmma kernel under the sanitizers", "[gpu][marlin][wgm
       const int sms = m == 100 ? 4 : 8;
       REQUIRE(kernels::wgmma_pair_tiles(int(m), int(L.n), int(L.k), kernels::kWgmmaPairRows, sms));
       run_case(L, m, rng, producer(kernels::kWgmmaPairRows, sms));
+    }
+    // The wide tile's pairs: 4 slices of 128 x ceil(m / 256) row chunks x 2 blocks.
+    for (int64_t m : {int64_t(100), int64_t(300)}) {
+      const int sms = m == 100 ? 8 : 16;
+      REQUIRE(kernels::wgmma_pair_tiles(int(m), int(L.n), int(L.k), kernels::kWgmmaWideRows, sms));
+      run_case(L, m, rng, producer(kernels::kWgmmaWideRows, sms));
     }
     // Finishers that fetch the other block's deposit through the ring (takes_early_deposits).
     const Layer wide = make_layer(rng, 512, 2048, g, ActType::F16);
