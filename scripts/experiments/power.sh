@@ -2,7 +2,8 @@
 # Clocks and power while each GEMM runs (issue 4): builds bench_marlin, logs `nvidia-smi` every LMS ms
 # (read-only queries: nothing is set), runs the bench with `--soak SOAK` (each cuBLAS and Auto graph
 # replays SOAK seconds before it is timed) and prints, per soak window, the median SM clock, power draw
-# and the clock-event reasons seen (power_summary.py). Knobs: SETS, MS, SOAK, LMS, SKIP_BUILD=1.
+# and the clock-event reasons seen (power_summary.py). Knobs: SETS, MS, SOAK, LMS, SKIP_BUILD=1, BENCH_EXTRA (more
+# bench arguments, e.g. "--wgmma-rows 256").
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -21,7 +22,7 @@ python3 -c 'import time; print(int(time.time()*1000), time.strftime("%Y/%m/%d %H
 nvidia-smi --query-gpu=$fields --format=csv,noheader,nounits -lms "${LMS:-50}" > "$OUT/power_smi.csv" 2>&1 &
 smi=$!
 timeout "${BENCH_TIMEOUT:-400}" build/cuda/bench/bench_marlin --sets "${SETS:-large,llama3-70b}" --ms "${MS:-1,16}" \
-  --auto-only --soak "${SOAK:-3}" > "$OUT/power_bench.log" 2> "$OUT/power_soak.log"
+  --auto-only --soak "${SOAK:-3}" ${BENCH_EXTRA:-} > "$OUT/power_bench.log" 2> "$OUT/power_soak.log"
 rc=$?
 kill "$smi" 2> /dev/null; wait "$smi" 2> /dev/null
 echo "bench rc=$rc"
