@@ -17,6 +17,7 @@ for L in ${LAYERS:-4096x6144 4096x4096 14336x4096}; do
   python3 - "$OUT/names_$L.csv" > "$OUT/kernels_$L.txt" <<'PY'
 import csv, statistics, sys
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 5]
+rows = rows[next(i for i, r in enumerate(rows) if "Kernel Name" in r):]  # past the bench's own lines with commas
 h = rows[0]
 k, m, v, u = (h.index(c) for c in ("Kernel Name", "Metric Name", "Metric Value", "Metric Unit"))
 seq = [(r[k].split("(")[0], float(r[v].replace(",", "")) * {"ns": 1e-3, "us": 1.0, "ms": 1e3}[r[u]])
