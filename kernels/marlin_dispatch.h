@@ -227,8 +227,8 @@ constexpr bool wgmma_prefer_64_rows(int m, int n, int k, int sms) {
 constexpr int kWgmmaWholeMinFillPct = 75;
 constexpr int kWgmmaWholeMultiMinFillPct = 95;
 constexpr int kWgmmaWholeMultiMinM = 65;
-constexpr int wgmma_whole_slices(int m, int n, int rows, int max_blocks) {
-  const int tn = wgmma_tile_n(rows);
+constexpr int wgmma_whole_slices(int m, int n, int rows, int max_blocks, int tile_n = 0) {
+  const int tn = tile_n > 0 ? tile_n : wgmma_tile_n(rows);
   if (m < 1 || rows < 1 || n < tn || max_blocks < 1) return 0;
   const int64_t par = (int64_t(m) + rows - 1) / rows, slices = n / tn;
   if (par > max_blocks) return 0;
@@ -252,7 +252,7 @@ constexpr int wgmma_whole_slices(int m, int n, int rows, int max_blocks) {
 constexpr int kWgmmaPairRows = 128;
 constexpr int kWgmmaPairMinFillPct = 90;
 constexpr bool wgmma_pair_tiles(int m, int n, int k, int rows, int max_blocks) {
-  const int tn = wgmma_tile_n(rows);
+  const int tn = wgmma_tile_n(rows);  // the pair form is built for each token tile's own width only
   if (m <= 64 || (rows != kWgmmaPairRows && rows != kWgmmaWideRows) || n < tn || max_blocks < 2 || k % (2 * 64) != 0)
     return false;
   if (wgmma_whole_slices(m, n, rows, max_blocks) != 0) return false;

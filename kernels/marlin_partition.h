@@ -37,14 +37,15 @@ constexpr int kWgmmaTileN = 256;
 constexpr int kWgmmaTileK = 64;
 // The wide token tile: 256 rows over 128 columns (two packed 64-wide tiles), one m64n256 wgmma per warpgroup and
 // k16 step, so that each expanded weight fragment feeds 256 tokens instead of 128 (kernels/sm90/wgmma_layout.h,
-// kFeat128). Same partial-tile size as 128 x 256.
+// kFeat128). Same partial-tile size as 128 x 256. The same 128-column layout also serves 128-row tiles (128 x 128,
+// forced through MarlinGemm::thread_n), whose partial tile is half as large.
 constexpr int kWgmmaWideRows = 256;
 constexpr int kWgmmaWideTileN = 128;
 MARLINC_PART_HD constexpr int wgmma_tile_n(int rows) { return rows == kWgmmaWideRows ? kWgmmaWideTileN : kWgmmaTileN; }
 constexpr size_t kWgmmaPartFloats = kMaxBlocksPerSm * kPartFloatsPerBlock;
 static_assert(size_t(kWgmmaWideRows) * kWgmmaWideTileN <= kWgmmaPartFloats, "a wide tile's partial fits its slot");
-inline int wgmma_blocks_per_sm(int occupancy, int rows) {
-  const int slots = int(kWgmmaPartFloats / (size_t(wgmma_tile_n(rows)) * size_t(rows)));
+inline int wgmma_blocks_per_sm(int occupancy, int rows, int tn = 0) {
+  const int slots = int(kWgmmaPartFloats / (size_t(tn > 0 ? tn : wgmma_tile_n(rows)) * size_t(rows)));
   int b = occupancy < slots ? occupancy : slots;
   return b < kMaxBlocksPerSm ? b : kMaxBlocksPerSm;
 }

@@ -29,15 +29,16 @@ namespace marlinc::kernels::detail {
 
 namespace wl = wgmma_layout;
 
-template <int NT>
+template <int NT, int FEAT = wgmma_tile_n(NT)>
 struct WgShape {
   static constexpr int kThreads = wl::kThreads;
-  // NT = 256: the wide tile, 128 columns (wgmma_layout.h, kFeat128): warpgroup g expands packed tile g, one word
-  // per warp and k16 step, into one m64n256 wgmma; its accumulators are acc[2][64], acc[j] tokens 128 j ..
-  // 128 j + 127 (wgmma_ops.cuh). Otherwise acc[j] is packed tile 2 g + j's 64-row wgmma over all NT tokens.
-  static constexpr bool kWide = NT == kWgmmaWideRows;
-  static constexpr int kFeat = kWide ? wl::kFeat128 : wl::kFeat;
-  static constexpr int kWords = kWide ? 1 : 2;  // packed words a warp expands per k16 step
+  // FEAT = 128 (NT = 128 or 256 tokens): the 128-column tiles (wgmma_layout.h, kFeat128): warpgroup g expands packed
+  // tile g, one word per warp and k16 step, into one m64nNT wgmma; its accumulators are acc[2][NT / 4], acc[j] tokens
+  // NT / 2 j .. NT / 2 (j + 1) - 1 (wgmma_ops.cuh, WgmmaSplit). FEAT = 256: acc[j] is packed tile 2 g + j's 64-row
+  // wgmma over all NT tokens.
+  static constexpr bool kCols128 = FEAT == wl::kFeat128;
+  static constexpr int kFeat = FEAT;
+  static constexpr int kWords = kCols128 ? 1 : 2;  // packed words a warp expands per k16 step
   static constexpr int kTK = wl::kTK;
   static constexpr int kKB = wl::kKB;
   static constexpr int kWeightRowBytes = kFeat * 8;  // one k16 row of the stage's packed tiles
@@ -51,14 +52,16 @@ struct WgShape {
   static constexpr int kAlign = wl::kSwizzleAtom;        // swizzle atoms must be address-aligned
   static constexpr int kStage = (kABytes + kBBytes + kSBytes + kAlign - 1) / kAlign * kAlign;
   static constexpr int kSmemBytes = kStages * kStage + kAlign;  // + slack to align the dynamic base
-  static constexpr int kAcc = kWide ? 64 : NT / 2;  // fp32 accumulators per thread in acc[j]
+  static constexpr int kAcc = kCols128 ? NT / 4 : NT / 2;  // fp32 accumulators per thread in acc[j]
   static constexpr int kPart = kFeat * NT;          // floats in one deposited partial tile
   static constexpr bool kHoistCopies = NT <= 64;    // copy addresses once per slice (see the loaders)
 
-  static_assert(NT == 8 || NT == 16 || NT == 32 || NT == 64 || NT == 128 || NT == 256, "wgmma N sizes in wgmma_ops.cuh");
+  static_assert(FEAT == wl::kFeat ? (NT == 8 || NT == 16 || NT == 32 || NT == 64 || NT == 128)
+                                  : FEAT == wl::kFeat128 && (NT == 128 || NT == 256),
+                "tiles with a wgmma of NT tokens in wgmma_ops.cuh");
   static_assert(kStage % kAlign == 0, "every stage's activation tile starts on a swizzle atom");
-  static_assert(kFeat == wgmma_tile_n(NT) && kTK == kWgmmaTileK, "the host partitions with these tiles");
-  static_assert(kWeightRowBytes == (kWide ? wl::kWeightRowBytes128 : wl::kWeightRowBytes), "wgmma_layout.h's rows");
+  static_assert(kTK == kWgmmaTileK, "the host partitions with these tiles");
+  static_assert(kWeightRowBytes == (kCols128 ? wl::kWeightRowBytes128 : wl::kWeightRowBytes), "wgmma_layout.h's rows");
   static_assert(2 * kAcc * wl::kThreads == kPart, "a partial tile is every thread's acc[2][kAcc]");
   static_assert(kAcc % 4 == 0, "partial tiles are deposited as float4");
   static_assert(NT % 8 == 0, "tokens come in 8-row swizzle atoms");
@@ -110,15 +113,15 @@ __device__ __forceinline__ void wg_expand(const WgWords& w, uint32_t (&a)[W][4])
 }
 
 // One k16 step's wgmmas on the activations that descriptor `desc` names, from fragments `a`, committed as one
-// group: two 64-row ones, or the wide tile's one over both accumulator halves.
-template <int DT, int NT>
-__device__ __forceinline__ void wg_mma_desc(float (&acc)[2][WgShape<NT>::kAcc], uint64_t desc,
-                                            uint32_t (&a)[WgShape<NT>::kWords][4]) {
+// group: two 64-row ones, or the 128-column tiles' one over both accumulator halves.
+template <int DT, int NT, int FEAT = wgmma_tile_n(NT)>
+__device__ __forceinline__ void wg_mma_desc(float (&acc)[2][WgShape<NT, FEAT>::kAcc], uint64_t desc,
+                                            uint32_t (&a)[WgShape<NT, FEAT>::kWords][4]) {
 #pragma unroll
-  for (int j = 0; j < WgShape<NT>::kWords; ++j) fence_regs(a[j]);
+  for (int j = 0; j < WgShape<NT, FEAT>::kWords; ++j) fence_regs(a[j]);
   wgmma_fence();
-  if constexpr (WgShape<NT>::kWide) {
-    Wgmma<DT, NT>::run(acc[0], acc[1], a[0], desc);
+  if constexpr (WgShape<NT, FEAT>::kCols128) {
+    WgmmaSplit<DT, NT>::run(acc[0], acc[1], a[0], desc);
   } else {
     Wgmma<DT, NT>::run(acc[0], a[0], desc);
     Wgmma<DT, NT>::run(acc[1], a[1], desc);
@@ -146,19 +149,21 @@ __device__ __forceinline__ void wg_issue(float (&acc)[2][NT / 2], uint32_t stage
 // wl::acc_col(.., j, lane, h), token wl::acc_token(i, lane, e). Lanes l and l ^ 4 swap one value so that each
 // writes a 4-byte pair of one token row (wl::pair_*), with per-channel scales applied first. Warp-synchronous
 // only: any subset of the tile's warps may call it. STAGED, epi: as for wg_finish_slice below.
-template <int DT, bool GROUPED, int NT, bool STAGED>
-__device__ __forceinline__ void wg_write_c(const KernelArgs& p, const float (&acc)[2][WgShape<NT>::kAcc], int slice,
-                                           int row0, int warp, int lane, uint32_t epi) {
-  using S = WgShape<NT>;
+template <int DT, bool GROUPED, int NT, bool STAGED, int FEAT = wgmma_tile_n(NT)>
+__device__ __forceinline__ void wg_write_c(const KernelArgs& p, const float (&acc)[2][WgShape<NT, FEAT>::kAcc],
+                                           int slice, int row0, int warp, int lane, uint32_t epi) {
+  using S = WgShape<NT, FEAT>;
   const int tile = wl::warp_tile(warp), sub0 = wl::warp_sub0(warp);
   uint16_t* C = static_cast<uint16_t*>(p.C);
   const uint16_t* s16 = static_cast<const uint16_t*>(p.s);
   const bool even = wl::pair_even(lane);
-  if constexpr (S::kWide) {
-    // The wide tile: the warp's 16 columns of subblock warp_sub128 in packed tile warp_tile128, staged through the
-    // buffer kEpiTokens128 tokens a round (epi_byte128); round r is tokens 64 r .., in acc[r / 2].
-    static_assert(STAGED && NT % (2 * wl::kEpiTokens128) == 0 && 2 * wl::kEpiTokens128 == 2 * S::kAcc,
-                  "whole staging rounds, two per accumulator half");
+  if constexpr (S::kCols128) {
+    // The 128-column tiles: the warp's 16 columns of subblock warp_sub128 in packed tile warp_tile128, staged through
+    // the buffer kEpiTokens128 tokens a round (epi_byte128); round r is tokens 64 r .., in acc[r / kHalfRounds].
+    constexpr int kHalfRounds = NT / 2 / wl::kEpiTokens128;  // rounds per accumulator half
+    static_assert(STAGED && kHalfRounds >= 1 && kHalfRounds * wl::kEpiTokens128 * 2 == NT &&
+                      kHalfRounds * wl::kEpiTokens128 / 2 == S::kAcc,
+                  "whole staging rounds in each accumulator half");
     constexpr int kI = wl::kEpiTokens128 / 8;  // 8-token accumulator rows per round
     const int wc0 = slice * S::kFeat + wl::acc_col(wl::warp_tile128(warp), wl::warp_sub128(warp), 0, 0, 0);
     float sc[2];
@@ -166,12 +171,12 @@ __device__ __forceinline__ void wg_write_c(const KernelArgs& p, const float (&ac
     for (int h = 0; h < 2; ++h) sc[h] = GROUPED ? 1.f : to_float<DT>(s16[wl::channel_scale_pos(wc0 + wl::epi_col(0, lane, h))]);
 #pragma unroll
     for (int r = 0; r < NT / wl::kEpiTokens128; ++r) {
-      const float* a = acc[r / 2];
+      const float* a = acc[r / kHalfRounds];
 #pragma unroll
       for (int h = 0; h < 2; ++h)
 #pragma unroll
         for (int ii = 0; ii < kI; ++ii) {
-          const int i = (r % 2) * kI + ii;
+          const int i = (r % kHalfRounds) * kI + ii;
           const float v0 = a[4 * i + 2 * h] * sc[h], v1 = a[4 * i + 2 * h + 1] * sc[h];
           const float other = __shfl_xor_sync(0xffffffffu, wl::pair_send_e(lane) ? v1 : v0, 4);
           sts32(epi + wl::epi_byte128(wl::pair_token(ii, lane), wl::pair_col(wl::epi_col(0, lane, h), lane)),
@@ -267,11 +272,11 @@ __device__ __forceinline__ void add_f4(float* acc, const int4& v) {
 // STAGED: C passes through the warp's kEpiWarpBytes buffer at shared-window address `epi` (wgmma_layout.h,
 // epi_byte); otherwise each lane stores 4-byte pairs straight from its accumulators. `added`: the finisher
 // has added the deposit already (wg_early_finisher), so only C is left.
-template <int DT, bool GROUPED, int NT, int kBar, int kCount, bool STAGED = false>
-__device__ __forceinline__ void wg_finish_slice(const KernelArgs& p, float (&acc)[2][WgShape<NT>::kAcc], int slice, int row0,
+template <int DT, bool GROUPED, int NT, int kBar, int kCount, bool STAGED = false, int FEAT = wgmma_tile_n(NT)>
+__device__ __forceinline__ void wg_finish_slice(const KernelArgs& p, float (&acc)[2][WgShape<NT, FEAT>::kAcc], int slice, int row0,
                                                 int base_b, int k_tiles, int warp, int lane, int team_tid,
                                                 uint32_t epi = 0, bool added = false) {
-  using S = WgShape<NT>;
+  using S = WgShape<NT, FEAT>;
   const int first_b = slice_first_block(base_b, slice, k_tiles, p.iters);
   const int last_b = slice_last_block(base_b, slice, k_tiles, p.iters);
   const int count = last_b - first_b + 1;
@@ -306,14 +311,14 @@ __device__ __forceinline__ void wg_finish_slice(const KernelArgs& p, float (&acc
     }
   }
 
-  if (count == 1 || finisher) wg_write_c<DT, GROUPED, NT, STAGED>(p, acc, slice, row0, warp, lane, epi);
+  if (count == 1 || finisher) wg_write_c<DT, GROUPED, NT, STAGED, FEAT>(p, acc, slice, row0, warp, lane, epi);
 }
 
 template <int DT, bool GROUPED, int NT>
 __global__ void __launch_bounds__(256, NT <= 64 ? 2 : 1) marlin_wgmma_kernel(const KernelArgs p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using S = WgShape<NT>;
-  static_assert(!S::kWide, "the wide tile runs on the producer-fed form only (marlin_wgmma_ws.cuh)");
+  static_assert(!S::kCols128, "the 128-column tiles run on the producer-fed form only (marlin_wgmma_ws.cuh)");
   extern __shared__ __align__(16) unsigned char sh_raw[];
   const uint32_t raw = smem_addr(sh_raw);
   unsigned char* sh = sh_raw + (((raw + S::kAlign - 1) & ~uint32_t(S::kAlign - 1)) - raw);

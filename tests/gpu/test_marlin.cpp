@@ -259,11 +259,13 @@ double run_case(const Layer& L, int64_t m, std::mt19937_64& rng, const RunOpts& 
   return rel;
 }
 
-// The Hopper kernel's producer-warpgroup form on rows-row tiles and `sms` SMs (0: all of them).
-RunOpts producer(int rows, int sms, int ref_rows = 1 << 30) {
+// The Hopper kernel's producer-warpgroup form on rows-row tiles and `sms` SMs (0: all of them); tn: the tile's
+// columns (0: the token tile's own width; 128 with 128 rows: 128 x 128 tiles).
+RunOpts producer(int rows, int sms, int ref_rows = 1 << 30, int tn = 0) {
   RunOpts o;
   o.path = MarlinPath::Wgmma;
   o.wgmma_rows = rows;
+  o.thread_n = tn;
   o.wgmma_pipeline = 2;
   o.num_sms = sms;
   o.max_ref_rows = ref_rows;
@@ -517,11 +519,11 @@ TEST_CASE("marlin: Hopper wgmma kernel, producer warpgroup", "[gpu][marlin][wgmm
   for (ActType act : {ActType::F16, ActType::BF16})
     for (int64_t g : kGroups) {
       const Layer L = make_layer(rng, 1024, 768, g, act);
-      for (int rows : {64, 128, kernels::kWgmmaWideRows})
+      for (int rows : {64, 128, kernels::kWgmmaWideRows, -128})  // -128: 128 x 128 tiles
         for (int sms : {0, 3})
           for (int64_t m : kMs) {
             if (act == ActType::BF16 && m != 100 && m != 1000) continue;
-            run_case(L, m, rng, producer(rows, sms, 48));
+            run_case(L, m, rng, rows < 0 ? producer(-rows, sms, 48, kernels::kWgmmaWideTileN) : producer(rows, sms, 48));
           }
     }
   // A long stripe over many slices and row chunks: the ring's phases wrap many times per block, on every
@@ -530,6 +532,7 @@ TEST_CASE("marlin: Hopper wgmma kernel, producer warpgroup", "[gpu][marlin][wgmm
   const Layer big = make_layer(rng, 4096, 1024, 128, ActType::F16);
   for (int rows : {64, 128, kernels::kWgmmaWideRows})
     for (int sms : {1, 5}) run_case(big, 300, rng, producer(rows, sms, 16));
+  for (int sms : {1, 5}) run_case(big, 300, rng, producer(128, sms, 16, kernels::kWgmmaWideTileN));
   // Finishers that fetch the other block's deposit through the ring (takes_early_deposits).
   for (ActType act : {ActType::F16, ActType::BF16})
     for (int64_t g : kGroups) {
@@ -639,6 +642,9 @@ TEST_CASE("marlin: Hopper wgmma kernel under the sanitizers", "[gpu][marlin][wgm
       REQUIRE(kernels::wgmma_pair_tiles(int(m), int(L.n), int(L.k), kernels::kWgmmaPairRows, sms));
       run_case(L, m, rng, producer(kernels::kWgmmaPairRows, sms));
     }
+    // 128 x 128 tiles: 4 slices, one and three row chunks, stripes across slices on 2 SMs.
+    for (int64_t m : {int64_t(100), int64_t(300)})
+      for (int sms : {0, 2}) run_case(L, m, rng, producer(128, sms, 1 << 30, kernels::kWgmmaWideTileN));
     // The wide tile's pairs: 4 slices of 128 x ceil(m / 256) row chunks x 2 blocks.
     for (int64_t m : {int64_t(100), int64_t(300)}) {
       const int sms = m == 100 ? 8 : 16;
@@ -900,6 +906,15 @@ TEST_CASE("marlin: argument checks return a status", "[gpu][marlin]") {
     REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
     b.wgmma_rows = kernels::kWgmmaWideRows;  // the wide tile has the producer pipeline only
     b.wgmma_pipeline = 1;
+    REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
+    b.wgmma_rows = 128;  // 128 x 128 tiles: the producer pipeline only, 128 rows only, widths 128 and 256 only
+    b.thread_n = 128;
+    REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
+    b.wgmma_pipeline = 2;
+    b.wgmma_rows = 64;
+    REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
+    b.wgmma_rows = 128;
+    b.thread_n = 192;
     REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
   }
   if (marlin_wgmma_available()) {  // the streaming kernel: m <= 16, slices of 64, 128 or 256 columns

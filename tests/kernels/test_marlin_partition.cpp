@@ -154,18 +154,18 @@ TEST_CASE("partition: mma.sync launches cover every tile once and finish", "[ker
 TEST_CASE("partition: Hopper kernel launches stay inside the workspace and finish", "[kernels][partition]") {
   for (const Shape2& s : kLayers) {
     if (s.n % kWgmmaTileN != 0 || s.k % kWgmmaTileK != 0) continue;
-    for (int rows : {8, 16, 32, 64, 128, kWgmmaWideRows})
+    for (int tile : {8, 16, 32, 64, 128, kWgmmaWideRows, -128})  // -128: 128 x 128 tiles
       for (int occ : {1, 2, 3})
         for (int sms : kSms)
           for (int m : kMs) {
             if (s.k * int64_t(s.n) > (int64_t(1) << 26) && m != 1000 && m != 17) continue;
-            const int tn = wgmma_tile_n(rows);
-            const Launch L{m, s.n, s.k, rows, tn, kWgmmaTileK, sms, sms * wgmma_blocks_per_sm(occ, rows),
+            const int rows = tile < 0 ? -tile : tile, tn = tile < 0 ? kWgmmaWideTileN : wgmma_tile_n(rows);
+            const Launch L{m, s.n, s.k, rows, tn, kWgmmaTileK, sms, sms * wgmma_blocks_per_sm(occ, rows, tn),
                            size_t(tn) * rows, kWgmmaPartFloats};
             replay(L);
             // Whole slices, as the launcher asks for them and with 1-3 slices per block wherever the grid
             // fits the blocks (no slice shared: nothing deposited or waited for).
-            const int picked = wgmma_whole_slices(m, s.n, rows, L.max_blocks);
+            const int picked = wgmma_whole_slices(m, s.n, rows, L.max_blocks, tn);
             if (picked > 0) replay(L, picked);
             const int64_t par = (m + rows - 1) / rows, slices = s.n / tn;
             for (int each = 1; each <= 3; ++each)
