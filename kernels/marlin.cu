@@ -485,11 +485,13 @@ MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int 
 #if MARLINC_HAVE_SM90A
   if (!wgmma_runs_on(dev) || g.n % kWgmmaTileN != 0) return MarlinStatus::NoConfig;
   if (!wgmma_offsets_fit(g.n, g.k)) return MarlinStatus::BadShape;
-  const int rows = g.wgmma_rows > 0                               ? g.wgmma_rows
-                   : wgmma_prefer_64_rows(g.m, g.n, g.k, sms) ? kWsMinRows
-                                                              : wgmma_rows_for(g.m);
+  // Narrow layers at m > 64 take 128 x 128 tiles (marlin_dispatch.h, wgmma_prefer_128x128) unless the rows are forced.
+  const bool narrow = g.wgmma_rows == 0 && wgmma_prefer_128x128(g.m, g.n, g.k, sms);
+  const int rows = g.wgmma_rows > 0 ? g.wgmma_rows : narrow ? kWgmmaNarrowRows : wgmma_rows_for(g.m);
   // Columns per tile: the token tile's own width, or on path Wgmma a forced thread_n (128 x 128 tiles).
-  const int tn = g.path == MarlinPath::Wgmma && g.thread_n != 0 ? g.thread_n : wgmma_tile_n(rows);
+  const int tn = g.path == MarlinPath::Wgmma && g.thread_n != 0 ? g.thread_n
+                 : narrow                                       ? kWgmmaNarrowCols
+                                                                : wgmma_tile_n(rows);
   int ri = -1, wi = -1;
   for (int i = 0; i < kNumWgRows; ++i)
     if (kWgRows[i] == rows && tn == kWgmmaTileN) ri = i;
