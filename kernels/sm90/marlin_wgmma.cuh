@@ -157,76 +157,55 @@ __device__ __forceinline__ void wg_write_c(const KernelArgs& p, const float (&ac
   uint16_t* C = static_cast<uint16_t*>(p.C);
   const uint16_t* s16 = static_cast<const uint16_t*>(p.s);
   const bool even = wl::pair_even(lane);
-  if constexpr (S::kCols128) {
-    // The 128-column tiles: the warp's 16 columns of subblock warp_sub128 in packed tile warp_tile128, staged through
-    // the buffer kEpiTokens128 tokens a round (epi_byte128); round r is tokens 64 r .., in acc[r / kHalfRounds].
-    constexpr int kHalfRounds = NT / 2 / wl::kEpiTokens128;  // rounds per accumulator half
-    static_assert(STAGED && kHalfRounds >= 1 && kHalfRounds * wl::kEpiTokens128 * 2 == NT &&
-                      kHalfRounds * wl::kEpiTokens128 / 2 == S::kAcc,
-                  "whole staging rounds in each accumulator half");
-    constexpr int kI = wl::kEpiTokens128 / 8;  // 8-token accumulator rows per round
-    const int wc0 = slice * S::kFeat + wl::acc_col(wl::warp_tile128(warp), wl::warp_sub128(warp), 0, 0, 0);
-    float sc[2];
+  if constexpr (STAGED) {
+    // Per round, kTokens tokens of the warp's kJ 16-column subblocks into its buffer, then out as 16-byte rows.
+    // 256-column tiles: two subblocks, acc[j] subblock j over all NT tokens, buffer map epi_byte. 128-column tiles
+    // (only staged): one subblock (warp_sub128 of packed tile warp_tile128), acc[j] tokens NT / 2 j .., epi_byte128.
+    constexpr bool k128 = S::kCols128;
+    constexpr int kJ = k128 ? 1 : 2;
+    constexpr int kTokens = k128 ? wl::kEpiTokens128 : wl::kEpiTokens, kReads = k128 ? wl::kEpiReads128 : wl::kEpiReads;
+    constexpr int kI = kTokens / 8;                              // 8-token accumulator rows per round
+    constexpr int kHalfRounds = k128 ? NT / 2 / kTokens : NT / kTokens;  // rounds per accumulator array acc[j]
+    static_assert(kHalfRounds >= 1 && kHalfRounds * kI * 4 == S::kAcc && NT % kTokens == 0,
+                  "whole staging rounds in each accumulator array");
+    auto byte = [](int lt, int col) { return k128 ? wl::epi_byte128(lt, col) : wl::epi_byte(lt, col); };
+    const int wc0 = slice * S::kFeat + (k128 ? wl::acc_col(wl::warp_tile128(warp), wl::warp_sub128(warp), 0, 0, 0)
+                                             : wl::acc_col(tile, sub0, 0, 0, 0));  // the warp's first column
+    float sc[kJ][2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) sc[h] = GROUPED ? 1.f : to_float<DT>(s16[wl::channel_scale_pos(wc0 + wl::epi_col(0, lane, h))]);
-#pragma unroll
-    for (int r = 0; r < NT / wl::kEpiTokens128; ++r) {
-      const float* a = acc[r / kHalfRounds];
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int ii = 0; ii < kI; ++ii) {
-          const int i = (r % kHalfRounds) * kI + ii;
-          const float v0 = a[4 * i + 2 * h] * sc[h], v1 = a[4 * i + 2 * h + 1] * sc[h];
-          const float other = __shfl_xor_sync(0xffffffffu, wl::pair_send_e(lane) ? v1 : v0, 4);
-          sts32(epi + wl::epi_byte128(wl::pair_token(ii, lane), wl::pair_col(wl::epi_col(0, lane, h), lane)),
-                even ? pack2<DT>(v0, other) : pack2<DT>(other, v1));
-        }
-      __syncwarp();  // the round's pairs are in the buffer before any lane reads a row
-#pragma unroll
-      for (int s = 0; s < wl::kEpiReads128; ++s) {
-        const int lt = wl::epi_read_token128(s, lane), x = wl::epi_read_chunk128(s, lane);
-        const int4 v = lds128(epi + wl::epi_byte128(lt, 8 * x));
-        const int tok = row0 + r * wl::kEpiTokens128 + lt;
-        if (tok < p.m) *reinterpret_cast<int4*>(C + size_t(tok) * p.n + wc0 + 8 * x) = v;
-      }
-      __syncwarp();  // every lane has read the round before the next one overwrites it
-    }
-  } else if constexpr (STAGED) {
-    static_assert(NT % wl::kEpiTokens == 0, "whole staging rounds");
-    constexpr int kI = wl::kEpiTokens / 8;  // 8-token accumulator rows per round
-    const int wc0 = slice * S::kFeat + wl::acc_col(tile, sub0, 0, 0, 0);  // the warp's first column
-    float sc[2][2];
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
+    for (int j = 0; j < kJ; ++j)
 #pragma unroll
       for (int h = 0; h < 2; ++h)
         sc[j][h] = GROUPED ? 1.f : to_float<DT>(s16[wl::channel_scale_pos(wc0 + wl::epi_col(j, lane, h))]);
 #pragma unroll
-    for (int r = 0; r < NT / wl::kEpiTokens; ++r) {
+    for (int r = 0; r < NT / kTokens; ++r) {
 #pragma unroll
-      for (int j = 0; j < 2; ++j)
+      for (int j = 0; j < kJ; ++j) {
+        const float* a = acc[k128 ? r / kHalfRounds : j];
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
           for (int ii = 0; ii < kI; ++ii) {
-            const int i = r * kI + ii;
-            const float v0 = acc[j][4 * i + 2 * h] * sc[j][h], v1 = acc[j][4 * i + 2 * h + 1] * sc[j][h];
+            const int i = (r % kHalfRounds) * kI + ii;
+            const float v0 = a[4 * i + 2 * h] * sc[j][h], v1 = a[4 * i + 2 * h + 1] * sc[j][h];
             const float other = __shfl_xor_sync(0xffffffffu, wl::pair_send_e(lane) ? v1 : v0, 4);
-            sts32(epi + wl::epi_byte(wl::pair_token(ii, lane), wl::pair_col(wl::epi_col(j, lane, h), lane)),
+            sts32(epi + byte(wl::pair_token(ii, lane), wl::pair_col(wl::epi_col(j, lane, h), lane)),
                   even ? pack2<DT>(v0, other) : pack2<DT>(other, v1));
           }
+      }
       __syncwarp();  // the round's pairs are in the buffer before any lane reads a row
 #pragma unroll
-      for (int s = 0; s < wl::kEpiReads; ++s) {
-        const int lt = wl::epi_read_token(s, lane), x = wl::epi_read_chunk(s, lane);
-        const int4 v = lds128(epi + wl::epi_byte(lt, 8 * x));
-        const int tok = row0 + r * wl::kEpiTokens + lt;
+      for (int s = 0; s < kReads; ++s) {
+        const int lt = k128 ? wl::epi_read_token128(s, lane) : wl::epi_read_token(s, lane);
+        const int x = k128 ? wl::epi_read_chunk128(s, lane) : wl::epi_read_chunk(s, lane);
+        const int4 v = lds128(epi + byte(lt, 8 * x));
+        const int tok = row0 + r * kTokens + lt;
         if (tok < p.m) *reinterpret_cast<int4*>(C + size_t(tok) * p.n + wc0 + 8 * x) = v;
       }
       __syncwarp();  // every lane has read the round before the next one overwrites it
     }
   } else {
+    static_assert(!S::kCols128, "the 128-column tiles stage their C");
 #pragma unroll
     for (int j = 0; j < 2; ++j)
 #pragma unroll
