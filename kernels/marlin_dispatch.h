@@ -15,8 +15,8 @@
 //   (70B m = 32: 215 vs 271 us; 8B down, 2^25.8: 21.5 vs 24.5), slower on smaller ones (8B o 13.7 vs 10.4).
 // - m = 33 to 64 (producer warpgroup, 64-row tiles): faster on every set, small layers included (8B m = 64:
 //   89 us against 118 for the best mma.sync tiles, 70B 274 vs 428).
-// - m = 65 to 2048 (producer warpgroup, 128-row tiles, 64-row ones on narrow layers: wgmma_prefer_64_rows
-//   below): faster on every set, by 1.7-2.1x over mma.sync,
+// - m = 65 to 2048 (producer warpgroup, 128-row tiles; on narrow layers 128 x 128 ones since the thirty-first
+//   session, 64-row ones before: wgmma_prefer_128x128 below): faster on every set, by 1.7-2.1x over mma.sync,
 //   and faster than dequantize + cuBLAS at m = 1024 (70B 2973 vs 4509 us, 8B 782 vs 1024).
 // - m = 2048: faster than dequantize + cuBLAS on both layers timed (8B qkv 192 vs 200 us, 70B down 1564
 //   vs 2294). m = 4096: on 70B down still faster (3186 vs 3740), on 8B qkv (2^24.6 weights) a tie that

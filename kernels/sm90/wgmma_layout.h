@@ -120,11 +120,11 @@ constexpr int kEpiReads = kEpiTokens * kEpiChunks / 32;  // 16-byte reads per la
 static_assert(2 * kEpiChunks * 16 == 128, "two token rows fill one 128-byte bank row");
 static_assert(kEpiTokens % 8 == 0 && kEpiTokens * kEpiChunks % 32 == 0, "whole pair-store and read instructions");
 
-// ---- 128-column tiles: 256 tokens x two packed 64-wide tiles per block, one m64n256 wgmma per warpgroup and k16
-// step, so that each expanded weight fragment feeds 256 tokens (half the expansion per product of the 128 x 256
-// tile above; docs/PERF.md, thirtieth session, calls 9 and 10). Checked on the CPU model of wgmma
-// (tests/kernels/test_wgmma_model.cpp); no kernel uses them yet. The maps above that take a tile and a subblock
-// (weight_byte, scale_byte, acc_col, act_chunk_byte, the descriptors) hold for them unchanged.
+// ---- 128-column tiles: 128 or 256 tokens x two packed 64-wide tiles per block, one m64nNT wgmma per warpgroup
+// and k16 step (each expanded weight fragment feeds every token of the tile). The producer-fed kernel runs them
+// (marlin_wgmma_ws.cuh, FEAT = 128); checked on the CPU model of wgmma (tests/kernels/test_wgmma_model.cpp) and
+// the [gpu][wgmma] tests. The maps above that take a tile and a subblock (weight_byte, scale_byte, acc_col,
+// act_chunk_byte, the descriptors) hold for them unchanged.
 constexpr int kFeat128 = 128;
 constexpr int kWeightRowBytes128 = kFeat128 * 8;  // one k16 row of the stage's two packed tiles (2 x 512 B)
 constexpr int kScaleRowBytes128 = kFeat128 * 2;
