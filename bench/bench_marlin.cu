@@ -311,6 +311,7 @@ int main(int argc, char** argv) {
   bool auto_only = false;
   bool time_wgmma = false;
   int wgmma_rows = 0;  // 0: the kernel's own pick for m
+  int wgmma_n = 0;     // the Hopper kernel's tile columns (MarlinGemm::thread_n on path Wgmma); 0: its own
   int wgmma_pipeline = 0;  // 0: the kernel's own pick per tile (MarlinGemm::wgmma_pipeline)
   std::string json_path;
   bool timeline = false, host_us = false, floor = false;
@@ -322,6 +323,7 @@ int main(int argc, char** argv) {
     else if (a == "--wgmma") time_wgmma = true;
     else if (a == "--wgmma-rows" && i + 1 < argc) time_wgmma = true, wgmma_rows = std::atoi(argv[++i]);
     else if (a == "--wgmma-pipeline" && i + 1 < argc) wgmma_pipeline = std::atoi(argv[++i]);
+    else if (a == "--wgmma-n" && i + 1 < argc) time_wgmma = true, wgmma_n = std::atoi(argv[++i]);
     else if (a == "--json" && i + 1 < argc) json_path = argv[++i];
     else if (a == "--timeline") timeline = true;
     else if (a == "--host-us") host_us = true;
@@ -352,7 +354,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: bench_marlin [--sets llama3-8b,llama3-70b,large,KxN[gG]] [--ms 1,16,...] [--explore]"
-                   " [--wgmma] [--wgmma-rows 8|16|32|64|128] [--wgmma-pipeline 1|2] [--timeline]"
+                   " [--wgmma] [--wgmma-rows 8|16|32|64|128|256] [--wgmma-n 128|256] [--wgmma-pipeline 1|2] [--timeline]"
                    " [--timeline-dump DIR] [--host-us] [--sms N] [--auto-only] [--soak SEC] [--floor] [--floor-tail NS] [--json PATH]\n");
       return 2;
     }
@@ -567,7 +569,7 @@ int main(int argc, char** argv) {
         const bool wg_runs = marlin_wgmma_available() && L.n % 256 == 0;
         // Timed whenever Auto takes it, so that the auto column is always a measured time.
         if (time_wgmma || ap == MarlinPath::Wgmma)
-          wg = wg_runs ? time_graph(st, marlin_call(MarlinPath::Wgmma, 0, 0, true, 0, wgmma_rows),
+          wg = wg_runs ? time_graph(st, marlin_call(MarlinPath::Wgmma, 0, wgmma_n, true, 0, wgmma_rows),
                                     soak_if(MarlinPath::Wgmma)).us
                        : sf.us;
         const bool auto_cublas = ap == MarlinPath::DequantCublas, auto_wg = ap == MarlinPath::Wgmma;
@@ -599,7 +601,7 @@ int main(int argc, char** argv) {
         R.layers_json += lj;
         if (timeline && !auto_cublas) {
           const MarlinPath tp = auto_wg ? MarlinPath::Wgmma : auto_st ? MarlinPath::Stream : MarlinPath::Marlin;
-          timeline_log += timeline_line(st, tl_buf, marlin_call(tp, 0, 0, true, 0, auto_wg ? wgmma_rows : 0), set.name,
+          timeline_log += timeline_line(st, tl_buf, marlin_call(tp, 0, auto_wg ? wgmma_n : 0, true, 0, auto_wg ? wgmma_rows : 0), set.name,
                                         set.group, m, L.k, L.n, au, auto_wg ? "wg" : auto_st ? "st" : "mma",
                                         timeline_dump);
         }

@@ -36,16 +36,20 @@ MARLINC_DECLARE_MB(1, 1) MARLINC_DECLARE_MB(1, 2) MARLINC_DECLARE_MB(1, 3) MARLI
 MARLINC_DECLARE_WGMMA(0, 8) MARLINC_DECLARE_WGMMA(0, 16) MARLINC_DECLARE_WGMMA(0, 32) MARLINC_DECLARE_WGMMA(0, 64)
 MARLINC_DECLARE_WGMMA(0, 128) MARLINC_DECLARE_WGMMA(1, 8) MARLINC_DECLARE_WGMMA(1, 16) MARLINC_DECLARE_WGMMA(1, 32)
 MARLINC_DECLARE_WGMMA(1, 64) MARLINC_DECLARE_WGMMA(1, 128)
-#define MARLINC_DECLARE_WGMMA_WS_CL(DT, NT, BPS, CL)                                                       \
-  extern template cudaError_t wgmma_ws_prepare<DT, NT, BPS, CL>(int*, int*);                              \
-  extern template cudaError_t wgmma_ws_launch<DT, NT, BPS, CL>(const KernelArgs&, const TmaMaps&, const LaunchOpts&, \
-                                                               cudaStream_t);
-#define MARLINC_DECLARE_WGMMA_WS_PAIR(DT)                                                                  \
-  MARLINC_DECLARE_WGMMA_WS_CL(DT, kWgmmaPairRows, 1, true)                                                  \
-  extern template cudaError_t wgmma_ws_max_clusters<DT>(int, const LaunchOpts&, int*);
+#define MARLINC_DECLARE_WGMMA_WS_F(DT, NT, BPS, CL, F)                                                     \
+  extern template cudaError_t wgmma_ws_prepare<DT, NT, BPS, CL, F>(int*, int*);                             \
+  extern template cudaError_t wgmma_ws_launch<DT, NT, BPS, CL, F>(const KernelArgs&, const TmaMaps&,        \
+                                                                  const LaunchOpts&, cudaStream_t);
+#define MARLINC_DECLARE_WGMMA_WS_CL(DT, NT, BPS, CL) MARLINC_DECLARE_WGMMA_WS_F(DT, NT, BPS, CL, wgmma_tile_n(NT))
+#define MARLINC_DECLARE_WGMMA_WS_PAIR(DT, NT)   \
+  MARLINC_DECLARE_WGMMA_WS_CL(DT, NT, 1, true) \
+  extern template cudaError_t wgmma_ws_max_clusters<DT, NT>(int, const LaunchOpts&, int*);
 MARLINC_DECLARE_WGMMA_WS_CL(0, 64, 1, false) MARLINC_DECLARE_WGMMA_WS_CL(0, 128, 1, false)
-MARLINC_DECLARE_WGMMA_WS_CL(1, 64, 1, false) MARLINC_DECLARE_WGMMA_WS_CL(1, 128, 1, false)
-MARLINC_DECLARE_WGMMA_WS_PAIR(0) MARLINC_DECLARE_WGMMA_WS_PAIR(1)
+MARLINC_DECLARE_WGMMA_WS_CL(0, kWgmmaWideRows, 1, false) MARLINC_DECLARE_WGMMA_WS_CL(1, 64, 1, false)
+MARLINC_DECLARE_WGMMA_WS_CL(1, 128, 1, false) MARLINC_DECLARE_WGMMA_WS_CL(1, kWgmmaWideRows, 1, false)
+MARLINC_DECLARE_WGMMA_WS_F(0, 128, 1, false, kWgmmaWideTileN) MARLINC_DECLARE_WGMMA_WS_F(1, 128, 1, false, kWgmmaWideTileN)
+MARLINC_DECLARE_WGMMA_WS_PAIR(0, kWgmmaPairRows) MARLINC_DECLARE_WGMMA_WS_PAIR(0, kWgmmaWideRows)
+MARLINC_DECLARE_WGMMA_WS_PAIR(1, kWgmmaPairRows) MARLINC_DECLARE_WGMMA_WS_PAIR(1, kWgmmaWideRows)
 #define MARLINC_DECLARE_STREAM_CL(DT, TN, CL, SW)                                                              \
   extern template cudaError_t stream_prepare<DT, TN, CL, SW>(int*, int*);                                  \
   extern template cudaError_t stream_launch<DT, TN, CL, SW>(const KernelArgs&, const TmaMaps&, const LaunchOpts&, \
@@ -83,9 +87,14 @@ const Entry kTable[2][kMaxMBlocks][kNumShapes] = {
     {MARLINC_ENTRY_MB(1, 1), MARLINC_ENTRY_MB(1, 2), MARLINC_ENTRY_MB(1, 3), MARLINC_ENTRY_MB(1, 4)},
 };
 
-// The warp-specialized pipeline (wgmma_pipeline 2) is built for the token tiles from kWsMinRows up.
+// The warp-specialized pipeline (wgmma_pipeline 2) is built for the token tiles from kWsMinRows up, and is the only
+// one of the wide tile (kWgmmaWideRows rows of 128 columns).
 constexpr int kWsMinRows = 64;
-constexpr int kNumWsRows = 2;
+// Its tiles (rows, columns): 64 and 128 rows of 256 columns, the wide tile, and 128 x 128 (forced: MarlinGemm::thread_n).
+struct WsTile { int rows, tn; };
+constexpr WsTile kWsTiles[] = {{64, kWgmmaTileN}, {128, kWgmmaTileN}, {kWgmmaWideRows, kWgmmaWideTileN},
+                               {128, kWgmmaWideTileN}};
+constexpr int kNumWsRows = int(sizeof(kWsTiles) / sizeof(kWsTiles[0]));
 // The Hopper kernel's token tiles (rows of C per tile), smallest first.
 constexpr int kWgRows[] = {8, 16, 32, 64, 128};
 constexpr int kNumWgRows = int(sizeof(kWgRows) / sizeof(kWgRows[0]));
@@ -102,15 +111,21 @@ using TmaLaunchFn = cudaError_t (*)(const KernelArgs&, const TmaMaps&, const Lau
 struct TmaEntry { PrepareFn prepare; TmaLaunchFn launch; };
 // How many clusters of a kernel's cluster form the device runs at once (size, launch options, result).
 using ClustersFn = cudaError_t (*)(int, const LaunchOpts&, int*);
-#define MARLINC_WS_ENTRY_CL(DT, NT, CL) TmaEntry{&wgmma_ws_prepare<DT, NT, 1, CL>, &wgmma_ws_launch<DT, NT, 1, CL>}
-const TmaEntry kWsTable[2][kNumWsRows] = {
-    {MARLINC_WS_ENTRY_CL(0, 64, false), MARLINC_WS_ENTRY_CL(0, 128, false)},
-    {MARLINC_WS_ENTRY_CL(1, 64, false), MARLINC_WS_ENTRY_CL(1, 128, false)},
+#define MARLINC_WS_ENTRY_F(DT, NT, CL, F) TmaEntry{&wgmma_ws_prepare<DT, NT, 1, CL, F>, &wgmma_ws_launch<DT, NT, 1, CL, F>}
+#define MARLINC_WS_ENTRY_CL(DT, NT, CL) MARLINC_WS_ENTRY_F(DT, NT, CL, wgmma_tile_n(NT))
+const TmaEntry kWsTable[2][kNumWsRows] = {  // kWsTiles' order
+    {MARLINC_WS_ENTRY_CL(0, 64, false), MARLINC_WS_ENTRY_CL(0, 128, false),
+     MARLINC_WS_ENTRY_CL(0, kWgmmaWideRows, false), MARLINC_WS_ENTRY_F(0, 128, false, kWgmmaWideTileN)},
+    {MARLINC_WS_ENTRY_CL(1, 64, false), MARLINC_WS_ENTRY_CL(1, 128, false),
+     MARLINC_WS_ENTRY_CL(1, kWgmmaWideRows, false), MARLINC_WS_ENTRY_F(1, 128, false, kWgmmaWideTileN)},
 };
-// The pair form (128-row tiles only: kernels/marlin_dispatch.h, wgmma_pair_tiles).
-const TmaEntry kWsPairTable[2] = {MARLINC_WS_ENTRY_CL(0, kWgmmaPairRows, true),
-                                  MARLINC_WS_ENTRY_CL(1, kWgmmaPairRows, true)};
-const ClustersFn kWsPairClusters[2] = {&wgmma_ws_max_clusters<0>, &wgmma_ws_max_clusters<1>};
+// The pair form (128-row and wide tiles: kernels/marlin_dispatch.h, wgmma_pair_tiles), [dt][wide].
+const TmaEntry kWsPairTable[2][2] = {
+    {MARLINC_WS_ENTRY_CL(0, kWgmmaPairRows, true), MARLINC_WS_ENTRY_CL(0, kWgmmaWideRows, true)},
+    {MARLINC_WS_ENTRY_CL(1, kWgmmaPairRows, true), MARLINC_WS_ENTRY_CL(1, kWgmmaWideRows, true)}};
+const ClustersFn kWsPairClusters[2][2] = {
+    {&wgmma_ws_max_clusters<0, kWgmmaPairRows>, &wgmma_ws_max_clusters<0, kWgmmaWideRows>},
+    {&wgmma_ws_max_clusters<1, kWgmmaPairRows>, &wgmma_ws_max_clusters<1, kWgmmaWideRows>}};
 #endif
 
 #if MARLINC_HAVE_SM90A
@@ -141,7 +156,7 @@ struct Prepared { int blocks_per_sm = 0, smem = 0; cudaError_t err = cudaSuccess
 Prepared g_prepared[kMaxDevices][2][kMaxMBlocks][kNumShapes];
 Prepared g_wg_prepared[kMaxDevices][2][kNumWgRows];
 Prepared g_ws_prepared[kMaxDevices][2][kNumWsRows];
-Prepared g_ws_pair_prepared[kMaxDevices][2];
+Prepared g_ws_pair_prepared[kMaxDevices][2][2];
 Prepared g_st_prepared[kMaxDevices][2][3][2][2];
 std::mutex g_prepared_mu;
 
@@ -320,7 +335,8 @@ const char* marlin_status_name(MarlinStatus s) {
     case MarlinStatus::WorkspaceTooSmall: return "workspace too small";
     case MarlinStatus::NoConfig:
       return "forced configuration does not fit the shape or device (thread_m_blocks not in 0..4, wgmma_rows not "
-             "0/8/16/32/64/128, wgmma_pipeline not 0..2 or 2 below 64 rows, path Wgmma without a 9.0 device, "
+             "0/8/16/32/64/128/256, wgmma_pipeline not 0..2, 2 below 64 rows or 1 on 256, path Wgmma with thread_n other "
+             "than 0, 256 (up to 128 rows) or 128 (128 or 256 rows, pipeline 2), path Wgmma without a 9.0 device, "
              "sm_90a code and n % 256 == 0, or path Stream without those, m <= 16 and a slice width (thread_n "
              "0/128/256) dividing n with k % (32768 / width) == 0)";
     case MarlinStatus::CudaError: return "CUDA error";
@@ -462,45 +478,51 @@ bool clusters_fit(int& cache, ClustersFn query, int size, const LaunchOpts& o) {
   }
   return int64_t(clusters) * size >= o.grid;
 }
-int g_ws_pair_clusters[kMaxDevices][2];  // clusters_fit's cache for the Hopper kernel's pair form
+int g_ws_pair_clusters[kMaxDevices][2][2];  // clusters_fit's cache for the Hopper kernel's pair forms
 #endif
 
 MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int dev) {
 #if MARLINC_HAVE_SM90A
   if (!wgmma_runs_on(dev) || g.n % kWgmmaTileN != 0) return MarlinStatus::NoConfig;
   if (!wgmma_offsets_fit(g.n, g.k)) return MarlinStatus::BadShape;
-  const int rows = g.wgmma_rows > 0                               ? g.wgmma_rows
-                   : wgmma_prefer_64_rows(g.m, g.n, g.k, sms) ? kWsMinRows
-                                                              : wgmma_rows_for(g.m);
-  int ri = -1;
+  // Narrow layers at m > 64 take 128 x 128 tiles (marlin_dispatch.h, wgmma_prefer_128x128) unless the rows are forced.
+  const bool narrow = g.wgmma_rows == 0 && wgmma_prefer_128x128(g.m, g.n, g.k, sms);
+  const int rows = g.wgmma_rows > 0 ? g.wgmma_rows : narrow ? kWgmmaNarrowRows : wgmma_rows_for(g.m);
+  // Columns per tile: the token tile's own width, or on path Wgmma a forced thread_n (128 x 128 tiles).
+  const int tn = g.path == MarlinPath::Wgmma && g.thread_n != 0 ? g.thread_n
+                 : narrow                                       ? kWgmmaNarrowCols
+                                                                : wgmma_tile_n(rows);
+  int ri = -1, wi = -1;
   for (int i = 0; i < kNumWgRows; ++i)
-    if (kWgRows[i] == rows) ri = i;
-  if (ri < 0) return MarlinStatus::NoConfig;
+    if (kWgRows[i] == rows && tn == kWgmmaTileN) ri = i;
+  for (int i = 0; i < kNumWsRows; ++i)
+    if (kWsTiles[i].rows == rows && kWsTiles[i].tn == tn) wi = i;
+  if ((ri < 0 && wi < 0) || g.n % tn != 0) return MarlinStatus::NoConfig;
   const int dt = g.act == ActType::F16 ? 0 : 1;
   const int pipeline = g.wgmma_pipeline != 0 ? g.wgmma_pipeline : wgmma_pipeline_for(rows);
-  if (pipeline == 2 && rows < kWsMinRows) return MarlinStatus::NoConfig;
-  const int wi = pipeline == 2 ? (rows == kWsMinRows ? 0 : 1) : 0;
+  if ((pipeline == 2 && wi < 0) || (pipeline == 1 && ri < 0)) return MarlinStatus::NoConfig;
   const Prepared pr = pipeline == 2 ? prepare_once(g_ws_prepared[dev][dt][wi], kWsTable[dt][wi].prepare)
                                     : prepare_once(g_wg_prepared[dev][dt][ri], kWgTable[dt][ri]);
   if (pr.err != cudaSuccess || pr.blocks_per_sm < 1) return MarlinStatus::CudaError;
-  const TileShape t{kWgmmaTileN, kWgmmaTileK};
+  const TileShape t{tn, kWgmmaTileK};
   if (int64_t(ceil_div(g.m, rows)) * (g.n / t.tn) * (g.k / t.tk) > std::numeric_limits<int>::max() / 2)
     return MarlinStatus::BadShape;
-  const int bps = wgmma_blocks_per_sm(pr.blocks_per_sm, rows), max_blocks = sms * bps;
-  const int whole = bps == 1 ? wgmma_whole_slices(g.m, g.n, rows, max_blocks) : 0;
+  const int bps = wgmma_blocks_per_sm(pr.blocks_per_sm, rows, tn), max_blocks = sms * bps;
+  const int whole = bps == 1 ? wgmma_whole_slices(g.m, g.n, rows, max_blocks, tn) : 0;
   LaunchOpts o;
   o.pdl = use_pdl(g, dev);
   // Tiles split in two as clusters of their two blocks (wgmma_pair_tiles): a partition of exactly two blocks
   // per tile, k_tiles / 2 tiles each.
   int cl = 0;
   Partition P{};
-  if (pipeline == 2 && bps == 1 && wgmma_pair_tiles(g.m, g.n, g.k, rows, max_blocks)) {
-    const Prepared pc = prepare_once(g_ws_pair_prepared[dev][dt], kWsPairTable[dt].prepare);
+  const int wide = rows == kWgmmaWideRows ? 1 : 0;
+  if (pipeline == 2 && bps == 1 && tn == wgmma_tile_n(rows) && wgmma_pair_tiles(g.m, g.n, g.k, rows, max_blocks)) {
+    const Prepared pc = prepare_once(g_ws_pair_prepared[dev][dt][wide], kWsPairTable[dt][wide].prepare);
     P = partition(g.m, g.n, g.k, rows, t, 2 * ceil_div(g.m, rows) * (g.n / t.tn));
     o.grid = P.grid;
     o.smem_bytes = pc.smem;
     if (pc.err == cudaSuccess && pc.blocks_per_sm >= 1 && P.iters * 2 == g.k / t.tk &&
-        clusters_fit(g_ws_pair_clusters[dev][dt], kWsPairClusters[dt], 2, o))
+        clusters_fit(g_ws_pair_clusters[dev][dt][wide], kWsPairClusters[dt][wide], 2, o))
       cl = 1;
   }
   if (cl == 0) {
@@ -514,7 +536,7 @@ MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int 
     TmaMaps maps;
     const TmaBoxes box{t.tn, t.tk / 16, rows, scale_box_rows(groups, shift, t.tk)};
     if (!tma_maps(g.A, g.B, g.s, g.m, g.n, g.k, groups, box, &maps)) return MarlinStatus::CudaError;
-    const TmaEntry& e = cl == 1 ? kWsPairTable[dt] : kWsTable[dt][wi];
+    const TmaEntry& e = cl == 1 ? kWsPairTable[dt][wide] : kWsTable[dt][wi];
     return e.launch(a, maps, o, g.stream) == cudaSuccess ? MarlinStatus::Ok : MarlinStatus::CudaError;
   }
   return kWgTable[dt][ri].launch(a, o, g.stream) == cudaSuccess ? MarlinStatus::Ok : MarlinStatus::CudaError;
@@ -669,7 +691,8 @@ MarlinStatus marlin_gemm(const MarlinGemm& g) {
   // counts kMaxLockBlocks blocks.
   if (sms > dev_sms || sms > kMaxSms) return MarlinStatus::BadShape;
 
-  if (g.wgmma_rows != 0 && std::find(std::begin(kWgRows), std::end(kWgRows), g.wgmma_rows) == std::end(kWgRows))
+  if (g.wgmma_rows != 0 && std::find(std::begin(kWgRows), std::end(kWgRows), g.wgmma_rows) == std::end(kWgRows) &&
+      g.wgmma_rows != kWgmmaWideRows)
     return MarlinStatus::NoConfig;
   if (g.wgmma_pipeline < 0 || g.wgmma_pipeline > 2) return MarlinStatus::NoConfig;
   const bool cublas_ok = g.cublas && g.workspace_bytes >= marlin_workspace_bytes(sms, true);

@@ -15,8 +15,8 @@
 //   (70B m = 32: 215 vs 271 us; 8B down, 2^25.8: 21.5 vs 24.5), slower on smaller ones (8B o 13.7 vs 10.4).
 // - m = 33 to 64 (producer warpgroup, 64-row tiles): faster on every set, small layers included (8B m = 64:
 //   89 us against 118 for the best mma.sync tiles, 70B 274 vs 428).
-// - m = 65 to 2048 (producer warpgroup, 128-row tiles, 64-row ones on narrow layers: wgmma_prefer_64_rows
-//   below): faster on every set, by 1.7-2.1x over mma.sync,
+// - m = 65 to 2048 (producer warpgroup, 128-row tiles; on narrow layers 128 x 128 ones since the thirty-first
+//   session, 64-row ones before: wgmma_prefer_128x128 below): faster on every set, by 1.7-2.1x over mma.sync,
 //   and faster than dequantize + cuBLAS at m = 1024 (70B 2973 vs 4509 us, 8B 782 vs 1024).
 // - m = 2048: faster than dequantize + cuBLAS on both layers timed (8B qkv 192 vs 200 us, 70B down 1564
 //   vs 2294). m = 4096: on 70B down still faster (3186 vs 3740), on 8B qkv (2^24.6 weights) a tie that
@@ -27,6 +27,8 @@
 // device whole-k stripes (whole_k_stripes below).
 #pragma once
 #include <cstdint>
+
+#include "kernels/marlin_partition.h"
 
 namespace marlinc::kernels {
 
@@ -186,24 +188,31 @@ constexpr bool stream_auto(int m, int n, int k, int sms) {
   return m <= kStreamSmallMaxM && weights >= kStreamPairLayer && p.split == kStreamClusterSplit;
 }
 
-// m > 64 on the Hopper kernel: 128-row token tiles, or 64-row ones where the 128-row partition leaves so
-// few output tiles T = n / 256 x ceil(m / 128) that each is split across many blocks and the in-order
-// finisher's reduction outweighs the work. The measure is the partial tiles the finisher reads per k tile
-// a block computes, (sms / T - 1) / (T (k / 64) / sms); 64 rows from kWgmmaRows64Pct / 100 up. H100
-// (docs/PERF.md, twelfth session), one call, µs per layer, 128 against 64 rows (ratio in brackets):
-// 64 rows faster on 8B o at m = 128 (0.93: 25.1 against 16.2), 8B q/k/v at 128 (0.39: 25.7 against 20.0),
-// 8B down at 128 (0.27: 38.3 against 35.0), 8B o at 256 (0.20: 25.5 against 22.6); slower on 70B q/k/v at
-// 128 (0.059: 42.8 against 45.4), 8B down at 256 (0.058: 56.1 against 65.7) and every larger layer. The
-// thirteenth session's leaner consumer loop sped the 64-row tile up more than the 128-row one, and moved
-// two layers (same call, two runs each): 8B q/k/v at 256 (0.075) 30.5-30.6 -> 26.7-27.0 with 64 rows, and
-// 70B o at 128 (0.10) level, 35.0 against 34.9-35.1 (it was 35.4 against 37.9).
-constexpr int kWgmmaRows64Pct = 7;
-constexpr bool wgmma_prefer_64_rows(int m, int n, int k, int sms) {
-  if (m <= 64 || n < 256 || k < 64 || sms < 1) return false;
+// m > 64 on the Hopper kernel: 128 x 256 tiles, or 128 x 128 ones where the 128 x 256 partition leaves so few
+// output tiles T = n / 256 x ceil(m / 128) that each is split across many blocks and the in-order finisher's
+// reduction outweighs the work. The measure is the partial tiles the finisher reads per k tile a block computes,
+// (sms / T - 1) / (T (k / 64) / sms); 128 x 128 from kWgmmaNarrowPct / 100 up, on layers up to kWgmmaNarrowMaxK
+// deep. The 128 x 128 tile (one m64n128 wgmma per warpgroup and k16 step, one packed word per warp) has twice the
+// tiles of 128 x 256; per product it is slower (3-16% on the layers that keep 128 x 256 below), and it replaces the
+// 64-row tiles this rule picked before, which had the same tile count and a slower main loop (25-40% at m >= 512,
+// docs/PERF.md, thirty-first session, call 6). H100 (same, call 7), µs per layer, Auto before against 128 x 128, two
+// runs each (the measure in brackets):
+// - faster: 8B q/k/v at m = 128 (0.39) 17.4-17.5 -> 15.4-15.5, 8B o at 128 (0.94) 14.6-15.4 -> 13.3-13.4, 8B down
+//   at 128 (0.27) 31.1-32.4 -> 28.5-28.6, 8B q/k/v at 256 (0.075) 27.0-29.6 -> 23.6, 8B o at 256 (0.20) 18.7-19.4 ->
+//   17.1-17.5, 8B down at 256 (0.058) 59.1-62.7 -> 58.1-59.7, 8B o at 512 (0.034, pairs before) 31.7-32.2 -> 27.0-29.0,
+//   70B q/k/v at 128 (0.059) 43.7-44.0 -> 39.6-40.4, 70B o at 128 (0.10) 36.7-39.6 -> 34.5;
+// - slower: 70B down at 128 (0.029, k = 28672) 100.6-100.7 -> 106.5-107.5, 8B down at 512 (0.010) 86.5-88.3 ->
+//   96.2-101.8, 70B o at 256 (0.017) 61.6-62.8 -> 63.1-64.7, and every layer with T >= sms;
+// - below the threshold and 4% faster, left out: 8B q/k/v at 512 (0.008) and 70B q/k/v at 256 (0.008).
+constexpr int kWgmmaNarrowPct = 3;
+constexpr int kWgmmaNarrowMaxK = 16384;
+constexpr int kWgmmaNarrowRows = 128, kWgmmaNarrowCols = kWgmmaWideTileN;  // the tile it picks
+constexpr bool wgmma_prefer_128x128(int m, int n, int k, int sms) {
+  if (m <= 64 || n < 256 || n % 128 != 0 || k < 64 || k > kWgmmaNarrowMaxK || sms < 1) return false;
   const int64_t tiles = int64_t(n / 256) * ((m + 127) / 128), kt = k / 64;
   if (tiles >= sms) return false;
   // (sms / T - 1) / (T kt / sms) >= pct / 100, in integers.
-  return 100 * (sms - tiles) * int64_t(sms) >= int64_t(kWgmmaRows64Pct) * tiles * tiles * kt;
+  return 100 * (sms - tiles) * int64_t(sms) >= int64_t(kWgmmaNarrowPct) * tiles * tiles * kt;
 }
 
 // The Hopper kernel's partition at one block per SM: where whole column slices load the blocks evenly
@@ -225,9 +234,10 @@ constexpr bool wgmma_prefer_64_rows(int m, int n, int k, int sms) {
 constexpr int kWgmmaWholeMinFillPct = 75;
 constexpr int kWgmmaWholeMultiMinFillPct = 95;
 constexpr int kWgmmaWholeMultiMinM = 65;
-constexpr int wgmma_whole_slices(int m, int n, int rows, int max_blocks) {
-  if (m < 1 || rows < 1 || n < 256 || max_blocks < 1) return 0;
-  const int64_t par = (int64_t(m) + rows - 1) / rows, slices = n / 256;
+constexpr int wgmma_whole_slices(int m, int n, int rows, int max_blocks, int tile_n = 0) {
+  const int tn = tile_n > 0 ? tile_n : wgmma_tile_n(rows);
+  if (m < 1 || rows < 1 || n < tn || max_blocks < 1) return 0;
+  const int64_t par = (int64_t(m) + rows - 1) / rows, slices = n / tn;
   if (par > max_blocks) return 0;
   const int64_t per_chunk = max_blocks / par, each = (slices + per_chunk - 1) / per_chunk;
   if (each > 1 && m < kWgmmaWholeMultiMinM) return 0;
@@ -245,12 +255,17 @@ constexpr int wgmma_whole_slices(int m, int n, int rows, int max_blocks) {
 // Same calls, median of four runs each, pairs against stripes: 8B o at m = 512 30.3 against 32.6 us, 8B down at
 // 512 89.3 against 94.7, 70B o at 256 59.2 against 64.6, 70B down at 256 181.2 against 184.3. On 64-row tiles the
 // pairs lost (8B o at m = 256 21.3 against 19.6, 70B o at 128 40.0 against 38.1), so they are not built there.
+// The wide tile (kWgmmaWideRows rows of 128 columns) has the same form, under the same rule. Where
+// wgmma_prefer_128x128 holds (8B o at m = 512 among them since the thirty-first session), Auto takes 128 x 128
+// tiles instead, which have no pair form.
 constexpr int kWgmmaPairRows = 128;
 constexpr int kWgmmaPairMinFillPct = 90;
 constexpr bool wgmma_pair_tiles(int m, int n, int k, int rows, int max_blocks) {
-  if (m <= 64 || rows != kWgmmaPairRows || n < 256 || max_blocks < 2 || k % (2 * 64) != 0) return false;
+  const int tn = wgmma_tile_n(rows);  // the pair form is built for each token tile's own width only
+  if (m <= 64 || (rows != kWgmmaPairRows && rows != kWgmmaWideRows) || n < tn || max_blocks < 2 || k % (2 * 64) != 0)
+    return false;
   if (wgmma_whole_slices(m, n, rows, max_blocks) != 0) return false;
-  const int64_t tiles = int64_t(n / 256) * ((int64_t(m) + rows - 1) / rows);
+  const int64_t tiles = int64_t(n / tn) * ((int64_t(m) + rows - 1) / rows);
   return 2 * tiles <= max_blocks && 2 * tiles * 100 >= int64_t(max_blocks) * kWgmmaPairMinFillPct;
 }
 

@@ -75,12 +75,14 @@ struct TmaMaps {
 };
 // The warp-specialized form (kernels/sm90/marlin_wgmma_ws.cuh): NT-row tiles at BPS blocks per SM; CL: its form
 // for launches whose tiles are split in two, each pair one cluster (LaunchOpts::cluster = 2).
-template <int DT, int NT, int BPS, bool CL>
+// FEAT: the tile's columns (wgmma_tile_n(NT), or 128 beside 128 rows: kernels/marlin_partition.h).
+template <int DT, int NT, int BPS, bool CL, int FEAT>
 cudaError_t wgmma_ws_prepare(int* blocks_per_sm, int* smem_bytes);
-template <int DT, int NT, int BPS, bool CL>
+template <int DT, int NT, int BPS, bool CL, int FEAT>
 cudaError_t wgmma_ws_launch(const KernelArgs& a, const TmaMaps& maps, const LaunchOpts& o, cudaStream_t stream);
-// How many clusters of `size` blocks of the CL form (NT = kWgmmaPairRows, o.smem_bytes each) the device runs at once.
-template <int DT>
+// How many clusters of `size` blocks of the CL form (NT = kWgmmaPairRows or kWgmmaWideRows, o.smem_bytes each) the
+// device runs at once.
+template <int DT, int NT>
 cudaError_t wgmma_ws_max_clusters(int size, const LaunchOpts& o, int* clusters);
 // The streaming m <= 16 kernel (kernels/sm90/marlin_stream.cuh): TN-column slices, one block per SM; CL: its
 // form for launches whose slices are split in two, each pair one cluster (LaunchOpts::cluster = 2); SW: the

@@ -31,13 +31,22 @@ constexpr int kMaxBlocksPerSm = 2;
 constexpr size_t kPartFloatsPerBlock = size_t(kMaxMBlocks) * 16 * kMaxThreadN;
 
 // The Hopper (sm_90a, wgmma) kernel, kernels/sm90/: 256-column x 64-deep tiles and 8 to 128 token
-// rows per tile. Its partial tiles take up to two mma.sync slots, so the workspace's kWgmmaPartFloats
-// per SM bound its blocks per SM, as do the kMaxBlocksPerSm locks.
+// rows per tile, or 128-column ones of 128 or 256 rows (below). Its partial tiles take up to two mma.sync
+// slots, so the workspace's kWgmmaPartFloats per SM bound its blocks per SM, as do the kMaxBlocksPerSm locks.
 constexpr int kWgmmaTileN = 256;
 constexpr int kWgmmaTileK = 64;
+// The wide token tile: 256 rows over 128 columns (two packed 64-wide tiles), one m64n256 wgmma per warpgroup and
+// k16 step, so that each expanded weight fragment feeds 256 tokens instead of 128 (kernels/sm90/wgmma_layout.h,
+// kFeat128). Same partial-tile size as 128 x 256. Measured level with 128 x 256 (docs/PERF.md, thirty-first
+// session), so only forced (MarlinGemm::wgmma_rows = 256). The same 128-column layout also serves 128-row tiles
+// (128 x 128: Auto on narrow layers, kernels/marlin_dispatch.h, wgmma_prefer_128x128), half the partial tile.
+constexpr int kWgmmaWideRows = 256;
+constexpr int kWgmmaWideTileN = 128;
+MARLINC_PART_HD constexpr int wgmma_tile_n(int rows) { return rows == kWgmmaWideRows ? kWgmmaWideTileN : kWgmmaTileN; }
 constexpr size_t kWgmmaPartFloats = kMaxBlocksPerSm * kPartFloatsPerBlock;
-inline int wgmma_blocks_per_sm(int occupancy, int rows) {
-  const int slots = int(kWgmmaPartFloats / (size_t(kWgmmaTileN) * size_t(rows)));
+static_assert(size_t(kWgmmaWideRows) * kWgmmaWideTileN <= kWgmmaPartFloats, "a wide tile's partial fits its slot");
+inline int wgmma_blocks_per_sm(int occupancy, int rows, int tn = 0) {
+  const int slots = int(kWgmmaPartFloats / (size_t(tn > 0 ? tn : wgmma_tile_n(rows)) * size_t(rows)));
   int b = occupancy < slots ? occupancy : slots;
   return b < kMaxBlocksPerSm ? b : kMaxBlocksPerSm;
 }

@@ -5,6 +5,7 @@ out (N/2 of them per thread), hence a generator rather than hand-written operand
 import os
 
 NS = (8, 16, 32, 64, 128)
+SPLIT_NS = (128, 256)  # the 128-column tiles: N = NT tokens, accumulators in two halves
 TYPES = (("f16", 0), ("bf16", 1))
 
 out = [
@@ -21,25 +22,39 @@ out = [
     "struct Wgmma;",
     "",
 ]
-for n in NS:
+
+
+def emit(struct, n, name, dt, split):
+    """One wrapper: D as one array of n / 2 registers, or (split) as two arrays of n / 4, tokens 0 .. n/2 - 1 and
+    n/2 .. n - 1 (register 4i + 2h + e holds token 8i + 2 (lane % 4) + e): the 128-column tiles' acc[2][NT / 4]."""
     nacc = n // 2
+    d = ",".join(f"%{i}" for i in range(nacc))
+    a = ",".join(f"%{nacc + i}" for i in range(4))
+    desc = nacc + 4
+    half = nacc // 2
+    cons_d = ", ".join((f'"+f"(d{i // half}[{i % half}])' if split else f'"+f"(d[{i}])') for i in range(nacc))
+    cons_a = ", ".join(f'"r"(a[{i}])' for i in range(4))
+    sig = f"float (&d0)[{half}], float (&d1)[{half}]" if split else f"float (&d)[{nacc}]"
+    return [
+        "template <>",
+        f"struct {struct}<{dt}, {n}> {{",
+        f"  static __device__ __forceinline__ void run({sig}, const uint32_t (&a)[4], uint64_t desc) {{",
+        f'    asm volatile("{{\\n .reg .pred p;\\n setp.ne.b32 p, %{desc + 1}, 0;\\n"',
+        f'                 " wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{name}.{name} {{{d}}}, {{{a}}}, %{desc}, p, 1, 1, 0;\\n}}\\n"',
+        f"                 : {cons_d}",
+        f'                 : {cons_a}, "l"(desc), "r"(1));',
+        "  }",
+        "};",
+        "",
+    ]
+
+
+for n in NS:
     for name, dt in TYPES:
-        d = ",".join(f"%{i}" for i in range(nacc))
-        a = ",".join(f"%{nacc + i}" for i in range(4))
-        desc = nacc + 4
-        cons_d = ", ".join(f'"+f"(d[{i}])' for i in range(nacc))
-        cons_a = ", ".join(f'"r"(a[{i}])' for i in range(4))
-        out += [
-            "template <>",
-            f"struct Wgmma<{dt}, {n}> {{",
-            f"  static __device__ __forceinline__ void run(float (&d)[{nacc}], const uint32_t (&a)[4], uint64_t desc) {{",
-            f'    asm volatile("{{\\n .reg .pred p;\\n setp.ne.b32 p, %{desc + 1}, 0;\\n"',
-            f'                 " wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{name}.{name} {{{d}}}, {{{a}}}, %{desc}, p, 1, 1, 0;\\n}}\\n"',
-            f"                 : {cons_d}",
-            f'                 : {cons_a}, "l"(desc), "r"(1));',
-            "  }",
-            "};",
-            "",
-        ]
+        out += emit("Wgmma", n, name, dt, False)
+out += ["template <int DT, int N>", "struct WgmmaSplit;", ""]
+for n in SPLIT_NS:
+    for name, dt in TYPES:
+        out += emit("WgmmaSplit", n, name, dt, True)
 out += ["}  // namespace marlinc::kernels::detail", ""]
 open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "wgmma_ops.cuh"), "w").write("\n".join(out))

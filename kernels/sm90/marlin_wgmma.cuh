@@ -16,6 +16,11 @@
 // 128-byte rows with the 128B swizzle wgmma's descriptor names; weights and scales beside them. Stripes,
 // row-chunk groups, fp32 partial tiles in the workspace and the in-order finisher are those of the
 // mma.sync kernel (KernelArgs), so the host partition code serves both.
+//
+// The producer-fed form (marlin_wgmma_ws.cuh) also runs 128-column tiles of 128 or 256 tokens (FEAT = 128):
+// warpgroup g owns packed tile g and issues one 64-row wgmma over all NT tokens per k16 step, warp w of it
+// expands subblock w & 3 (one word per step). Auto takes 128 x 128 on narrow layers at m > 64
+// (marlin_dispatch.h, wgmma_prefer_128x128); 256 x 128 is forced only (MarlinGemm::wgmma_rows = 256).
 #pragma once
 #include <cstdint>
 
@@ -29,28 +34,40 @@ namespace marlinc::kernels::detail {
 
 namespace wl = wgmma_layout;
 
-template <int NT>
+template <int NT, int FEAT = wgmma_tile_n(NT)>
 struct WgShape {
   static constexpr int kThreads = wl::kThreads;
-  static constexpr int kFeat = wl::kFeat;
+  // FEAT = 128 (NT = 128 or 256 tokens): the 128-column tiles (wgmma_layout.h, kFeat128): warpgroup g expands packed
+  // tile g, one word per warp and k16 step, into one m64nNT wgmma; its accumulators are acc[2][NT / 4], acc[j] tokens
+  // NT / 2 j .. NT / 2 (j + 1) - 1 (wgmma_ops.cuh, WgmmaSplit). FEAT = 256: acc[j] is packed tile 2 g + j's 64-row
+  // wgmma over all NT tokens.
+  static constexpr bool kCols128 = FEAT == wl::kFeat128;
+  static constexpr int kFeat = FEAT;
+  static constexpr int kWords = kCols128 ? 1 : 2;  // packed words a warp expands per k16 step
   static constexpr int kTK = wl::kTK;
   static constexpr int kKB = wl::kKB;
+  static constexpr int kWeightRowBytes = kFeat * 8;  // one k16 row of the stage's packed tiles
+  static constexpr int kScaleRowBytes = kFeat * 2;   // one group row of the stage's scales
   // Stages in the ring; kStages - 2 tiles are in flight while one is computed and the one before it
   // may still be read by the last wgmma (see the main loop).
   static constexpr int kStages = NT == 128 ? 5 : 6;
   static constexpr int kABytes = NT * wl::kRowBytes;     // [NT, 64] 16-bit activations, swizzled rows
-  static constexpr int kBBytes = kKB * wl::kWeightRowBytes;  // [4 k16 rows][4 packed tiles x 512 B]
-  static constexpr int kSBytes = 2 * wl::kScaleRowBytes;  // up to two group rows (group 32)
-  static constexpr int kStage = kABytes + kBBytes + kSBytes;
+  static constexpr int kBBytes = kKB * kWeightRowBytes;  // [4 k16 rows][kFeat / 64 packed tiles x 512 B]
+  static constexpr int kSBytes = 2 * kScaleRowBytes;     // up to two group rows (group 32)
   static constexpr int kAlign = wl::kSwizzleAtom;        // swizzle atoms must be address-aligned
+  static constexpr int kStage = (kABytes + kBBytes + kSBytes + kAlign - 1) / kAlign * kAlign;
   static constexpr int kSmemBytes = kStages * kStage + kAlign;  // + slack to align the dynamic base
-  static constexpr int kAcc = NT / 2;              // fp32 accumulators per thread per 64-row wgmma
-  static constexpr int kPart = kFeat * NT;         // floats in one deposited partial tile
-  static constexpr bool kHoistCopies = NT <= 64;   // copy addresses once per slice (see the loaders)
+  static constexpr int kAcc = kCols128 ? NT / 4 : NT / 2;  // fp32 accumulators per thread in acc[j]
+  static constexpr int kPart = kFeat * NT;          // floats in one deposited partial tile
+  static constexpr bool kHoistCopies = NT <= 64;    // copy addresses once per slice (see the loaders)
 
-  static_assert(NT == 8 || NT == 16 || NT == 32 || NT == 64 || NT == 128, "wgmma N sizes in wgmma_ops.cuh");
+  static_assert(FEAT == wl::kFeat ? (NT == 8 || NT == 16 || NT == 32 || NT == 64 || NT == 128)
+                                  : FEAT == wl::kFeat128 && (NT == 128 || NT == 256),
+                "tiles with a wgmma of NT tokens in wgmma_ops.cuh");
   static_assert(kStage % kAlign == 0, "every stage's activation tile starts on a swizzle atom");
-  static_assert(kFeat == kWgmmaTileN && kTK == kWgmmaTileK, "the host partitions with these tiles");
+  static_assert(kTK == kWgmmaTileK, "the host partitions with these tiles");
+  static_assert(kWeightRowBytes == (kCols128 ? wl::kWeightRowBytes128 : wl::kWeightRowBytes), "wgmma_layout.h's rows");
+  static_assert(2 * kAcc * wl::kThreads == kPart, "a partial tile is every thread's acc[2][kAcc]");
   static_assert(kAcc % 4 == 0, "partial tiles are deposited as float4");
   static_assert(NT % 8 == 0, "tokens come in 8-row swizzle atoms");
   static_assert(size_t(kPart) <= kWgmmaPartFloats, "a block's partial tile fits its workspace slot");
@@ -84,11 +101,11 @@ __device__ __forceinline__ WgWords wg_load_words(const unsigned char* stage, int
   return w;
 }
 
-// One k16 step's expansion: the two words into two A fragments (scaled when grouped).
-template <int DT, bool GROUPED>
-__device__ __forceinline__ void wg_expand(const WgWords& w, uint32_t (&a)[2][4]) {
+// One k16 step's expansion: the W words (q.x, then q.y) into W A fragments (scaled when grouped).
+template <int DT, bool GROUPED, int W>
+__device__ __forceinline__ void wg_expand(const WgWords& w, uint32_t (&a)[W][4]) {
 #pragma unroll
-  for (int j = 0; j < 2; ++j) {
+  for (int j = 0; j < W; ++j) {
     uint32_t f[4];
     dequant8<DT>(uint32_t(j == 0 ? w.q.x : w.q.y), f);
     if constexpr (GROUPED) {
@@ -100,15 +117,20 @@ __device__ __forceinline__ void wg_expand(const WgWords& w, uint32_t (&a)[2][4])
   }
 }
 
-// One k16 step's two 64-row wgmmas on the activations that descriptor `desc` names, from fragments `a`,
-// committed as one group.
-template <int DT, int NT>
-__device__ __forceinline__ void wg_mma_desc(float (&acc)[2][NT / 2], uint64_t desc, uint32_t (&a)[2][4]) {
-  fence_regs(a[0]);
-  fence_regs(a[1]);
+// One k16 step's wgmmas on the activations that descriptor `desc` names, from fragments `a`, committed as one
+// group: two 64-row ones, or the 128-column tiles' one over both accumulator halves.
+template <int DT, int NT, int FEAT = wgmma_tile_n(NT)>
+__device__ __forceinline__ void wg_mma_desc(float (&acc)[2][WgShape<NT, FEAT>::kAcc], uint64_t desc,
+                                            uint32_t (&a)[WgShape<NT, FEAT>::kWords][4]) {
+#pragma unroll
+  for (int j = 0; j < WgShape<NT, FEAT>::kWords; ++j) fence_regs(a[j]);
   wgmma_fence();
-  Wgmma<DT, NT>::run(acc[0], a[0], desc);
-  Wgmma<DT, NT>::run(acc[1], a[1], desc);
+  if constexpr (WgShape<NT, FEAT>::kCols128) {
+    WgmmaSplit<DT, NT>::run(acc[0], acc[1], a[0], desc);
+  } else {
+    Wgmma<DT, NT>::run(acc[0], a[0], desc);
+    Wgmma<DT, NT>::run(acc[1], a[1], desc);
+  }
   wgmma_commit();
 }
 
@@ -132,49 +154,63 @@ __device__ __forceinline__ void wg_issue(float (&acc)[2][NT / 2], uint32_t stage
 // wl::acc_col(.., j, lane, h), token wl::acc_token(i, lane, e). Lanes l and l ^ 4 swap one value so that each
 // writes a 4-byte pair of one token row (wl::pair_*), with per-channel scales applied first. Warp-synchronous
 // only: any subset of the tile's warps may call it. STAGED, epi: as for wg_finish_slice below.
-template <int DT, bool GROUPED, int NT, bool STAGED>
-__device__ __forceinline__ void wg_write_c(const KernelArgs& p, const float (&acc)[2][NT / 2], int slice, int row0,
-                                           int warp, int lane, uint32_t epi) {
-  using S = WgShape<NT>;
+template <int DT, bool GROUPED, int NT, bool STAGED, int FEAT = wgmma_tile_n(NT)>
+__device__ __forceinline__ void wg_write_c(const KernelArgs& p, const float (&acc)[2][WgShape<NT, FEAT>::kAcc],
+                                           int slice, int row0, int warp, int lane, uint32_t epi) {
+  using S = WgShape<NT, FEAT>;
   const int tile = wl::warp_tile(warp), sub0 = wl::warp_sub0(warp);
   uint16_t* C = static_cast<uint16_t*>(p.C);
   const uint16_t* s16 = static_cast<const uint16_t*>(p.s);
   const bool even = wl::pair_even(lane);
   if constexpr (STAGED) {
-    static_assert(NT % wl::kEpiTokens == 0, "whole staging rounds");
-    constexpr int kI = wl::kEpiTokens / 8;  // 8-token accumulator rows per round
-    const int wc0 = slice * S::kFeat + wl::acc_col(tile, sub0, 0, 0, 0);  // the warp's first column
-    float sc[2][2];
+    // Per round, kTokens tokens of the warp's kJ 16-column subblocks into its buffer, then out as 16-byte rows.
+    // 256-column tiles: two subblocks, acc[j] subblock j over all NT tokens, buffer map epi_byte. 128-column tiles
+    // (only staged): one subblock (warp_sub128 of packed tile warp_tile128), acc[j] tokens NT / 2 j .., epi_byte128.
+    constexpr bool k128 = S::kCols128;
+    constexpr int kJ = k128 ? 1 : 2;
+    constexpr int kTokens = k128 ? wl::kEpiTokens128 : wl::kEpiTokens, kReads = k128 ? wl::kEpiReads128 : wl::kEpiReads;
+    constexpr int kI = kTokens / 8;                              // 8-token accumulator rows per round
+    constexpr int kHalfRounds = k128 ? NT / 2 / kTokens : NT / kTokens;  // rounds per accumulator array acc[j]
+    static_assert(kHalfRounds >= 1 && kHalfRounds * kI * 4 == S::kAcc && NT % kTokens == 0,
+                  "whole staging rounds in each accumulator array");
+    auto byte = [](int lt, int col) { return k128 ? wl::epi_byte128(lt, col) : wl::epi_byte(lt, col); };
+    const int wc0 = slice * S::kFeat + (k128 ? wl::acc_col(wl::warp_tile128(warp), wl::warp_sub128(warp), 0, 0, 0)
+                                             : wl::acc_col(tile, sub0, 0, 0, 0));  // the warp's first column
+    float sc[kJ][2];
 #pragma unroll
-    for (int j = 0; j < 2; ++j)
+    for (int j = 0; j < kJ; ++j)
 #pragma unroll
       for (int h = 0; h < 2; ++h)
         sc[j][h] = GROUPED ? 1.f : to_float<DT>(s16[wl::channel_scale_pos(wc0 + wl::epi_col(j, lane, h))]);
 #pragma unroll
-    for (int r = 0; r < NT / wl::kEpiTokens; ++r) {
+    for (int r = 0; r < NT / kTokens; ++r) {
 #pragma unroll
-      for (int j = 0; j < 2; ++j)
+      for (int j = 0; j < kJ; ++j) {
+        const float* a = acc[k128 ? r / kHalfRounds : j];
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
           for (int ii = 0; ii < kI; ++ii) {
-            const int i = r * kI + ii;
-            const float v0 = acc[j][4 * i + 2 * h] * sc[j][h], v1 = acc[j][4 * i + 2 * h + 1] * sc[j][h];
+            const int i = (r % kHalfRounds) * kI + ii;
+            const float v0 = a[4 * i + 2 * h] * sc[j][h], v1 = a[4 * i + 2 * h + 1] * sc[j][h];
             const float other = __shfl_xor_sync(0xffffffffu, wl::pair_send_e(lane) ? v1 : v0, 4);
-            sts32(epi + wl::epi_byte(wl::pair_token(ii, lane), wl::pair_col(wl::epi_col(j, lane, h), lane)),
+            sts32(epi + byte(wl::pair_token(ii, lane), wl::pair_col(wl::epi_col(j, lane, h), lane)),
                   even ? pack2<DT>(v0, other) : pack2<DT>(other, v1));
           }
+      }
       __syncwarp();  // the round's pairs are in the buffer before any lane reads a row
 #pragma unroll
-      for (int s = 0; s < wl::kEpiReads; ++s) {
-        const int lt = wl::epi_read_token(s, lane), x = wl::epi_read_chunk(s, lane);
-        const int4 v = lds128(epi + wl::epi_byte(lt, 8 * x));
-        const int tok = row0 + r * wl::kEpiTokens + lt;
+      for (int s = 0; s < kReads; ++s) {
+        const int lt = k128 ? wl::epi_read_token128(s, lane) : wl::epi_read_token(s, lane);
+        const int x = k128 ? wl::epi_read_chunk128(s, lane) : wl::epi_read_chunk(s, lane);
+        const int4 v = lds128(epi + byte(lt, 8 * x));
+        const int tok = row0 + r * kTokens + lt;
         if (tok < p.m) *reinterpret_cast<int4*>(C + size_t(tok) * p.n + wc0 + 8 * x) = v;
       }
       __syncwarp();  // every lane has read the round before the next one overwrites it
     }
   } else {
+    static_assert(!S::kCols128, "the 128-column tiles stage their C");
 #pragma unroll
     for (int j = 0; j < 2; ++j)
 #pragma unroll
@@ -220,11 +256,11 @@ __device__ __forceinline__ void add_f4(float* acc, const int4& v) {
 // STAGED: C passes through the warp's kEpiWarpBytes buffer at shared-window address `epi` (wgmma_layout.h,
 // epi_byte); otherwise each lane stores 4-byte pairs straight from its accumulators. `added`: the finisher
 // has added the deposit already (wg_early_finisher), so only C is left.
-template <int DT, bool GROUPED, int NT, int kBar, int kCount, bool STAGED = false>
-__device__ __forceinline__ void wg_finish_slice(const KernelArgs& p, float (&acc)[2][NT / 2], int slice, int row0,
+template <int DT, bool GROUPED, int NT, int kBar, int kCount, bool STAGED = false, int FEAT = wgmma_tile_n(NT)>
+__device__ __forceinline__ void wg_finish_slice(const KernelArgs& p, float (&acc)[2][WgShape<NT, FEAT>::kAcc], int slice, int row0,
                                                 int base_b, int k_tiles, int warp, int lane, int team_tid,
                                                 uint32_t epi = 0, bool added = false) {
-  using S = WgShape<NT>;
+  using S = WgShape<NT, FEAT>;
   const int first_b = slice_first_block(base_b, slice, k_tiles, p.iters);
   const int last_b = slice_last_block(base_b, slice, k_tiles, p.iters);
   const int count = last_b - first_b + 1;
@@ -259,13 +295,14 @@ __device__ __forceinline__ void wg_finish_slice(const KernelArgs& p, float (&acc
     }
   }
 
-  if (count == 1 || finisher) wg_write_c<DT, GROUPED, NT, STAGED>(p, acc, slice, row0, warp, lane, epi);
+  if (count == 1 || finisher) wg_write_c<DT, GROUPED, NT, STAGED, FEAT>(p, acc, slice, row0, warp, lane, epi);
 }
 
 template <int DT, bool GROUPED, int NT>
 __global__ void __launch_bounds__(256, NT <= 64 ? 2 : 1) marlin_wgmma_kernel(const KernelArgs p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using S = WgShape<NT>;
+  static_assert(!S::kCols128, "the 128-column tiles run on the producer-fed form only (marlin_wgmma_ws.cuh)");
   extern __shared__ __align__(16) unsigned char sh_raw[];
   const uint32_t raw = smem_addr(sh_raw);
   unsigned char* sh = sh_raw + (((raw + S::kAlign - 1) & ~uint32_t(S::kAlign - 1)) - raw);

@@ -35,9 +35,9 @@
 
 namespace marlinc::kernels::detail {
 
-template <int NT, int BPS, bool CL = false>
-struct WsShape : WgShape<NT> {
-  using Base = WgShape<NT>;
+template <int NT, int BPS, bool CL = false, int FEAT = wgmma_tile_n(NT)>
+struct WsShape : WgShape<NT, FEAT> {
+  using Base = WgShape<NT, FEAT>;
   static constexpr int kProducerThreads = 128;
   static constexpr int kThreads = kProducerThreads + wl::kThreads;  // producer + two consumer warpgroups
   static constexpr int kConsumerThreads = wl::kThreads;
@@ -79,14 +79,16 @@ struct WsShape : WgShape<NT> {
   // After the wait of the batch from step kRelease on, every wgmma of the previous tile has retired.
   static constexpr int kRelease = (kPending - 1) / kBatch * kBatch;
 
-  static_assert(NT == 64 || NT == 128, "token tiles the warp-specialized kernel is built for");
+  static_assert(NT == 64 || NT == 128 || NT == kWgmmaWideRows, "token tiles the warp-specialized kernel is built for");
+  static_assert(FEAT == wgmma_tile_n(NT) || (NT == 128 && FEAT == kWgmmaWideTileN), "the column widths per token tile");
   static_assert(Base::kKB % kBatch == 0, "a stage is a whole number of batches");
   static_assert(kPending >= kBatch && kPending <= Base::kKB, "the previous tile retires within the next one");
   static_assert(kPending <= Base::kKB - kBatch, "a batch is expanded into registers no wgmma in flight reads");
   static_assert(kStages >= 3, "the ring needs stages in flight on both sides of the one being read");
   static_assert(16 * kMaxStages <= kPairBarOff, "the ring's barriers fit before the pair form's");
   // CL: a tile split in two runs as a cluster of its two blocks (kernels/marlin_dispatch.h, wgmma_pair_tiles).
-  // Each block's warpgroup g holds columns 128 g .. 128 g + 127 of the tile; block (rank) r writes the half of
+  // Each block's warpgroup g holds columns 128 g .. 128 g + 127 of the tile (64 g .. 64 g + 63 of the wide tile's,
+  // every token); block (rank) r writes the half of
   // warpgroup r, whose partial the partner's warpgroup r sends into r's ring, free once both blocks' products
   // are done: [j][q][thread] float4, kHalfBytes.
   static constexpr int kHalfBytes = 128 * 2 * Base::kAcc * 4;
@@ -99,7 +101,8 @@ struct WsShape : WgShape<NT> {
   static constexpr int kDepPieces = (kDepTotalRows + kDepRows - 1) / kDepRows;
   static_assert(!CL || kHalfBytes <= kStages * Base::kStage, "the ring holds the partner's half tile");
   static_assert(kDepRows >= 1 && kDepTotalRows * kDepRowBytes == Base::kPart * 4, "a stage holds whole deposit rows");
-  static_assert(!CL || (NT == kWgmmaPairRows && BPS == 1), "the pair form's tiles (marlin_dispatch.h)");
+  static_assert(!CL || ((NT == kWgmmaPairRows || NT == kWgmmaWideRows) && FEAT == wgmma_tile_n(NT) && BPS == 1),
+                "the pair form's tiles (marlin_dispatch.h)");
   static_assert(kSmemBytes <= kSmemPerBlock, "the ring fits the block's shared memory");
   static_assert(kConsumerRegs <= 256 && kProducerRegs >= 24, "setmaxnreg bounds");
   static_assert(Base::kABytes % 128 == 0 && Base::kBBytes % 128 == 0,
@@ -190,6 +193,11 @@ __device__ __forceinline__ int2 lds64(uint32_t addr) {
   asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr));
   return v;
 }
+__device__ __forceinline__ uint32_t lds32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+  return v;
+}
 
 // Position in the ring: stage index and the parity of its current use.
 struct RingPos {
@@ -207,8 +215,8 @@ struct RingPos {
 // not write here sends its partial into the partner's ring, the other adds the partner's and writes its half of
 // C. One fp32 addition per element of the two halves' sums, as the finisher of a tile in stripes adds the other
 // block's deposit (a + b in either order: the bytes do not depend on which block writes).
-template <int DT, bool GROUPED, int NT, int BPS>
-__device__ __forceinline__ void wg_pair_finish(const KernelArgs& p, float (&acc)[2][NT / 2], int slice, int row0,
+template <int DT, bool GROUPED, int NT, int BPS, int FEAT>
+__device__ __forceinline__ void wg_pair_finish(const KernelArgs& p, float (&acc)[2][WgShape<NT, FEAT>::kAcc], int slice, int row0,
                                                uint32_t ring, uint32_t pair_bar, int cw, int lane, int ctid,
                                                uint32_t epi) {
   using S = WsShape<NT, BPS, true>;
@@ -242,15 +250,15 @@ __device__ __forceinline__ void wg_pair_finish(const KernelArgs& p, float (&acc)
       for (int q = 0; q < kQ; ++q) {
         add_f4(&acc[j][4 * q], lds128(ring + ((j * kQ + q) * 128 + wtid) * 16));
       }
-    wg_write_c<DT, GROUPED, NT, true>(p, acc, slice, row0, cw, lane, epi);
+    wg_write_c<DT, GROUPED, NT, true, FEAT>(p, acc, slice, row0, cw, lane, epi);
   }
 }
 
-template <int DT, bool GROUPED, int NT, int BPS, bool CL>
+template <int DT, bool GROUPED, int NT, int BPS, bool CL, int FEAT>
 __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS)
     marlin_wgmma_ws_kernel(const KernelArgs p, const __grid_constant__ TmaMaps maps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using S = WsShape<NT, BPS, CL>;
+  using S = WsShape<NT, BPS, CL, FEAT>;
   extern __shared__ __align__(16) unsigned char sh_raw[];
   const uint32_t raw = smem_addr(sh_raw);
   unsigned char* sh = sh_raw + (((raw + S::kAlign - 1) & ~uint32_t(S::kAlign - 1)) - raw);
@@ -288,7 +296,7 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS)
     regs_dec<S::kProducerRegs>();
     if (tid != 0) return;
     const int s_rows = GROUPED ? tile_scale_rows(S::kTK, p.group_shift) : 0;
-    const uint32_t tx = S::kABytes + S::kBBytes + s_rows * wl::kScaleRowBytes;
+    const uint32_t tx = S::kABytes + S::kBBytes + s_rows * S::kScaleRowBytes;
     // The weights pass through L2 once (the row-chunk groups that share them run side by side). Tagged
     // evict-first, they are the first lines L2 gives up, ahead of the activations every column block
     // re-reads and the partial tiles deposited for the finishers (docs/PERF.md, fourteenth session: 5% on
@@ -363,7 +371,10 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS)
   regs_inc<S::kConsumerRegs>();
   wait_previous_grid();  // C, the workspace and its locks are the previous kernel's until it has finished
   const int ctid = tid - S::kProducerThreads, cw = ctid >> 5;
-  const int tile = wl::warp_tile(cw), sub0 = wl::warp_sub0(cw);
+  // The warp's packed tile and subblock: two subblocks (an int2 of words) on the 256-column tiles, one on the wide
+  // tile (wgmma_layout.h, warp_tile128 / warp_sub128).
+  const int tile = S::kCols128 ? wl::warp_tile128(cw) : wl::warp_tile(cw);
+  const int sub0 = S::kCols128 ? wl::warp_sub128(cw) : wl::warp_sub0(cw);
   const bool tl0 = ctid == 0;  // the consumers' thread 0 marks the rest of the timeline
   tl_mark(p, kTlWaited, tl0);
   bool tl_first = tl0;
@@ -371,11 +382,17 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS)
   // Scale words of steps 0-1 and 2-3 (the same row unless the group is 32); odd steps reuse the even
   // step's (wl::pairs_share_scale_rows).
   const int s_byte = S::kABytes + S::kBBytes + wl::scale_byte(tile, lane, sub0);
-  const int s_step2 = GROUPED ? wl::scale_row(2, p.group_shift) * wl::kScaleRowBytes : 0;
+  const int s_step2 = GROUPED ? wl::scale_row(2, p.group_shift) * S::kScaleRowBytes : 0;
   auto words = [&](uint32_t stage, int kk, int2 sv_prev) {
-    WgWords w{lds64(stage + kk * wl::kWeightRowBytes + w_byte), sv_prev};
-    if (GROUPED && kk % 2 == 0) w.sv = lds64(stage + s_byte + (kk / 2) * s_step2);
-    return w;
+    if constexpr (S::kCols128) {
+      WgWords w{make_int2(int(lds32(stage + kk * S::kWeightRowBytes + w_byte)), 0), sv_prev};
+      if (GROUPED && kk % 2 == 0) w.sv = make_int2(int(lds32(stage + s_byte + (kk / 2) * s_step2)), 0);
+      return w;
+    } else {
+      WgWords w{lds64(stage + kk * S::kWeightRowBytes + w_byte), sv_prev};
+      if (GROUPED && kk % 2 == 0) w.sv = lds64(stage + s_byte + (kk / 2) * s_step2);
+      return w;
+    }
   };
   uint32_t cbase = sbase;
   asm volatile("" : "+r"(cbase));  // opaque: kept in a register, not re-derived from the CTA id per stage
@@ -404,7 +421,7 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS)
         for (int b = 0; b < S::kBatch; ++b) w[b] = words(stage, b, b ? w[b - 1].sv : make_int2(0, 0));
 #pragma unroll
         for (int kk = 0; kk < S::kKB; kk += S::kBatch) {
-          uint32_t a[S::kBatch][2][4];
+          uint32_t a[S::kBatch][S::kWords][4];
 #pragma unroll
           for (int b = 0; b < S::kBatch; ++b) wg_expand<DT, GROUPED>(w[b], a[b]);
           if (kk + S::kBatch < S::kKB)
@@ -412,7 +429,7 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS)
             for (int b = 0; b < S::kBatch; ++b)
               w[b] = words(stage, kk + S::kBatch + b, b ? w[b - 1].sv : w[S::kBatch - 1].sv);
 #pragma unroll
-          for (int b = 0; b < S::kBatch; ++b) wg_mma_desc<DT, NT>(acc, wl::desc_step(desc0, kk + b), a[b]);
+          for (int b = 0; b < S::kBatch; ++b) wg_mma_desc<DT, NT, FEAT>(acc, wl::desc_step(desc0, kk + b), a[b]);
           wgmma_wait<S::kPending>();
           // A predicated arrive, not a branch, while wgmmas are in flight (a branch there makes ptxas
           // serialize them, C7513).
@@ -445,10 +462,10 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS)
         }
       }
       if constexpr (CL)
-        wg_pair_finish<DT, GROUPED, NT, BPS>(p, acc, slice, pc * NT, cbase, cbase + (pair_bar - sbase), cw, lane, ctid,
+        wg_pair_finish<DT, GROUPED, NT, BPS, FEAT>(p, acc, slice, pc * NT, cbase, cbase + (pair_bar - sbase), cw, lane, ctid,
                                              cepi);
       else
-        wg_finish_slice<DT, GROUPED, NT, 1, wl::kThreads, true>(p, acc, slice, pc * NT, base_b, k_tiles, cw, lane,
+        wg_finish_slice<DT, GROUPED, NT, 1, wl::kThreads, true, FEAT>(p, acc, slice, pc * NT, base_b, k_tiles, cw, lane,
                                                                ctid, cepi, added);
       it += cnt;
     }
@@ -459,35 +476,38 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS)
 #endif
 }
 
-template <int DT, int NT, int BPS, bool CL>
+template <int DT, int NT, int BPS, bool CL, int FEAT>
 cudaError_t wgmma_ws_prepare(int* blocks_per_sm, int* smem_bytes) {
-  using S = WsShape<NT, BPS, CL>;
-  return prepare_variants(marlin_wgmma_ws_kernel<DT, false, NT, BPS, CL>, marlin_wgmma_ws_kernel<DT, true, NT, BPS, CL>,
-                          S::kThreads, S::kSmemBytes, blocks_per_sm, smem_bytes);
+  using S = WsShape<NT, BPS, CL, FEAT>;
+  return prepare_variants(marlin_wgmma_ws_kernel<DT, false, NT, BPS, CL, FEAT>,
+                          marlin_wgmma_ws_kernel<DT, true, NT, BPS, CL, FEAT>, S::kThreads, S::kSmemBytes, blocks_per_sm,
+                          smem_bytes);
 }
 
-template <int DT, int NT, int BPS, bool CL>
+template <int DT, int NT, int BPS, bool CL, int FEAT>
 cudaError_t wgmma_ws_launch(const KernelArgs& a, const TmaMaps& maps, const LaunchOpts& o, cudaStream_t stream) {
-  return launch_variant(marlin_wgmma_ws_kernel<DT, false, NT, BPS, CL>, marlin_wgmma_ws_kernel<DT, true, NT, BPS, CL>,
-                        WsShape<NT, BPS>::kThreads, a, o, stream, maps);
+  return launch_variant(marlin_wgmma_ws_kernel<DT, false, NT, BPS, CL, FEAT>,
+                        marlin_wgmma_ws_kernel<DT, true, NT, BPS, CL, FEAT>, WsShape<NT, BPS>::kThreads, a, o, stream,
+                        maps);
 }
 
 // How many clusters of `size` blocks of the pair form (o.smem_bytes each) the device runs at once.
-template <int DT>
+template <int DT, int NT>
 cudaError_t wgmma_ws_max_clusters(int size, const LaunchOpts& o, int* clusters) {
-  constexpr int NT = kWgmmaPairRows;
-  return max_active_clusters(marlin_wgmma_ws_kernel<DT, false, NT, 1, true>, marlin_wgmma_ws_kernel<DT, true, NT, 1, true>,
-                             WsShape<NT, 1>::kThreads, size, o, clusters);
+  constexpr int F = wgmma_tile_n(NT);
+  return max_active_clusters(marlin_wgmma_ws_kernel<DT, false, NT, 1, true, F>,
+                             marlin_wgmma_ws_kernel<DT, true, NT, 1, true, F>, WsShape<NT, 1>::kThreads, size, o, clusters);
 }
 
-#define MARLINC_INSTANTIATE_WGMMA_WS_CL(DT, NT, BPS, CL)                                                   \
-  template cudaError_t wgmma_ws_prepare<DT, NT, BPS, CL>(int*, int*);                                    \
-  template cudaError_t wgmma_ws_launch<DT, NT, BPS, CL>(const KernelArgs&, const TmaMaps&, const LaunchOpts&, \
-                                                        cudaStream_t);
-#define MARLINC_INSTANTIATE_WGMMA_WS(DT, NT, BPS) MARLINC_INSTANTIATE_WGMMA_WS_CL(DT, NT, BPS, false)
-// The pair form: 128-row tiles at one block per SM (kernels/marlin_dispatch.h, wgmma_pair_tiles).
-#define MARLINC_INSTANTIATE_WGMMA_WS_PAIR(DT)                  \
-  MARLINC_INSTANTIATE_WGMMA_WS_CL(DT, kWgmmaPairRows, 1, true) \
-  template cudaError_t wgmma_ws_max_clusters<DT>(int, const LaunchOpts&, int*);
+// Instantiations: NT-row tiles of FEAT columns (wgmma_tile_n(NT), or 128 beside 128 rows) at BPS blocks per SM.
+#define MARLINC_INSTANTIATE_WGMMA_WS_F(DT, NT, BPS, CL, FEAT)                                                    \
+  template cudaError_t wgmma_ws_prepare<DT, NT, BPS, CL, FEAT>(int*, int*);                                    \
+  template cudaError_t wgmma_ws_launch<DT, NT, BPS, CL, FEAT>(const KernelArgs&, const TmaMaps&, const LaunchOpts&, \
+                                                              cudaStream_t);
+#define MARLINC_INSTANTIATE_WGMMA_WS(DT, NT, BPS) MARLINC_INSTANTIATE_WGMMA_WS_F(DT, NT, BPS, false, wgmma_tile_n(NT))
+// The pair form: 128-row and wide tiles at one block per SM (kernels/marlin_dispatch.h, wgmma_pair_tiles).
+#define MARLINC_INSTANTIATE_WGMMA_WS_PAIR(DT, NT)                   \
+  MARLINC_INSTANTIATE_WGMMA_WS_F(DT, NT, 1, true, wgmma_tile_n(NT)) \
+  template cudaError_t wgmma_ws_max_clusters<DT, NT>(int, const LaunchOpts&, int*);
 
 }  // namespace marlinc::kernels::detail

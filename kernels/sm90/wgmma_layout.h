@@ -120,6 +120,37 @@ constexpr int kEpiReads = kEpiTokens * kEpiChunks / 32;  // 16-byte reads per la
 static_assert(2 * kEpiChunks * 16 == 128, "two token rows fill one 128-byte bank row");
 static_assert(kEpiTokens % 8 == 0 && kEpiTokens * kEpiChunks % 32 == 0, "whole pair-store and read instructions");
 
+// ---- 128-column tiles: 128 or 256 tokens x two packed 64-wide tiles per block, one m64nNT wgmma per warpgroup
+// and k16 step (each expanded weight fragment feeds every token of the tile). The producer-fed kernel runs them
+// (marlin_wgmma_ws.cuh, FEAT = 128); checked on the CPU model of wgmma (tests/kernels/test_wgmma_model.cpp) and
+// the [gpu][wgmma] tests. The maps above that take a tile and a subblock (weight_byte, scale_byte, acc_col,
+// act_chunk_byte, the descriptors) hold for them unchanged.
+constexpr int kFeat128 = 128;
+constexpr int kWeightRowBytes128 = kFeat128 * 8;  // one k16 row of the stage's two packed tiles (2 x 512 B)
+constexpr int kScaleRowBytes128 = kFeat128 * 2;
+// int4 i of such a stage's weight copy: k16 row i / 64, int4 i % 64 of the row's two packed tiles.
+MARLINC_HD constexpr int weight_int4_row128(int i) { return i / (kFeat128 / 2); }
+MARLINC_HD constexpr int weight_int4_col128(int i) { return i % (kFeat128 / 2); }
+// Warp w expands packed tile w / 4 (warpgroup g owns tile g) and its 16-column subblock w % 4 (one packed word
+// per k16 step): the four warps of a warpgroup are the four 16-row slices of its one 64-row wgmma.
+MARLINC_HD constexpr int warp_tile128(int warp) { return warp >> 2; }
+MARLINC_HD constexpr int warp_sub128(int warp) { return warp & 3; }
+// Their staged epilogue: a warp's 16 columns (epi_col with j = 0) are 32 bytes of a token row, so four tokens share
+// a 128-byte row of the same kEpiWarpBytes buffer, kEpiTokens128 tokens a round, the chunks XORed with the row index
+// as in epi_byte (a pair-store instruction and each 8-lane phase of a read touch 32 distinct banks; checked in
+// tests/kernels/test_wgmma_model.cpp).
+constexpr int kEpiCols128 = 16;
+constexpr int kEpiChunks128 = kEpiCols128 * 2 / 16;                // 16-byte chunks per token row
+constexpr int kEpiTokens128 = kEpiWarpBytes / (kEpiCols128 * 2);  // token rows per round
+MARLINC_HD constexpr int epi_byte128(int lt, int col) {
+  return (lt >> 2) * 128 + ((((lt & 3) * kEpiChunks128 + col / 8) ^ ((lt >> 2) & 7)) << 4) + (col % 8) * 2;
+}
+MARLINC_HD constexpr int epi_read_token128(int s, int lane) { return (32 * s + lane) / kEpiChunks128; }
+MARLINC_HD constexpr int epi_read_chunk128(int s, int lane) { return (32 * s + lane) % kEpiChunks128; }
+constexpr int kEpiReads128 = kEpiTokens128 * kEpiChunks128 / 32;  // 16-byte reads per lane per round
+static_assert(4 * kEpiChunks128 * 16 == 128, "four token rows fill one 128-byte bank row");
+static_assert(kEpiTokens128 % 8 == 0 && kEpiTokens128 * kEpiChunks128 % 32 == 0, "whole pair-store and read instructions");
+
 // Position of column c's per-channel scale in the permuted scale row (§1.6: the single permutation,
 // inside each 32-column chunk).
 MARLINC_HD constexpr int channel_scale_pos(int c) {

@@ -259,11 +259,13 @@ double run_case(const Layer& L, int64_t m, std::mt19937_64& rng, const RunOpts& 
   return rel;
 }
 
-// The Hopper kernel's producer-warpgroup form on rows-row tiles and `sms` SMs (0: all of them).
-RunOpts producer(int rows, int sms, int ref_rows = 1 << 30) {
+// The Hopper kernel's producer-warpgroup form on rows-row tiles and `sms` SMs (0: all of them); tn: the tile's
+// columns (0: the token tile's own width; 128 with 128 rows: 128 x 128 tiles).
+RunOpts producer(int rows, int sms, int ref_rows = 1 << 30, int tn = 0) {
   RunOpts o;
   o.path = MarlinPath::Wgmma;
   o.wgmma_rows = rows;
+  o.thread_n = tn;
   o.wgmma_pipeline = 2;
   o.num_sms = sms;
   o.max_ref_rows = ref_rows;
@@ -285,6 +287,8 @@ bool takes_early_deposits(int64_t m, int64_t n, int64_t k, int sms) {
          kernels::slice_early_deposit(P.iters, k_tiles, rows);
 }
 const std::pair<int, int64_t> kEarlyCases[] = {{5, 65}, {5, 100}, {10, 200}};  // (SMs, m): one and two row chunks
+struct PairCase { int64_t m; int sms; };
+const PairCase kWidePairCases[] = {{100, 12}, {256, 13}, {300, 24}, {1000, 48}};  // on 1024 x 768
 
 }  // namespace
 
@@ -504,7 +508,8 @@ TEST_CASE("marlin: Hopper wgmma kernel", "[gpu][marlin][wgmma]") {
 }
 
 // The warp-specialized pipeline (a producer warpgroup and mbarriers) on the same cases as above where
-// it is built (64- and 128-row tiles); its refusal of smaller tiles is in the argument-check case.
+// it is built (64- and 128-row tiles, and the wide tile of 256 rows x 128 columns); its refusal of smaller
+// tiles is in the argument-check case.
 TEST_CASE("marlin: Hopper wgmma kernel, producer warpgroup", "[gpu][marlin][wgmma]") {
   if (!marlin_wgmma_available()) {
     WARN("skipped: no compute capability 9.0 device, or no sm_90a code in this build");
@@ -514,19 +519,20 @@ TEST_CASE("marlin: Hopper wgmma kernel, producer warpgroup", "[gpu][marlin][wgmm
   for (ActType act : {ActType::F16, ActType::BF16})
     for (int64_t g : kGroups) {
       const Layer L = make_layer(rng, 1024, 768, g, act);
-      for (int rows : {64, 128})
+      for (int rows : {64, 128, kernels::kWgmmaWideRows, -128})  // -128: 128 x 128 tiles
         for (int sms : {0, 3})
           for (int64_t m : kMs) {
             if (act == ActType::BF16 && m != 100 && m != 1000) continue;
-            run_case(L, m, rng, producer(rows, sms, 48));
+            run_case(L, m, rng, rows < 0 ? producer(-rows, sms, 48, kernels::kWgmmaWideTileN) : producer(rows, sms, 48));
           }
     }
-  // A long stripe over many slices and row chunks: the ring's phases wrap many times per block, on both
-  // tiles. On 5 SMs at m = 300 every block owns all four slices whole (wgmma_whole_slices), as 3 SMs at
+  // A long stripe over many slices and row chunks: the ring's phases wrap many times per block, on every
+  // tile. On 5 SMs at m = 300 every block owns all four slices whole (wgmma_whole_slices), as 3 SMs at
   // m = 100 give 64-row blocks all three slices above.
   const Layer big = make_layer(rng, 4096, 1024, 128, ActType::F16);
-  for (int rows : {64, 128})
+  for (int rows : {64, 128, kernels::kWgmmaWideRows})
     for (int sms : {1, 5}) run_case(big, 300, rng, producer(rows, sms, 16));
+  for (int sms : {1, 5}) run_case(big, 300, rng, producer(128, sms, 16, kernels::kWgmmaWideTileN));
   // Finishers that fetch the other block's deposit through the ring (takes_early_deposits).
   for (ActType act : {ActType::F16, ActType::BF16})
     for (int64_t g : kGroups) {
@@ -547,7 +553,6 @@ TEST_CASE("marlin: Hopper wgmma kernel, tiles split in two as clusters", "[gpu][
     return;
   }
   std::mt19937_64 rng(kSeed + 17);
-  struct PairCase { int64_t m; int sms; };
   // 1024 x 768: 3 slices of 256, 16 k-tiles. Tiles (par x 3) x 2 blocks = the SMs, or 90% of them.
   const PairCase cases[] = {{100, 6}, {128, 6}, {250, 12}, {300, 19}, {1000, 48}};
   for (ActType act : {ActType::F16, ActType::BF16})
@@ -558,6 +563,12 @@ TEST_CASE("marlin: Hopper wgmma kernel, tiles split in two as clusters", "[gpu][
         INFO("pair case m " << pc.m << " sms " << pc.sms);
         REQUIRE(kernels::wgmma_pair_tiles(int(pc.m), int(L.n), int(L.k), kernels::kWgmmaPairRows, pc.sms));
         run_case(L, pc.m, rng, producer(kernels::kWgmmaPairRows, pc.sms, 48));
+      }
+      // The wide tile's pairs: 6 slices of 128 x ceil(m / 256) row chunks x 2 blocks.
+      for (const PairCase& pc : kWidePairCases) {
+        INFO("wide pair case m " << pc.m << " sms " << pc.sms);
+        REQUIRE(kernels::wgmma_pair_tiles(int(pc.m), int(L.n), int(L.k), kernels::kWgmmaWideRows, pc.sms));
+        run_case(L, pc.m, rng, producer(kernels::kWgmmaWideRows, pc.sms, 48));
       }
     }
 }
@@ -611,11 +622,13 @@ TEST_CASE("marlin: Hopper wgmma kernel under the sanitizers", "[gpu][marlin][wgm
   std::mt19937_64 rng(kSeed + 10);
   for (int64_t g : {int64_t(-1), int64_t(32)}) {
     const Layer L = make_layer(rng, 512, 512, g, ActType::F16);
-    for (int rows : {8, 32, 64, 128})
+    for (int rows : {8, 32, 64, 128, kernels::kWgmmaWideRows})
       for (int pipeline : {1, 2})
         for (int sms : {0, 2})
-          for (int64_t m : {int64_t(7), int64_t(100)}) {
-            if (pipeline == 2 ? rows < 64 : rows == 64) continue;  // 64 rows: the producer kernel's form
+          for (int64_t m : {int64_t(7), int64_t(100), int64_t(300)}) {
+            // 64 rows: the producer kernel's form; 256: its only one. 300 tokens: two wide row chunks.
+            if (pipeline == 2 ? rows < 64 : rows == 64 || rows == kernels::kWgmmaWideRows) continue;
+            if (m == 300 && rows != kernels::kWgmmaWideRows) continue;
             RunOpts o;
             o.path = MarlinPath::Wgmma;
             o.wgmma_rows = rows;
@@ -628,6 +641,15 @@ TEST_CASE("marlin: Hopper wgmma kernel under the sanitizers", "[gpu][marlin][wgm
       const int sms = m == 100 ? 4 : 8;
       REQUIRE(kernels::wgmma_pair_tiles(int(m), int(L.n), int(L.k), kernels::kWgmmaPairRows, sms));
       run_case(L, m, rng, producer(kernels::kWgmmaPairRows, sms));
+    }
+    // 128 x 128 tiles: 4 slices, one and three row chunks, stripes across slices on 2 SMs.
+    for (int64_t m : {int64_t(100), int64_t(300)})
+      for (int sms : {0, 2}) run_case(L, m, rng, producer(128, sms, 1 << 30, kernels::kWgmmaWideTileN));
+    // The wide tile's pairs: 4 slices of 128 x ceil(m / 256) row chunks x 2 blocks.
+    for (int64_t m : {int64_t(100), int64_t(300)}) {
+      const int sms = m == 100 ? 8 : 16;
+      REQUIRE(kernels::wgmma_pair_tiles(int(m), int(L.n), int(L.k), kernels::kWgmmaWideRows, sms));
+      run_case(L, m, rng, producer(kernels::kWgmmaWideRows, sms));
     }
     // Finishers that fetch the other block's deposit through the ring (takes_early_deposits).
     const Layer wide = make_layer(rng, 512, 2048, g, ActType::F16);
@@ -862,7 +884,7 @@ TEST_CASE("marlin: argument checks return a status", "[gpu][marlin]") {
     b.thread_m_blocks = bad_mb;
     REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
   }
-  for (int bad_rows : {-1, 24, 96, 256}) {  // Hopper token tiles are 8, 16, 32, 64 or 128 rows
+  for (int bad_rows : {-1, 24, 96, 192, 512}) {  // Hopper token tiles are 8, 16, 32, 64, 128 or 256 rows
     b = g;
     b.wgmma_rows = bad_rows;
     REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
@@ -875,12 +897,24 @@ TEST_CASE("marlin: argument checks return a status", "[gpu][marlin]") {
   b = g;
   b.path = MarlinPath::Wgmma;  // n = 64 is not a multiple of 256 (and elsewhere than 9.0 nothing runs)
   REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
-  if (marlin_wgmma_available()) {  // the producer pipeline is built for 64- and 128-row tiles only
+  if (marlin_wgmma_available()) {  // the producer pipeline is built for 64-, 128- and 256-row tiles only
     b = g;
     b.n = 256;
     b.path = MarlinPath::Wgmma;
     b.wgmma_rows = 32;
     b.wgmma_pipeline = 2;
+    REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
+    b.wgmma_rows = kernels::kWgmmaWideRows;  // the wide tile has the producer pipeline only
+    b.wgmma_pipeline = 1;
+    REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
+    b.wgmma_rows = 128;  // 128 x 128 tiles: the producer pipeline only, 128 rows only, widths 128 and 256 only
+    b.thread_n = 128;
+    REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
+    b.wgmma_pipeline = 2;
+    b.wgmma_rows = 64;
+    REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
+    b.wgmma_rows = 128;
+    b.thread_n = 192;
     REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
   }
   if (marlin_wgmma_available()) {  // the streaming kernel: m <= 16, slices of 64, 128 or 256 columns

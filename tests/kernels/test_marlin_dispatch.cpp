@@ -207,36 +207,40 @@ TEST_CASE("dispatch: Auto takes the streaming kernel on large layers at m <= 16"
   CHECK_FALSE(stream_auto(0, kLarge.n, kLarge.k, kSms));
 }
 
-TEST_CASE("dispatch: 64-row Hopper tiles above m = 64 where 128-row tiles leave few output tiles",
+TEST_CASE("dispatch: 128 x 128 Hopper tiles above m = 64 where 128 x 256 tiles leave few output tiles",
           "[kernels][dispatch]") {
   constexpr int kSms = 132;
-  // Measured faster with 64 rows (docs/PERF.md, twelfth and thirteenth sessions; 70B o at 128 level).
-  for (const Layer& L : {kO8B, kQkv8B, kDown8B, kO70B}) {
+  // Measured faster with 128 x 128 tiles (docs/PERF.md, thirty-first session, call 7).
+  for (const Layer& L : {kO8B, kQkv8B, kDown8B, kO70B, kQkv70B}) {
     INFO(L.name);
-    CHECK(wgmma_prefer_64_rows(128, L.n, L.k, kSms));
-    CHECK(wgmma_prefer_64_rows(100, L.n, L.k, kSms));  // one 128-row chunk, as at 128
+    CHECK(wgmma_prefer_128x128(128, L.n, L.k, kSms));
+    CHECK(wgmma_prefer_128x128(100, L.n, L.k, kSms));  // one 128-row chunk, as at 128
   }
-  CHECK(wgmma_prefer_64_rows(256, kO8B.n, kO8B.k, kSms));
-  CHECK(wgmma_prefer_64_rows(256, kQkv8B.n, kQkv8B.k, kSms));
-  // Measured faster with 128 rows.
-  for (const Layer& L : {kQkv70B, kGateUp70B, kDown70B, kGateUp8B, kLarge}) {
+  for (const Layer& L : {kO8B, kQkv8B, kDown8B}) {
     INFO(L.name);
-    CHECK_FALSE(wgmma_prefer_64_rows(128, L.n, L.k, kSms));
+    CHECK(wgmma_prefer_128x128(256, L.n, L.k, kSms));
   }
-  for (const Layer& L : {kDown8B, kGateUp8B, kO70B}) {
+  CHECK(wgmma_prefer_128x128(512, kO8B.n, kO8B.k, kSms));
+  // Measured slower with them: deep (70B down at 128) or tiles enough (8B down at 512, 70B o at 256).
+  CHECK_FALSE(wgmma_prefer_128x128(128, kDown70B.n, kDown70B.k, kSms));
+  CHECK_FALSE(wgmma_prefer_128x128(512, kDown8B.n, kDown8B.k, kSms));
+  CHECK_FALSE(wgmma_prefer_128x128(256, kO70B.n, kO70B.k, kSms));
+  for (const Layer& L : {kGateUp70B, kGateUp8B, kLarge}) {
     INFO(L.name);
-    CHECK_FALSE(wgmma_prefer_64_rows(256, L.n, L.k, kSms));
+    CHECK_FALSE(wgmma_prefer_128x128(128, L.n, L.k, kSms));
+    CHECK_FALSE(wgmma_prefer_128x128(256, L.n, L.k, kSms));
   }
-  // Large m fills the SMs with 128-row tiles; m <= 64 has 64-row tiles already.
-  for (int m : {512, 1024})
-    for (const Layer& L : {kO8B, kQkv8B, kDown8B}) {
-      INFO(L.name << " m " << m);
-      CHECK_FALSE(wgmma_prefer_64_rows(m, L.n, L.k, kSms));
-    }
-  CHECK_FALSE(wgmma_prefer_64_rows(64, kO8B.n, kO8B.k, kSms));
-  // Few SMs (the tests' forced grids): tiles >= SMs never split.
-  CHECK_FALSE(wgmma_prefer_64_rows(128, kO8B.n, kO8B.k, 3));
-  CHECK_FALSE(wgmma_prefer_64_rows(128, 0, kO8B.k, kSms));
+  // Large m fills the SMs with 128 x 256 tiles; m <= 64 has its own tiles.
+  for (const Layer& L : {kO8B, kQkv8B, kDown8B}) {
+    INFO(L.name);
+    CHECK_FALSE(wgmma_prefer_128x128(1024, L.n, L.k, kSms));
+  }
+  CHECK_FALSE(wgmma_prefer_128x128(512, kQkv8B.n, kQkv8B.k, kSms));  // 4% faster, below the threshold (0.008)
+  CHECK_FALSE(wgmma_prefer_128x128(64, kO8B.n, kO8B.k, kSms));
+  // Few SMs (the tests' forced grids): tiles >= SMs never split; n must hold whole 128-column slices.
+  CHECK_FALSE(wgmma_prefer_128x128(128, kO8B.n, kO8B.k, 3));
+  CHECK_FALSE(wgmma_prefer_128x128(128, 0, kO8B.k, kSms));
+  CHECK_FALSE(wgmma_prefer_128x128(128, 256 + 64, kO8B.k, kSms));
 }
 
 TEST_CASE("dispatch: Hopper launches give blocks whole column slices where those fill a chunk's blocks evenly",

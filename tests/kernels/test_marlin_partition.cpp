@@ -154,19 +154,20 @@ TEST_CASE("partition: mma.sync launches cover every tile once and finish", "[ker
 TEST_CASE("partition: Hopper kernel launches stay inside the workspace and finish", "[kernels][partition]") {
   for (const Shape2& s : kLayers) {
     if (s.n % kWgmmaTileN != 0 || s.k % kWgmmaTileK != 0) continue;
-    for (int rows : {8, 16, 32, 64, 128})
+    for (int tile : {8, 16, 32, 64, 128, kWgmmaWideRows, -128})  // -128: 128 x 128 tiles
       for (int occ : {1, 2, 3})
         for (int sms : kSms)
           for (int m : kMs) {
             if (s.k * int64_t(s.n) > (int64_t(1) << 26) && m != 1000 && m != 17) continue;
-            const Launch L{m, s.n, s.k, rows, kWgmmaTileN, kWgmmaTileK, sms, sms * wgmma_blocks_per_sm(occ, rows),
-                           size_t(kWgmmaTileN) * rows, kWgmmaPartFloats};
+            const int rows = tile < 0 ? -tile : tile, tn = tile < 0 ? kWgmmaWideTileN : wgmma_tile_n(rows);
+            const Launch L{m, s.n, s.k, rows, tn, kWgmmaTileK, sms, sms * wgmma_blocks_per_sm(occ, rows, tn),
+                           size_t(tn) * rows, kWgmmaPartFloats};
             replay(L);
             // Whole slices, as the launcher asks for them and with 1-3 slices per block wherever the grid
             // fits the blocks (no slice shared: nothing deposited or waited for).
-            const int picked = wgmma_whole_slices(m, s.n, rows, L.max_blocks);
+            const int picked = wgmma_whole_slices(m, s.n, rows, L.max_blocks, tn);
             if (picked > 0) replay(L, picked);
-            const int64_t par = (m + rows - 1) / rows, slices = s.n / kWgmmaTileN;
+            const int64_t par = (m + rows - 1) / rows, slices = s.n / tn;
             for (int each = 1; each <= 3; ++each)
               if (par * ((slices + each - 1) / each) <= L.max_blocks) replay(L, each);
           }
@@ -177,15 +178,16 @@ TEST_CASE("partition: Hopper kernel launches stay inside the workspace and finis
   const Shape2 llama[] = {{4096, 6144}, {4096, 4096}, {4096, 28672}, {14336, 4096},
                           {8192, 10240}, {8192, 8192}, {8192, 57344}, {28672, 8192}};
   for (const Shape2& s : llama)
-    for (int m : {128, 256, 512, 1024}) {
-      const int rows = 128, sms = 132;
-      const Launch L{m, s.n, s.k, rows, kWgmmaTileN, kWgmmaTileK, sms, sms, size_t(kWgmmaTileN) * rows,
-                     kWgmmaPartFloats};
-      replay(L, wgmma_whole_slices(m, s.n, rows, sms));
-    }
+    for (int m : {128, 256, 512, 1024})
+      for (int rows : {128, kWgmmaWideRows}) {
+        const int sms = 132, tn = wgmma_tile_n(rows);
+        const Launch L{m, s.n, s.k, rows, tn, kWgmmaTileK, sms, sms, size_t(tn) * rows, kWgmmaPartFloats};
+        replay(L, wgmma_whole_slices(m, s.n, rows, sms));
+      }
   // The slot bound itself: 128-row tiles fill a whole SM's slots, so one block per SM whatever the
   // occupancy; 32-row tiles would fit four but the locks allow two.
   REQUIRE(wgmma_blocks_per_sm(2, 128) == 1);
   REQUIRE(wgmma_blocks_per_sm(4, 32) == kMaxBlocksPerSm);
   REQUIRE(wgmma_blocks_per_sm(1, 64) == 1);
+  REQUIRE(wgmma_blocks_per_sm(2, kWgmmaWideRows) == 1);  // 256 x 128: the same 32768 floats as 128 x 256
 }
