@@ -107,12 +107,15 @@ constexpr int kEpiWarpBytes = kEpiTokens * kEpiCols * 2;
 constexpr int kEpiChunks = kEpiCols * 2 / 16;  // 16-byte chunks per token row
 // Warp-relative column (0..31) of accumulator (j, lane, h): acc_col less the warp's first column.
 MARLINC_HD constexpr int epi_col(int j, int lane, int h) { return acc_col(0, 0, j, lane, h); }
-// Byte of (token lt, warp column col) in the buffer: two tokens per 128-byte row, the 16-byte chunks XORed
-// with the row index, so that a pair-store instruction (8 tokens, one chunk) and each 8-lane phase of a
-// 16-byte read (one row) touch 32 distinct banks (checked in tests/kernels/test_wgmma_model.cpp).
-MARLINC_HD constexpr int epi_byte(int lt, int col) {
-  return (lt >> 1) * 128 + ((((lt & 1) * kEpiChunks + col / 8) ^ ((lt >> 1) & 7)) << 4) + (col % 8) * 2;
+// Byte of (token lt, warp column col) in a buffer whose token rows are `chunks` 16-byte chunks (4 here, 2 for the
+// 128-column tiles below): 8 / chunks tokens per 128-byte row, the chunks XORed with the row index, so that a
+// pair-store instruction (8 tokens, one chunk) and each 8-lane phase of a 16-byte read (one row) touch 32 distinct
+// banks (checked in tests/kernels/test_wgmma_model.cpp).
+MARLINC_HD constexpr int staged_byte(int chunks, int lt, int col) {
+  const int sh = chunks == 4 ? 1 : 2;  // log2 of the tokens per 128-byte row
+  return (lt >> sh) * 128 + ((((lt & ((1 << sh) - 1)) * chunks + col / 8) ^ ((lt >> sh) & 7)) << 4) + (col % 8) * 2;
 }
+MARLINC_HD constexpr int epi_byte(int lt, int col) { return staged_byte(kEpiChunks, lt, col); }
 // The read phase: instruction s, lane l reads chunk epi_read_chunk of token epi_read_token.
 MARLINC_HD constexpr int epi_read_token(int s, int lane) { return (32 * s + lane) / kEpiChunks; }
 MARLINC_HD constexpr int epi_read_chunk(int s, int lane) { return (32 * s + lane) % kEpiChunks; }
@@ -142,13 +145,12 @@ MARLINC_HD constexpr int warp_sub128(int warp) { return warp & 3; }
 constexpr int kEpiCols128 = 16;
 constexpr int kEpiChunks128 = kEpiCols128 * 2 / 16;                // 16-byte chunks per token row
 constexpr int kEpiTokens128 = kEpiWarpBytes / (kEpiCols128 * 2);  // token rows per round
-MARLINC_HD constexpr int epi_byte128(int lt, int col) {
-  return (lt >> 2) * 128 + ((((lt & 3) * kEpiChunks128 + col / 8) ^ ((lt >> 2) & 7)) << 4) + (col % 8) * 2;
-}
+MARLINC_HD constexpr int epi_byte128(int lt, int col) { return staged_byte(kEpiChunks128, lt, col); }
 MARLINC_HD constexpr int epi_read_token128(int s, int lane) { return (32 * s + lane) / kEpiChunks128; }
 MARLINC_HD constexpr int epi_read_chunk128(int s, int lane) { return (32 * s + lane) % kEpiChunks128; }
 constexpr int kEpiReads128 = kEpiTokens128 * kEpiChunks128 / 32;  // 16-byte reads per lane per round
 static_assert(4 * kEpiChunks128 * 16 == 128, "four token rows fill one 128-byte bank row");
+static_assert(kEpiChunks == 4 && kEpiChunks128 == 2, "the two row widths staged_byte maps");
 static_assert(kEpiTokens128 % 8 == 0 && kEpiTokens128 * kEpiChunks128 % 32 == 0, "whole pair-store and read instructions");
 
 // Position of column c's per-channel scale in the permuted scale row (§1.6: the single permutation,
