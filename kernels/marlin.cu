@@ -88,9 +88,10 @@ const Entry kTable[2][kMaxMBlocks][kNumShapes] = {
 };
 
 // The warp-specialized pipeline (wgmma_pipeline 2) is built for the token tiles from kWsMinRows up, and is the only
-// one of the wide tile (kWgmmaWideRows rows of 128 columns).
+// one of the 128-column tiles.
 constexpr int kWsMinRows = 64;
-// Its tiles (rows, columns): 64 and 128 rows of 256 columns, the wide tile, and 128 x 128 (forced: MarlinGemm::thread_n).
+// Its tiles (rows, columns): 64 and 128 rows of 256 columns, the wide tile, and 128 x 128 (Auto on narrow layers,
+// marlin_dispatch.h, wgmma_prefer_128x128; or MarlinGemm::thread_n).
 struct WsTile { int rows, tn; };
 constexpr WsTile kWsTiles[] = {{64, kWgmmaTileN}, {128, kWgmmaTileN}, {kWgmmaWideRows, kWgmmaWideTileN},
                                {128, kWgmmaWideTileN}};
@@ -485,8 +486,9 @@ MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int 
 #if MARLINC_HAVE_SM90A
   if (!wgmma_runs_on(dev) || g.n % kWgmmaTileN != 0) return MarlinStatus::NoConfig;
   if (!wgmma_offsets_fit(g.n, g.k)) return MarlinStatus::BadShape;
-  // Narrow layers at m > 64 take 128 x 128 tiles (marlin_dispatch.h, wgmma_prefer_128x128) unless the rows are forced.
-  const bool narrow = g.wgmma_rows == 0 && wgmma_prefer_128x128(g.m, g.n, g.k, sms);
+  // Narrow layers at m > 64 take 128 x 128 tiles (marlin_dispatch.h, wgmma_prefer_128x128) unless the rows or the
+  // block-barrier pipeline (which has no 128-column tiles) are forced.
+  const bool narrow = g.wgmma_rows == 0 && g.wgmma_pipeline != 1 && wgmma_prefer_128x128(g.m, g.n, g.k, sms);
   const int rows = g.wgmma_rows > 0 ? g.wgmma_rows : narrow ? kWgmmaNarrowRows : wgmma_rows_for(g.m);
   // Columns per tile: the token tile's own width, or on path Wgmma a forced thread_n (128 x 128 tiles).
   const int tn = g.path == MarlinPath::Wgmma && g.thread_n != 0 ? g.thread_n

@@ -504,6 +504,13 @@ TEST_CASE("marlin: Hopper wgmma kernel", "[gpu][marlin][wgmma]") {
             o.max_ref_rows = 48;
             run_case(L, m, rng, o);
           }
+      // A narrow layer at m > 64 (wgmma_prefer_128x128) with the block-barrier pipeline forced: that pipeline has
+      // no 128-column tiles, so the launcher keeps 128 x 256 instead of refusing.
+      RunOpts o;
+      o.path = MarlinPath::Wgmma;
+      o.wgmma_pipeline = 1;
+      o.max_ref_rows = 48;
+      run_case(L, 100, rng, o);
     }
 }
 
