@@ -87,10 +87,9 @@ struct WsShape : WgShape<NT, FEAT> {
   static_assert(kStages >= 3, "the ring needs stages in flight on both sides of the one being read");
   static_assert(16 * kMaxStages <= kPairBarOff, "the ring's barriers fit before the pair form's");
   // CL: a tile split in two runs as a cluster of its two blocks (kernels/marlin_dispatch.h, wgmma_pair_tiles).
-  // Each block's warpgroup g holds columns 128 g .. 128 g + 127 of the tile (64 g .. 64 g + 63 of the wide tile's,
-  // every token); block (rank) r writes the half of
-  // warpgroup r, whose partial the partner's warpgroup r sends into r's ring, free once both blocks' products
-  // are done: [j][q][thread] float4, kHalfBytes.
+  // Each block's warpgroup g holds columns 128 g .. 128 g + 127 of the tile (64 g .. 64 g + 63 of a 128-column
+  // tile, every token); block (rank) r writes the half of warpgroup r, whose partial the partner's warpgroup r
+  // sends into r's ring, free once both blocks' products are done: [j][q][thread] float4, kHalfBytes.
   static constexpr int kHalfBytes = 128 * 2 * Base::kAcc * 4;
   // An early finisher's deposit (wg_early_finisher) comes through the ring after the slice's last tile, as
   // kDepPieces stages of up to kDepRows rows of wg_finish_slice's layout ([j][q][thread] float4: a row is one
@@ -216,10 +215,10 @@ struct RingPos {
 // C. One fp32 addition per element of the two halves' sums, as the finisher of a tile in stripes adds the other
 // block's deposit (a + b in either order: the bytes do not depend on which block writes).
 template <int DT, bool GROUPED, int NT, int BPS, int FEAT>
-__device__ __forceinline__ void wg_pair_finish(const KernelArgs& p, float (&acc)[2][WgShape<NT, FEAT>::kAcc], int slice, int row0,
-                                               uint32_t ring, uint32_t pair_bar, int cw, int lane, int ctid,
-                                               uint32_t epi) {
-  using S = WsShape<NT, BPS, true>;
+__device__ __forceinline__ void wg_pair_finish(const KernelArgs& p, float (&acc)[2][WgShape<NT, FEAT>::kAcc],
+                                               int slice, int row0, uint32_t ring, uint32_t pair_bar, int cw, int lane,
+                                               int ctid, uint32_t epi) {
+  using S = WsShape<NT, BPS, true, FEAT>;
   constexpr int kQ = S::kAcc / 4;  // float4 per thread per wgmma accumulator
   const uint32_t rank = blockIdx.x & 1u, partner = rank ^ 1u;
   const uint32_t free_bar = pair_bar, recv_bar = pair_bar + 8;
@@ -371,8 +370,8 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS)
   regs_inc<S::kConsumerRegs>();
   wait_previous_grid();  // C, the workspace and its locks are the previous kernel's until it has finished
   const int ctid = tid - S::kProducerThreads, cw = ctid >> 5;
-  // The warp's packed tile and subblock: two subblocks (an int2 of words) on the 256-column tiles, one on the wide
-  // tile (wgmma_layout.h, warp_tile128 / warp_sub128).
+  // The warp's packed tile and subblock: two subblocks (an int2 of words) on the 256-column tiles, one on the
+  // 128-column tiles (wgmma_layout.h, warp_tile128 / warp_sub128).
   const int tile = S::kCols128 ? wl::warp_tile128(cw) : wl::warp_tile(cw);
   const int sub0 = S::kCols128 ? wl::warp_sub128(cw) : wl::warp_sub0(cw);
   const bool tl0 = ctid == 0;  // the consumers' thread 0 marks the rest of the timeline
