@@ -95,7 +95,7 @@ constexpr int kWsMinRows = 64;
 struct WsTile { int rows, tn; };
 constexpr WsTile kWsTiles[] = {{64, kWgmmaTileN}, {128, kWgmmaTileN}, {kWgmmaWideRows, kWgmmaWideTileN},
                                {128, kWgmmaWideTileN}};
-constexpr int kNumWsRows = int(sizeof(kWsTiles) / sizeof(kWsTiles[0]));
+constexpr int kNumWsTiles = int(sizeof(kWsTiles) / sizeof(kWsTiles[0]));
 // The Hopper kernel's token tiles (rows of C per tile), smallest first.
 constexpr int kWgRows[] = {8, 16, 32, 64, 128};
 constexpr int kNumWgRows = int(sizeof(kWgRows) / sizeof(kWgRows[0]));
@@ -114,7 +114,7 @@ struct TmaEntry { PrepareFn prepare; TmaLaunchFn launch; };
 using ClustersFn = cudaError_t (*)(int, const LaunchOpts&, int*);
 #define MARLINC_WS_ENTRY_F(DT, NT, CL, F) TmaEntry{&wgmma_ws_prepare<DT, NT, 1, CL, F>, &wgmma_ws_launch<DT, NT, 1, CL, F>}
 #define MARLINC_WS_ENTRY_CL(DT, NT, CL) MARLINC_WS_ENTRY_F(DT, NT, CL, wgmma_tile_n(NT))
-const TmaEntry kWsTable[2][kNumWsRows] = {  // kWsTiles' order
+const TmaEntry kWsTable[2][kNumWsTiles] = {  // kWsTiles' order
     {MARLINC_WS_ENTRY_CL(0, 64, false), MARLINC_WS_ENTRY_CL(0, 128, false),
      MARLINC_WS_ENTRY_CL(0, kWgmmaWideRows, false), MARLINC_WS_ENTRY_F(0, 128, false, kWgmmaWideTileN)},
     {MARLINC_WS_ENTRY_CL(1, 64, false), MARLINC_WS_ENTRY_CL(1, 128, false),
@@ -156,7 +156,7 @@ constexpr int kMaxDevices = 16;
 struct Prepared { int blocks_per_sm = 0, smem = 0; cudaError_t err = cudaSuccess; bool done = false; };
 Prepared g_prepared[kMaxDevices][2][kMaxMBlocks][kNumShapes];
 Prepared g_wg_prepared[kMaxDevices][2][kNumWgRows];
-Prepared g_ws_prepared[kMaxDevices][2][kNumWsRows];
+Prepared g_ws_prepared[kMaxDevices][2][kNumWsTiles];
 Prepared g_ws_pair_prepared[kMaxDevices][2][2];
 Prepared g_st_prepared[kMaxDevices][2][3][2][2];
 std::mutex g_prepared_mu;
@@ -497,7 +497,7 @@ MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int 
   int ri = -1, wi = -1;
   for (int i = 0; i < kNumWgRows; ++i)
     if (kWgRows[i] == rows && tn == kWgmmaTileN) ri = i;
-  for (int i = 0; i < kNumWsRows; ++i)
+  for (int i = 0; i < kNumWsTiles; ++i)
     if (kWsTiles[i].rows == rows && kWsTiles[i].tn == tn) wi = i;
   if ((ri < 0 && wi < 0) || g.n % tn != 0) return MarlinStatus::NoConfig;
   const int dt = g.act == ActType::F16 ? 0 : 1;
