@@ -536,7 +536,7 @@ MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int 
   const KernelArgs a = kernel_args(g, groups, shift, sms, P);
   if (pipeline == 2) {
     TmaMaps maps;
-    const TmaBoxes box{t.tn, t.tk / 16, rows, scale_box_rows(groups, shift, t.tk)};
+    const TmaBoxes box{t.tn, t.tk / 16, rows, scale_box_rows(groups, shift, t.tk), tma_tail_rows(g.m, rows)};
     if (!tma_maps(g.A, g.B, g.s, g.m, g.n, g.k, groups, box, &maps)) return MarlinStatus::CudaError;
     const TmaEntry& e = cl == 1 ? kWsPairTable[dt][wide] : kWsTable[dt][wi];
     return e.launch(a, maps, o, g.stream) == cudaSuccess ? MarlinStatus::Ok : MarlinStatus::CudaError;

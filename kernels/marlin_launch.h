@@ -71,7 +71,9 @@ cudaError_t wgmma_launch(const KernelArgs& a, const LaunchOpts& o, cudaStream_t 
 // 8-byte units, A as [m, k] 16-bit (128B swizzle, rows past m zero-filled), s as [G, n] 16-bit; the box
 // sizes are the kernel's stage.
 struct TmaMaps {
-  CUtensorMap b, a, s;
+  // a_tail: A again, its box exactly the rows of the last row chunk where m is not a whole number of chunks
+  // (kernels/marlin_partition.h, tma_tail_rows), else a copy of a.
+  CUtensorMap b, a, s, a_tail;
 };
 // The warp-specialized form (kernels/sm90/marlin_wgmma_ws.cuh): NT-row tiles at BPS blocks per SM; CL: its form
 // for launches whose tiles are split in two, each pair one cluster (LaunchOpts::cluster = 2).

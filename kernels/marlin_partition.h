@@ -102,4 +102,15 @@ MARLINC_PART_HD inline bool slice_early_deposit(int iters, int k_tiles, int rows
   return rows == kEarlyDepositRows && int64_t(iters) * 100 >= int64_t(k_tiles) * kEarlyDepositStripePct;
 }
 
+// Rows of the last row chunk where m is not a whole number of `rows`-row chunks, else 0. The Hopper kernel's
+// producer form loads that chunk's activations through a second tensor map whose box holds exactly these rows
+// (TmaMaps::a_tail, kernels/sm90/marlin_wgmma_ws.cuh) instead of a full box that the TMA unit zero-fills past m.
+// With the full box that chunk's blocks ran their products 30-50% slower than the other chunks' on 128 x 128
+// tiles (8B o at m = 320, per-block timeline). H100 (docs/PERF.md, thirty-second session), same call, three runs
+// each: 8B o at m = 300 35.1-35.6 -> 22.7-24.0 us, 8B q/k/v at 200 32.2-33.0 -> 22.6-24.0, 70B q/k/v at 100
+// 39.0-40.0 -> 35.6-38.7; the 128 x 256 layers level. The rows past m are zeroed in shared memory once: left as
+// earlier stages had them, the 128 x 256 layers at m = 200-300 ran 3-7% slower (at the power cap, products of
+// zeros cost less).
+MARLINC_PART_HD constexpr int tma_tail_rows(int m, int rows) { return rows > 0 ? m % rows : 0; }
+
 }  // namespace marlinc::kernels

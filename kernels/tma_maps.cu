@@ -40,12 +40,21 @@ bool encode_2d(CUtensorMap* map, CUtensorMapDataType dt, size_t esize, const voi
 
 bool tma_maps(const void* A, const void* B, const void* s, int m, int n, int k, int groups, const TmaBoxes& box,
               TmaMaps* maps) {
-  return encode_2d(&maps->b, CU_TENSOR_MAP_DATA_TYPE_UINT64, 8, B, uint64_t(n), uint64_t(k / 16), uint32_t(box.b_n),
-                   uint32_t(box.b_k16), CU_TENSOR_MAP_SWIZZLE_NONE) &&
-         encode_2d(&maps->a, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, A, uint64_t(k), uint64_t(m), 64, uint32_t(box.a_rows),
-                   CU_TENSOR_MAP_SWIZZLE_128B) &&
-         encode_2d(&maps->s, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, s, uint64_t(n), uint64_t(groups), uint32_t(box.b_n),
-                   uint32_t(box.s_rows), CU_TENSOR_MAP_SWIZZLE_NONE);
+  auto a_map = [&](CUtensorMap* map, int rows) {
+    return encode_2d(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, A, uint64_t(k), uint64_t(m), 64, uint32_t(rows),
+                     CU_TENSOR_MAP_SWIZZLE_128B);
+  };
+  if (!encode_2d(&maps->b, CU_TENSOR_MAP_DATA_TYPE_UINT64, 8, B, uint64_t(n), uint64_t(k / 16), uint32_t(box.b_n),
+                 uint32_t(box.b_k16), CU_TENSOR_MAP_SWIZZLE_NONE) ||
+      !a_map(&maps->a, box.a_rows) ||
+      !encode_2d(&maps->s, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, s, uint64_t(n), uint64_t(groups), uint32_t(box.b_n),
+                 uint32_t(box.s_rows), CU_TENSOR_MAP_SWIZZLE_NONE))
+    return false;
+  if (box.a_tail_rows <= 0) {
+    maps->a_tail = maps->a;
+    return true;
+  }
+  return a_map(&maps->a_tail, box.a_tail_rows);
 }
 
 }  // namespace marlinc::kernels::detail

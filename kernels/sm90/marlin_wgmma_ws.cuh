@@ -6,8 +6,8 @@
 //
 // The producer is one thread issuing three 2D TMA boxes per stage (kernels/tma_maps.h, TmaMaps):
 // the activations [NT rows x 64] with the 128B swizzle wgmma's descriptor reads (rows past m zero-filled
-// by the TMA unit), the weights [4 k16 rows x 256 columns of 8-byte units] and the group scales. The
-// stage layout is the block-synchronous kernel's, which is exactly what the boxes write. The other 127
+// by the TMA unit, or zeroed once where the last row chunk has its own box: below), the weights [4 k16 rows x
+// 256 columns of 8-byte units] and the group scales. The stage layout is the block-synchronous kernel's, which is exactly what the boxes write. The other 127
 // producer threads only give their registers back (setmaxnreg is per warpgroup) and leave. Against 128
 // threads of cp.async (docs/PERF.md, twelfth session, H100, same call): 7-10% faster at m = 1024, 5-8% at
 // m = 128 on 70B and 32768^2, level to 1.5% slower on the 8B set and per-channel 32768^2 at m = 64.
@@ -277,6 +277,21 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS)
       fence_mbarrier_init_cluster();
     }
   }
+  // Where m ends inside the last row chunk and every block runs one chunk only, that chunk's activations come
+  // through a_tail, whose box has only the rows before m (marlin_partition.h, tma_tail_rows), and its blocks
+  // zero the rows past m in every stage once here: nothing writes them afterwards (the deposits and the pair
+  // form's partner half fill stages only after the block's last tile), and the products of those tokens then
+  // run on zeros as with the full box's zero fill.
+  const int tail = tma_tail_rows(p.m, NT);
+  const bool tail_box = tail > 0 && p.chunk_groups >= p.par;
+  if (tail_box && int(blockIdx.x) / p.chunk_blocks == p.par - 1) {
+    constexpr int kRowChunks = wl::kRowBytes / 16;
+    const int per_stage = (NT - tail) * kRowChunks;
+    for (int i = tid; i < S::kStages * per_stage; i += S::kThreads)
+      *reinterpret_cast<int4*>(sh + (i / per_stage) * S::kStage + tail * wl::kRowBytes + (i % per_stage) * 16) =
+          make_int4(0, 0, 0, 0);
+    fence_proxy_async();  // before the wgmmas (async proxy) read them, after the barrier below
+  }
   __syncthreads();  // barriers initialized before anyone waits on or arrives at them
   if constexpr (CL) cluster_arrive();  // waited for (wg_pair_finish) before the first access to the partner
   allow_next_grid();  // see marlin_kernel: every block of this grid is resident before the next starts
@@ -296,6 +311,9 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS)
     if (tid != 0) return;
     const int s_rows = GROUPED ? tile_scale_rows(S::kTK, p.group_shift) : 0;
     const uint32_t tx = S::kABytes + S::kBBytes + s_rows * S::kScaleRowBytes;
+    // The last row chunk through a_tail (above): fewer bytes arrive.
+    const uint32_t tx_tail = tx - S::kABytes + tail * wl::kRowBytes;
+    auto tx_of = [&](int row0) { return tail_box && row0 + NT > p.m ? tx_tail : tx; };
     // The weights pass through L2 once (the row-chunk groups that share them run side by side). Tagged
     // evict-first, they are the first lines L2 gives up, ahead of the activations every column block
     // re-reads and the partial tiles deposited for the finishers (docs/PERF.md, fourteenth session: 5% on
@@ -308,7 +326,7 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS)
         if constexpr (GROUPED)
           tma_2d(stage + S::kABytes + S::kBBytes, &maps.s, slice * S::kFeat, (kt * S::kTK) >> p.group_shift, bar);
       }
-      if (what & 2) tma_2d(stage, &maps.a, kt * S::kTK, row0, bar);
+      if (what & 2) tma_2d(stage, tail_box && row0 + NT > p.m ? &maps.a_tail : &maps.a, kt * S::kTK, row0, bar);
     };
     // The first row chunk's first tiles fill the fresh ring without waiting for a release.
     const int first_tiles = group < p.par ? min(p.iters, nk - local * p.iters) : 0;
@@ -318,7 +336,7 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS)
       const int it0 = local * p.iters;
       for (int i = 0; i < pre; ++i) {
         const int slice = (it0 + i) / k_tiles;
-        mbar_expect_tx(full0 + 8 * w.st, tx);
+        mbar_expect_tx(full0 + 8 * w.st, tx_of(group * NT));
         issue(w, group * NT, slice, it0 + i - slice * k_tiles, 1);
         w.next<S::kStages>();
       }
@@ -335,7 +353,7 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS)
           issue(w, row0, slice, kt, 2);
         } else {
           mbar_wait(empty0 + 8 * w.st, w.phase ^ 1u);  // a fresh barrier counts its previous phase as done
-          mbar_expect_tx(full0 + 8 * w.st, tx);
+          mbar_expect_tx(full0 + 8 * w.st, tx_of(row0));
           issue(w, row0, slice, kt, 3);
         }
         w.next<S::kStages>();

@@ -191,3 +191,19 @@ TEST_CASE("partition: Hopper kernel launches stay inside the workspace and finis
   REQUIRE(wgmma_blocks_per_sm(1, 64) == 1);
   REQUIRE(wgmma_blocks_per_sm(2, kWgmmaWideRows) == 1);  // 256 x 128: the same 32768 floats as 128 x 256
 }
+
+// The producer form's last-chunk box (tma_tail_rows): where m ends inside a row chunk, the whole chunks before it
+// and the tail box's rows are exactly m, and the box never exceeds a chunk; where m fills its chunks there is no
+// tail box (the kernel then takes the full map everywhere).
+TEST_CASE("partition: the last row chunk's activation box holds exactly the rows before m", "[kernels][partition]") {
+  for (int rows : {8, 16, 32, 64, 128, kWgmmaWideRows})
+    for (int m = 1; m <= 3 * rows + 1; ++m) {
+      const Partition P = marlin_partition(m, 4, 8, rows, 132);
+      const int tail = tma_tail_rows(m, rows);
+      INFO("rows " << rows << " m " << m);
+      REQUIRE(tail >= 0);
+      REQUIRE(tail < rows);
+      if (m % rows == 0) REQUIRE(tail == 0);
+      else REQUIRE((P.par - 1) * rows + tail == m);
+    }
+}
