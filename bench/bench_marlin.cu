@@ -567,16 +567,22 @@ int main(int argc, char** argv) {
         if (m >= 64 && (all || ap == MarlinPath::DequantCublas))
           dq = time_graph(st, marlin_call(MarlinPath::DequantCublas, 0, 0), soak_if(MarlinPath::DequantCublas)).us;
         const bool wg_runs = marlin_wgmma_available() && L.n % 256 == 0;
-        // Timed whenever Auto takes it, so that the auto column is always a measured time.
-        if (time_wgmma || ap == MarlinPath::Wgmma)
+        // Where Auto takes the Hopper kernel, the auto column times Auto itself (its own launches: two where m is
+        // just past whole row chunks, marlin_dispatch.h auto_split_head), unless --wgmma-rows / --wgmma-n force
+        // tiles, which only path Wgmma honours; the wgmma column times path Wgmma (--wgmma, or forced tiles).
+        const bool wg_forced = wgmma_rows != 0 || wgmma_n != 0;
+        if (time_wgmma || (ap == MarlinPath::Wgmma && wg_forced))
           wg = wg_runs ? time_graph(st, marlin_call(MarlinPath::Wgmma, 0, wgmma_n, true, 0, wgmma_rows),
                                     soak_if(MarlinPath::Wgmma)).us
                        : sf.us;
+        const double aw = ap == MarlinPath::Wgmma && !wg_forced
+                              ? time_graph(st, marlin_call(MarlinPath::Auto, 0, 0), soak_if(MarlinPath::Wgmma)).us
+                              : wg;
         const bool auto_cublas = ap == MarlinPath::DequantCublas, auto_wg = ap == MarlinPath::Wgmma;
         const bool auto_st = ap == MarlinPath::Stream;
         const double stv =
             auto_st ? time_graph(st, marlin_call(MarlinPath::Stream, 0, 0), soak_if(MarlinPath::Stream)).us : 0.0;
-        const double au = auto_cublas ? dq : auto_wg ? wg : auto_st ? stv : sf.us;
+        const double au = auto_cublas ? dq : auto_wg ? aw : auto_st ? stv : sf.us;
         R.cublas += sc.us;
         R.fused += sf.us;
         R.serial += ss.us;
