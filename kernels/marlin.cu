@@ -670,6 +670,21 @@ cudaError_t marlin_wgmma_probe(const uint16_t* A, const uint16_t* B, float* D, i
 #endif
 }
 
+// Auto's two launches (kernels/marlin_dispatch.h, auto_split_head): rows [0, head) and [head, m), each with Auto's
+// own choice. The second may overlap the first (programmatic dependent launch): it touches A, C and the workspace
+// only after the first has finished, and the first writes no weights.
+MarlinStatus run_split(const MarlinGemm& g, int head) {
+  constexpr size_t kElem = 2;  // fp16 / bf16
+  MarlinGemm first = g, rest = g;
+  first.m = head;
+  rest.m = g.m - head;
+  rest.A = static_cast<const char*>(g.A) + size_t(head) * size_t(g.k) * kElem;
+  rest.C = static_cast<char*>(g.C) + size_t(head) * size_t(g.n) * kElem;
+  rest.overlap_previous = true;
+  const MarlinStatus st = marlin_gemm(first);
+  return st == MarlinStatus::Ok ? marlin_gemm(rest) : st;
+}
+
 MarlinStatus marlin_gemm(const MarlinGemm& g) {
   if (g.m < 1 || !marlin_shape_supported(g.n, g.k)) return MarlinStatus::BadShape;
   if (int64_t(g.m) * g.n > int64_t(1) << 40 || int64_t(g.k) * g.n / 8 > std::numeric_limits<int32_t>::max() * int64_t(4))
@@ -700,6 +715,10 @@ MarlinStatus marlin_gemm(const MarlinGemm& g) {
   const bool cublas_ok = g.cublas && g.workspace_bytes >= marlin_workspace_bytes(sms, true);
   const MarlinPath path = g.path == MarlinPath::Auto ? auto_path(dev, g.m, g.n, g.k, sms, cublas_ok) : g.path;
   if (path == MarlinPath::DequantCublas) return run_dequant_cublas(g, groups, shift, sms);
+  // Not while the timeline records: its slots count one launch per call.
+  if (g.path == MarlinPath::Auto && path == MarlinPath::Wgmma && !g_tl_on.load(std::memory_order_acquire) &&
+      auto_split_head(g.m) > 0)
+    return run_split(g, auto_split_head(g.m));
   if (g.workspace_bytes < marlin_workspace_bytes(sms, false)) return MarlinStatus::WorkspaceTooSmall;
   if (path == MarlinPath::Wgmma) return run_wgmma(g, groups, shift, sms, dev);
   if (path == MarlinPath::Stream) return run_stream(g, groups, shift, sms, dev);

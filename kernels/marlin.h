@@ -34,7 +34,8 @@ constexpr bool marlin_shape_supported(int64_t n, int64_t k) {
 }
 
 enum class MarlinPath {
-  Auto,           // per m and shape, from measurements (marlin_auto_path)
+  Auto,           // per m and shape, from measurements (marlin_auto_path); on the Hopper kernel, m just past a
+                  // whole number of 128-row chunks runs as two launches (kernels/marlin_dispatch.h, auto_split_head)
   Marlin,         // always the fused mma.sync kernel (any CUDA GPU of sm_80 or later)
   DequantCublas,  // always dequantize to a 16-bit scratch and call cuBLAS (needs `cublas`)
   Wgmma,          // always the fused Hopper kernel (warpgroup MMA): NoConfig unless the device is

@@ -780,6 +780,14 @@ TEST_CASE("marlin: dequantize + cuBLAS path and the automatic dispatch", "[gpu][
         o.path = MarlinPath::Auto;
         run_case(L, m, rng, o);
       }
+      // m just past whole 128-row chunks: Auto's two launches (marlin_dispatch.h, auto_split_head), every row
+      // checked, the rest's rows last.
+      for (int64_t m : {int64_t(129), int64_t(140), int64_t(272)}) {
+        REQUIRE(kernels::auto_split_head(int(m)) > 0);
+        RunOpts o;
+        o.path = MarlinPath::Auto;
+        run_case(L, m, rng, o);
+      }
     }
 }
 

@@ -410,3 +410,25 @@ TEST_CASE("dispatch: the streaming kernel's swapped fragments map onto the 16-to
       }
   CHECK(checked == 32 * 8 * 2);
 }
+
+// Auto's two launches (auto_split_head): only past a whole number of 128-row chunks by at most
+// kSplitTailMaxRows rows, the first launch whole chunks and the second the rest.
+TEST_CASE("dispatch: m just past whole row chunks splits into whole chunks and the rest", "[kernels][dispatch]") {
+  for (int m = 1; m <= 5000; ++m) {
+    const int head = auto_split_head(m);
+    INFO("m " << m);
+    if (head == 0) {
+      CHECK((m <= kSplitChunkRows || m % kSplitChunkRows == 0 || m % kSplitChunkRows > kSplitTailMaxRows));
+      continue;
+    }
+    CHECK(head % kSplitChunkRows == 0);
+    CHECK(head >= kSplitChunkRows);
+    CHECK(m - head >= 1);
+    CHECK(m - head <= kSplitTailMaxRows);
+    CHECK(auto_split_head(head) == 0);      // the first launch does not split again
+    CHECK(auto_split_head(m - head) == 0);  // nor the rest
+  }
+  CHECK(auto_split_head(129) == 128);
+  CHECK(auto_split_head(1000) == 0);  // 104 rows past 896: one launch
+  CHECK(auto_split_head(100) == 0);   // one chunk
+}
