@@ -271,7 +271,7 @@ constexpr bool wgmma_pair_tiles(int m, int n, int k, int rows, int max_blocks) {
 
 // m a little past a whole number of 128-row chunks: Auto runs the whole chunks and the rows past them as two
 // launches (kernels/marlin.cu, run_split) instead of one whose last row chunk computes 128 rows of products for a
-// few real ones. The second launch (the streaming kernel, m <= 16) reads the weights once more. H100 (docs/PERF.md,
+// few real ones. The second launch (m <= 16: Auto's small-m kernel for the layer) reads the weights once more. H100 (docs/PERF.md,
 // thirty-second session), set sums in us, one launch against two, same call, two runs each: 8B at m = 129 / 257 /
 // 1025 162.7-173.3 / 260.9-268.0 / 765-775 -> 160.6-161.6 / 248.9-249.4 / 738; 70B 586-597 / 901-903 / 2884-2894 ->
 // 525-549 / 854-860 / 2722-2745; every m with 1-16 rows past the chunks 3-9% faster. With 32-64 rows past them
