@@ -274,7 +274,7 @@ constexpr bool wgmma_pair_tiles(int m, int n, int k, int rows, int max_blocks) {
 // few real ones. The second launch (m <= 16: Auto's small-m kernel for the layer) reads the weights once more. H100 (docs/PERF.md,
 // thirty-second session), set sums in us, one launch against two, same call, two runs each: 8B at m = 129 / 257 /
 // 1025 162.7-173.3 / 260.9-268.0 / 765-775 -> 160.6-161.6 / 248.9-249.4 / 738; 70B 586-597 / 901-903 / 2884-2894 ->
-// 525-549 / 854-860 / 2722-2745; every m with 1-16 rows past the chunks 3-9% faster. With 32-64 rows past them
+// 525-549 / 854-860 / 2722-2745; every m with 1-16 rows past the chunks 4-9% faster (means of two runs). With 32-64 rows past them
 // (a second launch of the 32- or 64-row tiles) the 70B set gained up to 5% but the 8B set lost 3-11% (m = 160:
 // 172-175 -> 193-195), so those stay one launch.
 constexpr int kSplitChunkRows = 128;
