@@ -48,6 +48,9 @@ MARLINC_DECLARE_WGMMA_WS_CL(0, 64, 1, false) MARLINC_DECLARE_WGMMA_WS_CL(0, 128,
 MARLINC_DECLARE_WGMMA_WS_CL(0, kWgmmaWideRows, 1, false) MARLINC_DECLARE_WGMMA_WS_CL(1, 64, 1, false)
 MARLINC_DECLARE_WGMMA_WS_CL(1, 128, 1, false) MARLINC_DECLARE_WGMMA_WS_CL(1, kWgmmaWideRows, 1, false)
 MARLINC_DECLARE_WGMMA_WS_F(0, 128, 1, false, kWgmmaWideTileN) MARLINC_DECLARE_WGMMA_WS_F(1, 128, 1, false, kWgmmaWideTileN)
+MARLINC_DECLARE_WGMMA_WS_CL(0, 160, 1, false) MARLINC_DECLARE_WGMMA_WS_CL(0, 192, 1, false)
+MARLINC_DECLARE_WGMMA_WS_CL(0, 224, 1, false) MARLINC_DECLARE_WGMMA_WS_CL(1, 160, 1, false)
+MARLINC_DECLARE_WGMMA_WS_CL(1, 192, 1, false) MARLINC_DECLARE_WGMMA_WS_CL(1, 224, 1, false)
 MARLINC_DECLARE_WGMMA_WS_PAIR(0, kWgmmaPairRows) MARLINC_DECLARE_WGMMA_WS_PAIR(0, kWgmmaWideRows)
 MARLINC_DECLARE_WGMMA_WS_PAIR(1, kWgmmaPairRows) MARLINC_DECLARE_WGMMA_WS_PAIR(1, kWgmmaWideRows)
 #define MARLINC_DECLARE_STREAM_CL(DT, TN, CL, SW)                                                              \
@@ -90,11 +93,13 @@ const Entry kTable[2][kMaxMBlocks][kNumShapes] = {
 // The warp-specialized pipeline (wgmma_pipeline 2) is built for the token tiles from kWsMinRows up, and is the only
 // one of the 128-column tiles.
 constexpr int kWsMinRows = 64;
-// Its tiles (rows, columns): 64 and 128 rows of 256 columns, the wide tile, and 128 x 128 (Auto on narrow layers,
-// marlin_dispatch.h, wgmma_prefer_128x128; or MarlinGemm::thread_n).
+// Its tiles (rows, columns): 64 and 128 rows of 256 columns, the wide tile, 128 x 128 (Auto on narrow layers,
+// marlin_dispatch.h, wgmma_prefer_128x128; or MarlinGemm::thread_n) and the fit tiles (marlin_dispatch.h,
+// wgmma_fit_rows).
 struct WsTile { int rows, tn; };
-constexpr WsTile kWsTiles[] = {{64, kWgmmaTileN}, {128, kWgmmaTileN}, {kWgmmaWideRows, kWgmmaWideTileN},
-                               {128, kWgmmaWideTileN}};
+constexpr WsTile kWsTiles[] = {{64, kWgmmaTileN},       {128, kWgmmaTileN},     {kWgmmaWideRows, kWgmmaWideTileN},
+                               {128, kWgmmaWideTileN}, {160, kWgmmaWideTileN}, {192, kWgmmaWideTileN},
+                               {224, kWgmmaWideTileN}};
 constexpr int kNumWsTiles = int(sizeof(kWsTiles) / sizeof(kWsTiles[0]));
 // The Hopper kernel's token tiles (rows of C per tile), smallest first.
 constexpr int kWgRows[] = {8, 16, 32, 64, 128};
@@ -116,10 +121,15 @@ using ClustersFn = cudaError_t (*)(int, const LaunchOpts&, int*);
 #define MARLINC_WS_ENTRY_CL(DT, NT, CL) MARLINC_WS_ENTRY_F(DT, NT, CL, wgmma_tile_n(NT))
 const TmaEntry kWsTable[2][kNumWsTiles] = {  // kWsTiles' order
     {MARLINC_WS_ENTRY_CL(0, 64, false), MARLINC_WS_ENTRY_CL(0, 128, false),
-     MARLINC_WS_ENTRY_CL(0, kWgmmaWideRows, false), MARLINC_WS_ENTRY_F(0, 128, false, kWgmmaWideTileN)},
+     MARLINC_WS_ENTRY_CL(0, kWgmmaWideRows, false), MARLINC_WS_ENTRY_F(0, 128, false, kWgmmaWideTileN),
+     MARLINC_WS_ENTRY_CL(0, 160, false), MARLINC_WS_ENTRY_CL(0, 192, false), MARLINC_WS_ENTRY_CL(0, 224, false)},
     {MARLINC_WS_ENTRY_CL(1, 64, false), MARLINC_WS_ENTRY_CL(1, 128, false),
-     MARLINC_WS_ENTRY_CL(1, kWgmmaWideRows, false), MARLINC_WS_ENTRY_F(1, 128, false, kWgmmaWideTileN)},
+     MARLINC_WS_ENTRY_CL(1, kWgmmaWideRows, false), MARLINC_WS_ENTRY_F(1, 128, false, kWgmmaWideTileN),
+     MARLINC_WS_ENTRY_CL(1, 160, false), MARLINC_WS_ENTRY_CL(1, 192, false), MARLINC_WS_ENTRY_CL(1, 224, false)},
 };
+static_assert(kNumWsTiles == 7 && wgmma_fit_tile(kWsTiles[4].rows) && wgmma_fit_tile(kWsTiles[6].rows) &&
+                  kWsTiles[6].rows + kWgmmaFitStep == kWgmmaWideRows,
+              "kWsTable holds every fit tile");
 // The pair form (128-row and wide tiles: kernels/marlin_dispatch.h, wgmma_pair_tiles), [dt][wide].
 const TmaEntry kWsPairTable[2][2] = {
     {MARLINC_WS_ENTRY_CL(0, kWgmmaPairRows, true), MARLINC_WS_ENTRY_CL(0, kWgmmaWideRows, true)},
@@ -336,8 +346,9 @@ const char* marlin_status_name(MarlinStatus s) {
     case MarlinStatus::WorkspaceTooSmall: return "workspace too small";
     case MarlinStatus::NoConfig:
       return "forced configuration does not fit the shape or device (thread_m_blocks not in 0..4, wgmma_rows not "
-             "0/8/16/32/64/128/256, wgmma_pipeline not 0..2, 2 below 64 rows or 1 on 256, path Wgmma with thread_n other "
-             "than 0, 256 (up to 128 rows) or 128 (128 or 256 rows, pipeline 2), path Wgmma without a 9.0 device, "
+             "0/8/16/32/64/128/160/192/224/256, wgmma_pipeline not 0..2, 2 below 64 rows or 1 above 128, path Wgmma "
+             "with thread_n other than 0, 256 (up to 128 rows) or 128 (128 rows or more, pipeline 2), path Wgmma "
+             "without a 9.0 device, "
              "sm_90a code and n % 256 == 0, or path Stream without those, m <= 16 and a slice width (thread_n "
              "0/128/256) dividing n with k % (32768 / width) == 0)";
     case MarlinStatus::CudaError: return "CUDA error";
@@ -488,8 +499,12 @@ MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int 
   if (!wgmma_offsets_fit(g.n, g.k)) return MarlinStatus::BadShape;
   // Narrow layers at m > 64 take 128 x 128 tiles (marlin_dispatch.h, wgmma_prefer_128x128) unless the rows or the
   // block-barrier pipeline (which has no 128-column tiles) are forced.
-  const bool narrow = g.wgmma_rows == 0 && g.wgmma_pipeline != 1 && wgmma_prefer_128x128(g.m, g.n, g.k, sms);
-  const int rows = g.wgmma_rows > 0 ? g.wgmma_rows : narrow ? kWgmmaNarrowRows : wgmma_rows_for(g.m);
+  // The fit tiles (marlin_dispatch.h, wgmma_fit_rows) go first where they pad m less, unless the rows, the
+  // block-barrier pipeline or (on path Wgmma) the columns are forced.
+  const bool pick = g.wgmma_rows == 0 && g.wgmma_pipeline != 1;
+  const int fit = pick && !(g.path == MarlinPath::Wgmma && g.thread_n != 0) ? wgmma_fit_rows(g.m) : 0;
+  const bool narrow = pick && fit == 0 && wgmma_prefer_128x128(g.m, g.n, g.k, sms);
+  const int rows = g.wgmma_rows > 0 ? g.wgmma_rows : fit > 0 ? fit : narrow ? kWgmmaNarrowRows : wgmma_rows_for(g.m);
   // Columns per tile: the token tile's own width, or on path Wgmma a forced thread_n (128 x 128 tiles).
   const int tn = g.path == MarlinPath::Wgmma && g.thread_n != 0 ? g.thread_n
                  : narrow                                       ? kWgmmaNarrowCols
@@ -709,7 +724,7 @@ MarlinStatus marlin_gemm(const MarlinGemm& g) {
   if (sms > dev_sms || sms > kMaxSms) return MarlinStatus::BadShape;
 
   if (g.wgmma_rows != 0 && std::find(std::begin(kWgRows), std::end(kWgRows), g.wgmma_rows) == std::end(kWgRows) &&
-      g.wgmma_rows != kWgmmaWideRows)
+      g.wgmma_rows != kWgmmaWideRows && !wgmma_fit_tile(g.wgmma_rows))
     return MarlinStatus::NoConfig;
   if (g.wgmma_pipeline < 0 || g.wgmma_pipeline > 2) return MarlinStatus::NoConfig;
   const bool cublas_ok = g.cublas && g.workspace_bytes >= marlin_workspace_bytes(sms, true);

@@ -16,8 +16,9 @@
 // - m = 33 to 64 (producer warpgroup, 64-row tiles): faster on every set, small layers included (8B m = 64:
 //   89 us against 118 for the best mma.sync tiles, 70B 274 vs 428).
 // - m = 65 to 2048 (producer warpgroup, 128-row tiles; on narrow layers 128 x 128 ones since the thirty-first
-//   session, 64-row ones before: wgmma_prefer_128x128 below): faster on every set, by 1.7-2.1x over mma.sync,
-//   and faster than dequantize + cuBLAS at m = 1024 (70B 2973 vs 4509 us, 8B 782 vs 1024).
+//   session, 64-row ones before: wgmma_prefer_128x128 below; from m = 129 fit tiles of 160-224 rows where they pad
+//   m less, since the thirty-third: wgmma_fit_rows): faster on every set, by 1.7-2.1x over mma.sync, and faster
+//   than dequantize + cuBLAS at m = 1024 (70B 2973 vs 4509 us, 8B 782 vs 1024).
 // - m = 2048: faster than dequantize + cuBLAS on both layers timed (8B qkv 192 vs 200 us, 70B down 1564
 //   vs 2294). m = 4096: on 70B down still faster (3186 vs 3740), on 8B qkv (2^24.6 weights) a tie that
 //   dequantize + cuBLAS wins (366 vs 360): above 2048 small layers take that path, above 4096 all do
@@ -267,6 +268,32 @@ constexpr bool wgmma_pair_tiles(int m, int n, int k, int rows, int max_blocks) {
   if (wgmma_whole_slices(m, n, rows, max_blocks) != 0) return false;
   const int64_t tiles = int64_t(n / tn) * ((int64_t(m) + rows - 1) / rows);
   return 2 * tiles <= max_blocks && 2 * tiles * 100 >= int64_t(max_blocks) * kWgmmaPairMinFillPct;
+}
+
+// m from 129 to kWgmmaFitMaxM on the Hopper kernel: a fit tile (160, 192 or 224 rows of 128 columns,
+// kernels/marlin_partition.h) where its row chunks hold fewer rows past m than 128-row chunks, or as few (0: keep
+// the 128-row tiles); among fit tiles with equally few, the tallest. Auto's two launches (auto_split_head below)
+// come first: at m = 264 they matched or beat 2 x 160 rows (compare m = 300's fit tiles). The wide tile (256 rows)
+// is left to callers that force it: level or slower than 128 rows where it pads as little. H100 (docs/PERF.md,
+// thirty-third session, call 5), Auto's set sums before -> after in us, same call, two runs each:
+// - fewer padded rows: m = 150 (1 x 160): 8B 170.6-171.8 -> 131.4-136.4, 70B 609-618 -> 452-463, 32768^2 704-718 ->
+//   516-519; 300 (2 x 160): 8B 276-282 -> 242-254, 70B 947-960 -> 839-844, 32768^2 1135-1142 -> 1019-1020; 420
+//   (2 x 224) 8B 356-359 -> 337-344, 70B 1237-1247 -> 1121-1127; 560 (3 x 192) 70B 1622-1629 -> 1525-1538; 900
+//   (6 x 160) 32768^2 3204-3211 -> 2966-2971;
+// - as few: m = 384 (2 x 192) 8B 292.6-295.3 -> 294.5-302.4, 70B 1013-1018 -> 983-996, 32768^2 1208-1210 -> 1221;
+//   768 (4 x 192) 8B 526-542 -> 507-525, 70B 1981-1983 -> 1963, 32768^2 2387-2408 -> 2410-2427; with call 4
+//   (the tiles forced) at m = 350, 640 and 700 level to 4% faster.
+constexpr int kWgmmaFitMaxM = 1024;
+constexpr int wgmma_fit_rows(int m) {
+  if (m <= 128 || m > kWgmmaFitMaxM) return 0;
+  const int64_t pad128 = (int64_t(m) + 127) / 128 * 128;
+  int best = 0;
+  int64_t best_pad = pad128 + 1;  // a fit tile needs only to match the 128-row tiles
+  for (int r = kWgmmaWideRows - kWgmmaFitStep; r >= kWgmmaFitMinRows; r -= kWgmmaFitStep) {
+    const int64_t pad = (int64_t(m) + r - 1) / r * r;
+    if (pad < best_pad) best = r, best_pad = pad;
+  }
+  return best;
 }
 
 // m a little past a whole number of 128-row chunks: Auto runs the whole chunks and the rows past them as two

@@ -31,7 +31,7 @@ constexpr int kMaxBlocksPerSm = 2;
 constexpr size_t kPartFloatsPerBlock = size_t(kMaxMBlocks) * 16 * kMaxThreadN;
 
 // The Hopper (sm_90a, wgmma) kernel, kernels/sm90/: 256-column x 64-deep tiles and 8 to 128 token
-// rows per tile, or 128-column ones of 128 or 256 rows (below). Its partial tiles take up to two mma.sync
+// rows per tile, or 128-column ones of 128 to 256 rows (below). Its partial tiles take up to two mma.sync
 // slots, so the workspace's kWgmmaPartFloats per SM bound its blocks per SM, as do the kMaxBlocksPerSm locks.
 constexpr int kWgmmaTileN = 256;
 constexpr int kWgmmaTileK = 64;
@@ -42,7 +42,15 @@ constexpr int kWgmmaTileK = 64;
 // (128 x 128: Auto on narrow layers, kernels/marlin_dispatch.h, wgmma_prefer_128x128), half the partial tile.
 constexpr int kWgmmaWideRows = 256;
 constexpr int kWgmmaWideTileN = 128;
-MARLINC_PART_HD constexpr int wgmma_tile_n(int rows) { return rows == kWgmmaWideRows ? kWgmmaWideTileN : kWgmmaTileN; }
+// Fit tiles: 128-column tiles of 160, 192 and 224 rows (the wide tile's layout, fewer tokens), so that m splits into
+// row chunks with fewer rows past m than 128-row chunks leave (kernels/marlin_dispatch.h, wgmma_fit_rows). Steps of
+// 32: the staged epilogue's short round is then whole 16-byte read instructions (sm90/marlin_wgmma.cuh, wg_write_c).
+constexpr int kWgmmaFitMinRows = 160, kWgmmaFitStep = 32;
+MARLINC_PART_HD constexpr bool wgmma_fit_tile(int rows) {
+  return rows >= kWgmmaFitMinRows && rows < kWgmmaWideRows && rows % kWgmmaFitStep == 0;
+}
+// Tiles of more than 128 rows (the wide and the fit tiles) are 128 columns wide, the others 256.
+MARLINC_PART_HD constexpr int wgmma_tile_n(int rows) { return rows > 128 ? kWgmmaWideTileN : kWgmmaTileN; }
 constexpr size_t kWgmmaPartFloats = kMaxBlocksPerSm * kPartFloatsPerBlock;
 static_assert(size_t(kWgmmaWideRows) * kWgmmaWideTileN <= kWgmmaPartFloats, "a wide tile's partial fits its slot");
 inline int wgmma_blocks_per_sm(int occupancy, int rows, int tn = 0) {

@@ -37,7 +37,7 @@ namespace wl = wgmma_layout;
 template <int NT, int FEAT = wgmma_tile_n(NT)>
 struct WgShape {
   static constexpr int kThreads = wl::kThreads;
-  // FEAT = 128 (NT = 128 or 256 tokens): the 128-column tiles (wgmma_layout.h, kFeat128): warpgroup g expands packed
+  // FEAT = 128 (NT = 128 to 256 tokens in steps of 32): the 128-column tiles (wgmma_layout.h, kFeat128): warpgroup g expands packed
   // tile g, one word per warp and k16 step, into one m64nNT wgmma; its accumulators are acc[2][NT / 4], acc[j] tokens
   // NT / 2 j .. NT / 2 (j + 1) - 1 (wgmma_ops.cuh, WgmmaSplit). FEAT = 256: acc[j] is packed tile 2 g + j's 64-row
   // wgmma over all NT tokens.
@@ -62,7 +62,7 @@ struct WgShape {
   static constexpr bool kHoistCopies = NT <= 64;    // copy addresses once per slice (see the loaders)
 
   static_assert(FEAT == wl::kFeat ? (NT == 8 || NT == 16 || NT == 32 || NT == 64 || NT == 128)
-                                  : FEAT == wl::kFeat128 && (NT == 128 || NT == 256),
+                                  : FEAT == wl::kFeat128 && NT >= 128 && NT <= 256 && NT % 32 == 0,
                 "tiles with a wgmma of NT tokens in wgmma_ops.cuh");
   static_assert(kStage % kAlign == 0, "every stage's activation tile starts on a swizzle atom");
   static_assert(kTK == kWgmmaTileK, "the host partitions with these tiles");
@@ -166,13 +166,16 @@ __device__ __forceinline__ void wg_write_c(const KernelArgs& p, const float (&ac
     // Per round, kTokens tokens of the warp's kJ 16-column subblocks into its buffer, then out as 16-byte rows.
     // 256-column tiles: two subblocks, acc[j] subblock j over all NT tokens, buffer map epi_byte. 128-column tiles
     // (only staged): one subblock (warp_sub128 of packed tile warp_tile128), acc[j] tokens NT / 2 j .., epi_byte128.
+    // The fit tiles (NT / 2 not a multiple of kTokens) end each accumulator array with a shorter round.
     constexpr bool k128 = S::kCols128;
     constexpr int kJ = k128 ? 1 : 2;
     constexpr int kTokens = k128 ? wl::kEpiTokens128 : wl::kEpiTokens, kReads = k128 ? wl::kEpiReads128 : wl::kEpiReads;
-    constexpr int kI = kTokens / 8;                              // 8-token accumulator rows per round
-    constexpr int kHalfRounds = k128 ? NT / 2 / kTokens : NT / kTokens;  // rounds per accumulator array acc[j]
-    static_assert(kHalfRounds >= 1 && kHalfRounds * kI * 4 == S::kAcc && NT % kTokens == 0,
-                  "whole staging rounds in each accumulator array");
+    constexpr int kI = kTokens / 8;                    // 8-token accumulator rows per (whole) round
+    constexpr int kRows = S::kAcc / 4;                 // 8-token accumulator rows in each acc[j]
+    constexpr int kHalfRounds = (kRows + kI - 1) / kI;  // rounds per accumulator array (k128), or of all tokens
+    constexpr int kRounds = k128 ? 2 * kHalfRounds : NT / kTokens;
+    static_assert(k128 || (kHalfRounds * kI == kRows && NT % kTokens == 0), "whole staging rounds on 256 columns");
+    static_assert(!k128 || (kRows % kI) * 8 * wl::kEpiChunks128 % 32 == 0, "a short round is whole read instructions");
     auto byte = [](int lt, int col) { return k128 ? wl::epi_byte128(lt, col) : wl::epi_byte(lt, col); };
     const int wc0 = slice * S::kFeat + (k128 ? wl::acc_col(wl::warp_tile128(warp), wl::warp_sub128(warp), 0, 0, 0)
                                              : wl::acc_col(tile, sub0, 0, 0, 0));  // the warp's first column
@@ -183,15 +186,17 @@ __device__ __forceinline__ void wg_write_c(const KernelArgs& p, const float (&ac
       for (int h = 0; h < 2; ++h)
         sc[j][h] = GROUPED ? 1.f : to_float<DT>(s16[wl::channel_scale_pos(wc0 + wl::epi_col(j, lane, h))]);
 #pragma unroll
-    for (int r = 0; r < NT / kTokens; ++r) {
+    for (int r = 0; r < kRounds; ++r) {
+      const int i0 = (r % kHalfRounds) * kI;                  // the round's first accumulator row
+      const int ni = kRows - i0 < kI ? kRows - i0 : kI;      // and its rows (compile-time after unrolling)
 #pragma unroll
       for (int j = 0; j < kJ; ++j) {
         const float* a = acc[k128 ? r / kHalfRounds : j];
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
-          for (int ii = 0; ii < kI; ++ii) {
-            const int i = (r % kHalfRounds) * kI + ii;
+          for (int ii = 0; ii < ni; ++ii) {
+            const int i = i0 + ii;
             const float v0 = a[4 * i + 2 * h] * sc[j][h], v1 = a[4 * i + 2 * h + 1] * sc[j][h];
             const float other = __shfl_xor_sync(0xffffffffu, wl::pair_send_e(lane) ? v1 : v0, 4);
             sts32(epi + byte(wl::pair_token(ii, lane), wl::pair_col(wl::epi_col(j, lane, h), lane)),
@@ -200,11 +205,11 @@ __device__ __forceinline__ void wg_write_c(const KernelArgs& p, const float (&ac
       }
       __syncwarp();  // the round's pairs are in the buffer before any lane reads a row
 #pragma unroll
-      for (int s = 0; s < kReads; ++s) {
+      for (int s = 0; s < kReads * ni / kI; ++s) {
         const int lt = k128 ? wl::epi_read_token128(s, lane) : wl::epi_read_token(s, lane);
         const int x = k128 ? wl::epi_read_chunk128(s, lane) : wl::epi_read_chunk(s, lane);
         const int4 v = lds128(epi + byte(lt, 8 * x));
-        const int tok = row0 + r * kTokens + lt;
+        const int tok = row0 + (k128 ? (r / kHalfRounds) * (NT / 2) : 0) + i0 * 8 + lt;
         if (tok < p.m) *reinterpret_cast<int4*>(C + size_t(tok) * p.n + wc0 + 8 * x) = v;
       }
       __syncwarp();  // every lane has read the round before the next one overwrites it

@@ -79,7 +79,8 @@ struct WsShape : WgShape<NT, FEAT> {
   // After the wait of the batch from step kRelease on, every wgmma of the previous tile has retired.
   static constexpr int kRelease = (kPending - 1) / kBatch * kBatch;
 
-  static_assert(NT == 64 || NT == 128 || NT == kWgmmaWideRows, "token tiles the warp-specialized kernel is built for");
+  static_assert(NT == 64 || NT == 128 || NT == kWgmmaWideRows || wgmma_fit_tile(NT),
+                "token tiles the warp-specialized kernel is built for");
   static_assert(FEAT == wgmma_tile_n(NT) || (NT == 128 && FEAT == kWgmmaWideTileN), "the column widths per token tile");
   static_assert(Base::kKB % kBatch == 0, "a stage is a whole number of batches");
   static_assert(kPending >= kBatch && kPending <= Base::kKB, "the previous tile retires within the next one");
@@ -313,7 +314,8 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS)
     const uint32_t tx = S::kABytes + S::kBBytes + s_rows * S::kScaleRowBytes;
     // The last row chunk through a_tail (above): fewer bytes arrive.
     const uint32_t tx_tail = tx - S::kABytes + tail * wl::kRowBytes;
-    auto tx_of = [&](int row0) { return tail_box && row0 + NT > p.m ? tx_tail : tx; };
+    auto by_tail = [&](int row0) { return tail_box && row0 + NT > p.m; };  // the chunk m ends inside
+    auto tx_of = [&](int row0) { return by_tail(row0) ? tx_tail : tx; };
     // The weights pass through L2 once (the row-chunk groups that share them run side by side). Tagged
     // evict-first, they are the first lines L2 gives up, ahead of the activations every column block
     // re-reads and the partial tiles deposited for the finishers (docs/PERF.md, fourteenth session: 5% on
@@ -326,7 +328,7 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS)
         if constexpr (GROUPED)
           tma_2d(stage + S::kABytes + S::kBBytes, &maps.s, slice * S::kFeat, (kt * S::kTK) >> p.group_shift, bar);
       }
-      if (what & 2) tma_2d(stage, tail_box && row0 + NT > p.m ? &maps.a_tail : &maps.a, kt * S::kTK, row0, bar);
+      if (what & 2) tma_2d(stage, by_tail(row0) ? &maps.a_tail : &maps.a, kt * S::kTK, row0, bar);
     };
     // The first row chunk's first tiles fill the fresh ring without waiting for a release.
     const int first_tiles = group < p.par ? min(p.iters, nk - local * p.iters) : 0;
@@ -516,7 +518,8 @@ cudaError_t wgmma_ws_max_clusters(int size, const LaunchOpts& o, int* clusters) 
                              marlin_wgmma_ws_kernel<DT, true, NT, 1, true, F>, WsShape<NT, 1>::kThreads, size, o, clusters);
 }
 
-// Instantiations: NT-row tiles of FEAT columns (wgmma_tile_n(NT), or 128 beside 128 rows) at BPS blocks per SM.
+// Instantiations: NT-row tiles of FEAT columns (wgmma_tile_n(NT), or 128 beside 128 rows) at BPS blocks per SM; the
+// fit tiles (marlin_partition.h, wgmma_fit_tile) in marlin_wgmma_fit_{fp16,bf16}.cu, so that they build in parallel.
 #define MARLINC_INSTANTIATE_WGMMA_WS_F(DT, NT, BPS, CL, FEAT)                                                    \
   template cudaError_t wgmma_ws_prepare<DT, NT, BPS, CL, FEAT>(int*, int*);                                    \
   template cudaError_t wgmma_ws_launch<DT, NT, BPS, CL, FEAT>(const KernelArgs&, const TmaMaps&, const LaunchOpts&, \

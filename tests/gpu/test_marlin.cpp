@@ -526,7 +526,7 @@ TEST_CASE("marlin: Hopper wgmma kernel, producer warpgroup", "[gpu][marlin][wgmm
   for (ActType act : {ActType::F16, ActType::BF16})
     for (int64_t g : kGroups) {
       const Layer L = make_layer(rng, 1024, 768, g, act);
-      for (int rows : {64, 128, kernels::kWgmmaWideRows, -128})  // -128: 128 x 128 tiles
+      for (int rows : {64, 128, kernels::kWgmmaWideRows, -128, 160, 192, 224})  // -128: 128 x 128; the fit tiles
         for (int sms : {0, 3})
           for (int64_t m : kMs) {
             if (act == ActType::BF16 && m != 100 && m != 1000) continue;
@@ -652,6 +652,9 @@ TEST_CASE("marlin: Hopper wgmma kernel under the sanitizers", "[gpu][marlin][wgm
     // 128 x 128 tiles: 4 slices, one and three row chunks, stripes across slices on 2 SMs.
     for (int64_t m : {int64_t(100), int64_t(300)})
       for (int sms : {0, 2}) run_case(L, m, rng, producer(128, sms, 1 << 30, kernels::kWgmmaWideTileN));
+    // The fit tiles: one and two row chunks, the last one short (its own activation box).
+    for (int rows : {160, 192, 224})
+      for (int64_t m : {int64_t(100), int64_t(300)}) run_case(L, m, rng, producer(rows, m == 100 ? 2 : 0));
     // The wide tile's pairs: 4 slices of 128 x ceil(m / 256) row chunks x 2 blocks.
     for (int64_t m : {int64_t(100), int64_t(300)}) {
       const int sms = m == 100 ? 8 : 16;
@@ -788,6 +791,14 @@ TEST_CASE("marlin: dequantize + cuBLAS path and the automatic dispatch", "[gpu][
         o.path = MarlinPath::Auto;
         run_case(L, m, rng, o);
       }
+      // Auto's fit tiles (marlin_dispatch.h, wgmma_fit_rows): one to four row chunks of 160-224 rows.
+      for (int64_t m : {int64_t(150), int64_t(200), int64_t(300), int64_t(700)}) {
+        REQUIRE(kernels::wgmma_fit_rows(int(m)) > 0);
+        RunOpts o;
+        o.path = MarlinPath::Auto;
+        o.max_ref_rows = 64;
+        run_case(L, m, rng, o);
+      }
     }
 }
 
@@ -899,7 +910,7 @@ TEST_CASE("marlin: argument checks return a status", "[gpu][marlin]") {
     b.thread_m_blocks = bad_mb;
     REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
   }
-  for (int bad_rows : {-1, 24, 96, 192, 512}) {  // Hopper token tiles are 8, 16, 32, 64, 128 or 256 rows
+  for (int bad_rows : {-1, 24, 96, 144, 176, 240, 512}) {  // Hopper token tiles: 8-128 in powers of 2, 160-256 by 32
     b = g;
     b.wgmma_rows = bad_rows;
     REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
@@ -912,7 +923,7 @@ TEST_CASE("marlin: argument checks return a status", "[gpu][marlin]") {
   b = g;
   b.path = MarlinPath::Wgmma;  // n = 64 is not a multiple of 256 (and elsewhere than 9.0 nothing runs)
   REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
-  if (marlin_wgmma_available()) {  // the producer pipeline is built for 64-, 128- and 256-row tiles only
+  if (marlin_wgmma_available()) {  // the producer pipeline is built for the tiles of 64 rows and more only
     b = g;
     b.n = 256;
     b.path = MarlinPath::Wgmma;
@@ -930,6 +941,12 @@ TEST_CASE("marlin: argument checks return a status", "[gpu][marlin]") {
     REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
     b.wgmma_rows = 128;
     b.thread_n = 192;
+    REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
+    b.thread_n = 256;  // the fit tiles: 128 columns, producer pipeline only
+    b.wgmma_rows = 192;
+    REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
+    b.thread_n = 0;
+    b.wgmma_pipeline = 1;
     REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
   }
   if (marlin_wgmma_available()) {  // the streaming kernel: m <= 16, slices of 64, 128 or 256 columns

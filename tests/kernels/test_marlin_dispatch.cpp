@@ -432,3 +432,38 @@ TEST_CASE("dispatch: m just past whole row chunks splits into whole chunks and t
   CHECK(auto_split_head(1000) == 0);  // 104 rows past 896: one launch
   CHECK(auto_split_head(100) == 0);   // one chunk
 }
+
+// The fit tiles (wgmma_fit_rows): from m = 129 to kWgmmaFitMaxM a built fit tile whose chunks pad m no more than
+// 128-row chunks, the fewest padded rows of all fit tiles (the tallest on ties), 0 only where no fit tile matches the
+// 128-row chunks; nothing outside that range.
+TEST_CASE("dispatch: fit tiles where their row chunks pad m as little as 128-row chunks or less", "[kernels][dispatch]") {
+  auto padded = [](int m, int r) { return (m + r - 1) / r * r; };
+  for (int m = 1; m <= 5000; ++m) {
+    const int fit = wgmma_fit_rows(m);
+    INFO("m " << m << " fit " << fit);
+    if (m <= 128 || m > kWgmmaFitMaxM) {
+      CHECK(fit == 0);
+      continue;
+    }
+    int best = 1 << 30;
+    for (int r = kWgmmaFitMinRows; r < kWgmmaWideRows; r += kWgmmaFitStep) best = std::min(best, padded(m, r));
+    if (fit == 0) {
+      CHECK(best > padded(m, 128));
+      continue;
+    }
+    CHECK(wgmma_fit_tile(fit));
+    CHECK(padded(m, fit) == best);
+    CHECK(padded(m, fit) <= padded(m, 128));
+    for (int r = fit + kWgmmaFitStep; r < kWgmmaWideRows; r += kWgmmaFitStep) CHECK(padded(m, r) > best);
+  }
+  // The measured points (docs/PERF.md, thirty-third session) and the issue's m, which keep 128-row tiles.
+  CHECK(wgmma_fit_rows(150) == 160);
+  CHECK(wgmma_fit_rows(176) == 192);
+  CHECK(wgmma_fit_rows(200) == 224);
+  CHECK(wgmma_fit_rows(300) == 160);
+  CHECK(wgmma_fit_rows(420) == 224);
+  CHECK(wgmma_fit_rows(450) == 160);
+  CHECK(wgmma_fit_rows(560) == 192);
+  CHECK(wgmma_fit_rows(700) == 192);
+  for (int m : {128, 256, 512, 1024}) CHECK(wgmma_fit_rows(m) == 0);
+}
