@@ -48,9 +48,10 @@ MARLINC_DECLARE_WGMMA_WS_CL(0, 64, 1, false) MARLINC_DECLARE_WGMMA_WS_CL(0, 128,
 MARLINC_DECLARE_WGMMA_WS_CL(0, kWgmmaWideRows, 1, false) MARLINC_DECLARE_WGMMA_WS_CL(1, 64, 1, false)
 MARLINC_DECLARE_WGMMA_WS_CL(1, 128, 1, false) MARLINC_DECLARE_WGMMA_WS_CL(1, kWgmmaWideRows, 1, false)
 MARLINC_DECLARE_WGMMA_WS_F(0, 128, 1, false, kWgmmaWideTileN) MARLINC_DECLARE_WGMMA_WS_F(1, 128, 1, false, kWgmmaWideTileN)
-MARLINC_DECLARE_WGMMA_WS_CL(0, 160, 1, false) MARLINC_DECLARE_WGMMA_WS_CL(0, 192, 1, false)
-MARLINC_DECLARE_WGMMA_WS_CL(0, 224, 1, false) MARLINC_DECLARE_WGMMA_WS_CL(1, 160, 1, false)
-MARLINC_DECLARE_WGMMA_WS_CL(1, 192, 1, false) MARLINC_DECLARE_WGMMA_WS_CL(1, 224, 1, false)
+// The fit tiles (kernels/sm90/marlin_wgmma_fit_*.cu), in kWsTiles' order.
+#define MARLINC_FIT_TILES(X, DT) X(DT, 144) X(DT, 160) X(DT, 176) X(DT, 192) X(DT, 208) X(DT, 224) X(DT, 240)
+#define MARLINC_DECLARE_FIT(DT, NT) MARLINC_DECLARE_WGMMA_WS_CL(DT, NT, 1, false)
+MARLINC_FIT_TILES(MARLINC_DECLARE_FIT, 0) MARLINC_FIT_TILES(MARLINC_DECLARE_FIT, 1)
 MARLINC_DECLARE_WGMMA_WS_PAIR(0, kWgmmaPairRows) MARLINC_DECLARE_WGMMA_WS_PAIR(0, kWgmmaWideRows)
 MARLINC_DECLARE_WGMMA_WS_PAIR(1, kWgmmaPairRows) MARLINC_DECLARE_WGMMA_WS_PAIR(1, kWgmmaWideRows)
 #define MARLINC_DECLARE_STREAM_CL(DT, TN, CL, SW)                                                              \
@@ -97,9 +98,11 @@ constexpr int kWsMinRows = 64;
 // marlin_dispatch.h, wgmma_prefer_128x128; or MarlinGemm::thread_n) and the fit tiles (marlin_dispatch.h,
 // wgmma_fit_rows).
 struct WsTile { int rows, tn; };
-constexpr WsTile kWsTiles[] = {{64, kWgmmaTileN},       {128, kWgmmaTileN},     {kWgmmaWideRows, kWgmmaWideTileN},
-                               {128, kWgmmaWideTileN}, {160, kWgmmaWideTileN}, {192, kWgmmaWideTileN},
-                               {224, kWgmmaWideTileN}};
+constexpr WsTile kWsTiles[] = {
+    {64, kWgmmaTileN},      {128, kWgmmaTileN},     {kWgmmaWideRows, kWgmmaWideTileN}, {128, kWgmmaWideTileN},
+    {144, kWgmmaWideTileN}, {160, kWgmmaWideTileN}, {176, kWgmmaWideTileN},           {192, kWgmmaWideTileN},
+    {208, kWgmmaWideTileN}, {224, kWgmmaWideTileN}, {240, kWgmmaWideTileN}};
+constexpr int kFirstFitTile = 4;
 constexpr int kNumWsTiles = int(sizeof(kWsTiles) / sizeof(kWsTiles[0]));
 // The Hopper kernel's token tiles (rows of C per tile), smallest first.
 constexpr int kWgRows[] = {8, 16, 32, 64, 128};
@@ -119,17 +122,23 @@ struct TmaEntry { PrepareFn prepare; TmaLaunchFn launch; };
 using ClustersFn = cudaError_t (*)(int, const LaunchOpts&, int*);
 #define MARLINC_WS_ENTRY_F(DT, NT, CL, F) TmaEntry{&wgmma_ws_prepare<DT, NT, 1, CL, F>, &wgmma_ws_launch<DT, NT, 1, CL, F>}
 #define MARLINC_WS_ENTRY_CL(DT, NT, CL) MARLINC_WS_ENTRY_F(DT, NT, CL, wgmma_tile_n(NT))
+#define MARLINC_WS_FIT_ENTRY(DT, NT) MARLINC_WS_ENTRY_CL(DT, NT, false),
 const TmaEntry kWsTable[2][kNumWsTiles] = {  // kWsTiles' order
     {MARLINC_WS_ENTRY_CL(0, 64, false), MARLINC_WS_ENTRY_CL(0, 128, false),
      MARLINC_WS_ENTRY_CL(0, kWgmmaWideRows, false), MARLINC_WS_ENTRY_F(0, 128, false, kWgmmaWideTileN),
-     MARLINC_WS_ENTRY_CL(0, 160, false), MARLINC_WS_ENTRY_CL(0, 192, false), MARLINC_WS_ENTRY_CL(0, 224, false)},
+     MARLINC_FIT_TILES(MARLINC_WS_FIT_ENTRY, 0)},
     {MARLINC_WS_ENTRY_CL(1, 64, false), MARLINC_WS_ENTRY_CL(1, 128, false),
      MARLINC_WS_ENTRY_CL(1, kWgmmaWideRows, false), MARLINC_WS_ENTRY_F(1, 128, false, kWgmmaWideTileN),
-     MARLINC_WS_ENTRY_CL(1, 160, false), MARLINC_WS_ENTRY_CL(1, 192, false), MARLINC_WS_ENTRY_CL(1, 224, false)},
+     MARLINC_FIT_TILES(MARLINC_WS_FIT_ENTRY, 1)},
 };
-static_assert(kNumWsTiles == 7 && wgmma_fit_tile(kWsTiles[4].rows) && wgmma_fit_tile(kWsTiles[6].rows) &&
-                  kWsTiles[6].rows + kWgmmaFitStep == kWgmmaWideRows,
-              "kWsTable holds every fit tile");
+// kWsTiles from kFirstFitTile on: every fit tile, in order (MARLINC_FIT_TILES lists the same).
+constexpr bool fit_tiles_listed() {
+  int r = kWgmmaFitMinRows;
+  for (int i = kFirstFitTile; i < kNumWsTiles; ++i, r += kWgmmaFitStep)
+    if (kWsTiles[i].rows != r || kWsTiles[i].tn != kWgmmaWideTileN || !wgmma_fit_tile(r)) return false;
+  return r == kWgmmaWideRows;
+}
+static_assert(fit_tiles_listed(), "kWsTiles and kWsTable hold every fit tile");
 // The pair form (128-row and wide tiles: kernels/marlin_dispatch.h, wgmma_pair_tiles), [dt][wide].
 const TmaEntry kWsPairTable[2][2] = {
     {MARLINC_WS_ENTRY_CL(0, kWgmmaPairRows, true), MARLINC_WS_ENTRY_CL(0, kWgmmaWideRows, true)},
@@ -346,7 +355,7 @@ const char* marlin_status_name(MarlinStatus s) {
     case MarlinStatus::WorkspaceTooSmall: return "workspace too small";
     case MarlinStatus::NoConfig:
       return "forced configuration does not fit the shape or device (thread_m_blocks not in 0..4, wgmma_rows not "
-             "0/8/16/32/64/128/160/192/224/256, wgmma_pipeline not 0..2, 2 below 64 rows or 1 above 128, path Wgmma "
+             "0/8/16/32/64/128 or 144-256 by 16, wgmma_pipeline not 0..2, 2 below 64 rows or 1 above 128, path Wgmma "
              "with thread_n other than 0, 256 (up to 128 rows) or 128 (128 rows or more, pipeline 2), path Wgmma "
              "without a 9.0 device, "
              "sm_90a code and n % 256 == 0, or path Stream without those, m <= 16 and a slice width (thread_n "

@@ -21,7 +21,7 @@ enum class MarlinStatus {
   BadAlignment,       // A, B, s, C or workspace not 16-byte aligned
   WorkspaceTooSmall,  // workspace_bytes < marlin_workspace_bytes(...) for the chosen path
   NoConfig,           // a forced tile config that does not fit the shape or device (thread_m_blocks outside
-                      // 0..4, wgmma_rows not 0/8/16/32/64/128/160/192/224/256, wgmma_pipeline not 0..2, 2 on
+                      // 0..4, wgmma_rows not 0/8/16/32/64/128 or 144-256 by 16, wgmma_pipeline not 0..2, 2 on
                       // a tile below 64 rows or 1 above 128, path Wgmma or Stream where that kernel cannot run)
   CudaError,          // a CUDA runtime call failed (the sticky error is left for the caller to read)
   CublasError,        // the dequantize + cuBLAS path failed
@@ -66,7 +66,7 @@ struct MarlinGemm {
   // tile columns (256 up to 128 rows; 128 on taller tiles, or 128 x 128 tiles with wgmma_rows = 128).
   int thread_k = 0, thread_n = 0;   // 0: chosen per shape and m; else force (128,128), (64,256) or (128,64)
   int thread_m_blocks = 0;          // 0: chosen per m; else force 1..4 16-row blocks per tile (row chunks of 16x)
-  // Hopper kernel: 0 chosen per m and layer; else force 8/16/32/64/128 rows of 256 columns, or 160/192/224/256 rows
+  // Hopper kernel: 0 chosen per m and layer; else force 8/16/32/64/128 rows of 256 columns, or 144-256 rows by 16
   // of 128 columns (the fit and the wide tiles, producer warpgroup only)
   int wgmma_rows = 0;
   // Hopper kernel's pipeline: 0 chosen per tile; 1 every warp copies and a block barrier ends each stage;

@@ -270,30 +270,29 @@ constexpr bool wgmma_pair_tiles(int m, int n, int k, int rows, int max_blocks) {
   return 2 * tiles <= max_blocks && 2 * tiles * 100 >= int64_t(max_blocks) * kWgmmaPairMinFillPct;
 }
 
-// m from 129 to kWgmmaFitMaxM on the Hopper kernel: a fit tile (160, 192 or 224 rows of 128 columns,
-// kernels/marlin_partition.h) where its row chunks hold fewer rows past m than 128-row chunks, or as few (0: keep
-// the 128-row tiles); among fit tiles with equally few, the tallest. Auto's two launches (auto_split_head below)
-// come first: at m = 264 they matched or beat 2 x 160 rows (compare m = 300's fit tiles). The wide tile (256 rows)
-// is left to callers that force it: level or slower than 128 rows where it pads as little. H100 (docs/PERF.md,
-// thirty-third session, call 5), Auto's set sums before -> after in us, same call, two runs each:
-// - fewer padded rows: m = 150 (1 x 160): 8B 170.6-171.8 -> 131.4-136.4, 70B 609-618 -> 452-463, 32768^2 704-718 ->
-//   516-519; 300 (2 x 160): 8B 276-282 -> 242-254, 70B 947-960 -> 839-844, 32768^2 1135-1142 -> 1019-1020; 420
-//   (2 x 224) 8B 356-359 -> 337-344, 70B 1237-1247 -> 1121-1127; 560 (3 x 192) 70B 1622-1629 -> 1525-1538; 900
-//   (6 x 160) 32768^2 3204-3211 -> 2966-2971;
-// - as few: m = 384 (2 x 192) 8B 292.6-295.3 -> 294.5-302.4, 70B 1013-1018 -> 983-996, 32768^2 1208-1210 -> 1221;
-//   768 (4 x 192) 8B 526-542 -> 507-525, 70B 1981-1983 -> 1963, 32768^2 2387-2408 -> 2410-2427; with call 4
-//   (the tiles forced) at m = 350, 640 and 700 level to 4% faster.
+// m from 129 to kWgmmaFitMaxM on the Hopper kernel: m in as few row chunks as the fit tiles allow (144 to 240 rows of
+// 128 columns, kernels/marlin_partition.h), each the shortest fit tile that holds them, where those chunks pad m no
+// more than 128-row chunks (else 0: the 128-row tiles). Fewer, taller chunks: the per-row cost of products falls
+// with the tile's height (70B gate/up at m = 640, us per padded row: 1.47 on 160-row tiles, 1.42 on 224, 1.43 on
+// 128 x 256, 1.35 on 256), and three chunks of 224 rows (672) lost 5-9% to five of 128 (640). Auto's two launches
+// (auto_split_head below) come first: at m = 264 they matched or beat 2 x 160 rows (compare m = 300's fit tiles).
+// The wide tile (256 rows) is left to callers that force it. H100 (docs/PERF.md, thirty-third session), set sums in
+// us, same call, two runs each:
+// - call 5, Auto's 128-row tiles -> fit tiles (the then rule, 32-row steps: the fewest padded rows): m = 150
+//   (1 x 160): 8B 170.6-171.8 -> 131.4-136.4, 70B 609-618 -> 452-463, 32768^2 704-718 -> 516-519; 300 (2 x 160): 8B
+//   276-282 -> 242-254, 70B 947-960 -> 839-844, 32768^2 1135-1142 -> 1019-1020; 420 (2 x 224) 8B 356-359 -> 337-344,
+//   70B 1237-1247 -> 1121-1127; 560 (3 x 192) 70B 1622-1629 -> 1525-1538; 384 (2 x 192, as many padded rows) 8B
+//   292.6-295.3 -> 294.5-302.4, 70B 1013-1018 -> 983-996, 32768^2 1208-1210 -> 1221; 768 (4 x 192) 8B 526-542 ->
+//   507-525, 70B 1981-1983 -> 1963, 32768^2 2387-2408 -> 2410-2427;
+// - call 4, tiles forced against Auto's 128-row ones: every tile whose chunks pad m more than 128-row chunks lost.
 constexpr int kWgmmaFitMaxM = 1024;
 constexpr int wgmma_fit_rows(int m) {
   if (m <= 128 || m > kWgmmaFitMaxM) return 0;
-  const int64_t pad128 = (int64_t(m) + 127) / 128 * 128;
-  int best = 0;
-  int64_t best_pad = pad128 + 1;  // a fit tile needs only to match the 128-row tiles
-  for (int r = kWgmmaWideRows - kWgmmaFitStep; r >= kWgmmaFitMinRows; r -= kWgmmaFitStep) {
-    const int64_t pad = (int64_t(m) + r - 1) / r * r;
-    if (pad < best_pad) best = r, best_pad = pad;
-  }
-  return best;
+  const int tallest = kWgmmaWideRows - kWgmmaFitStep;
+  const int chunks = (m + tallest - 1) / tallest;
+  const int rows = ((m + chunks - 1) / chunks + kWgmmaFitStep - 1) / kWgmmaFitStep * kWgmmaFitStep;
+  const int pad128 = (m + 127) / 128 * 128;
+  return wgmma_fit_tile(rows) && chunks * rows <= pad128 ? rows : 0;
 }
 
 // m a little past a whole number of 128-row chunks: Auto runs the whole chunks and the rows past them as two

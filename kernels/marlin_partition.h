@@ -42,10 +42,9 @@ constexpr int kWgmmaTileK = 64;
 // (128 x 128: Auto on narrow layers, kernels/marlin_dispatch.h, wgmma_prefer_128x128), half the partial tile.
 constexpr int kWgmmaWideRows = 256;
 constexpr int kWgmmaWideTileN = 128;
-// Fit tiles: 128-column tiles of 160, 192 and 224 rows (the wide tile's layout, fewer tokens), so that m splits into
-// row chunks with fewer rows past m than 128-row chunks leave (kernels/marlin_dispatch.h, wgmma_fit_rows). Steps of
-// 32: the staged epilogue's short round is then whole 16-byte read instructions (sm90/marlin_wgmma.cuh, wg_write_c).
-constexpr int kWgmmaFitMinRows = 160, kWgmmaFitStep = 32;
+// Fit tiles: 128-column tiles of 144 to 240 rows in steps of 16 (the wide tile's layout, fewer tokens), so that m
+// splits into row chunks with fewer rows past m than 128-row chunks leave (kernels/marlin_dispatch.h, wgmma_fit_rows).
+constexpr int kWgmmaFitMinRows = 144, kWgmmaFitStep = 16;
 MARLINC_PART_HD constexpr bool wgmma_fit_tile(int rows) {
   return rows >= kWgmmaFitMinRows && rows < kWgmmaWideRows && rows % kWgmmaFitStep == 0;
 }

@@ -5,7 +5,7 @@ out (N/2 of them per thread), hence a generator rather than hand-written operand
 import os
 
 NS = (8, 16, 32, 64, 128)
-SPLIT_NS = tuple(range(128, 257, 32))  # the 128-column tiles: N = NT tokens, accumulators in two halves
+SPLIT_NS = tuple(range(128, 257, 16))  # the 128-column tiles: N = NT tokens, accumulators in two halves
 TYPES = (("f16", 0), ("bf16", 1))
 
 out = [

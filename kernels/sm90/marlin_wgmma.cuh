@@ -37,10 +37,10 @@ namespace wl = wgmma_layout;
 template <int NT, int FEAT = wgmma_tile_n(NT)>
 struct WgShape {
   static constexpr int kThreads = wl::kThreads;
-  // FEAT = 128 (NT = 128 to 256 tokens in steps of 32): the 128-column tiles (wgmma_layout.h, kFeat128): warpgroup g expands packed
-  // tile g, one word per warp and k16 step, into one m64nNT wgmma; its accumulators are acc[2][NT / 4], acc[j] tokens
-  // NT / 2 j .. NT / 2 (j + 1) - 1 (wgmma_ops.cuh, WgmmaSplit). FEAT = 256: acc[j] is packed tile 2 g + j's 64-row
-  // wgmma over all NT tokens.
+  // FEAT = 128 (NT = 128 to 256 tokens in steps of 16): the 128-column tiles (wgmma_layout.h, kFeat128): warpgroup g
+  // expands packed tile g, one word per warp and k16 step, into one m64nNT wgmma; its accumulators are acc[2][NT / 4],
+  // acc[j] tokens NT / 2 j .. NT / 2 (j + 1) - 1 (wgmma_ops.cuh, WgmmaSplit). FEAT = 256: acc[j] is packed tile
+  // 2 g + j's 64-row wgmma over all NT tokens.
   static constexpr bool kCols128 = FEAT == wl::kFeat128;
   static constexpr int kFeat = FEAT;
   static constexpr int kWords = kCols128 ? 1 : 2;  // packed words a warp expands per k16 step
@@ -62,7 +62,7 @@ struct WgShape {
   static constexpr bool kHoistCopies = NT <= 64;    // copy addresses once per slice (see the loaders)
 
   static_assert(FEAT == wl::kFeat ? (NT == 8 || NT == 16 || NT == 32 || NT == 64 || NT == 128)
-                                  : FEAT == wl::kFeat128 && NT >= 128 && NT <= 256 && NT % 32 == 0,
+                                  : FEAT == wl::kFeat128 && NT >= 128 && NT <= 256 && NT % 16 == 0,
                 "tiles with a wgmma of NT tokens in wgmma_ops.cuh");
   static_assert(kStage % kAlign == 0, "every stage's activation tile starts on a swizzle atom");
   static_assert(kTK == kWgmmaTileK, "the host partitions with these tiles");
@@ -175,7 +175,6 @@ __device__ __forceinline__ void wg_write_c(const KernelArgs& p, const float (&ac
     constexpr int kHalfRounds = (kRows + kI - 1) / kI;  // rounds per accumulator array (k128), or of all tokens
     constexpr int kRounds = k128 ? 2 * kHalfRounds : NT / kTokens;
     static_assert(k128 || (kHalfRounds * kI == kRows && NT % kTokens == 0), "whole staging rounds on 256 columns");
-    static_assert(!k128 || (kRows % kI) * 8 * wl::kEpiChunks128 % 32 == 0, "a short round is whole read instructions");
     auto byte = [](int lt, int col) { return k128 ? wl::epi_byte128(lt, col) : wl::epi_byte(lt, col); };
     const int wc0 = slice * S::kFeat + (k128 ? wl::acc_col(wl::warp_tile128(warp), wl::warp_sub128(warp), 0, 0, 0)
                                              : wl::acc_col(tile, sub0, 0, 0, 0));  // the warp's first column
@@ -204,13 +203,18 @@ __device__ __forceinline__ void wg_write_c(const KernelArgs& p, const float (&ac
           }
       }
       __syncwarp();  // the round's pairs are in the buffer before any lane reads a row
+      // A short round of an odd number of accumulator rows (the fit tiles of 144, 176, 208 and 240 rows) ends with a
+      // read of half the lanes.
+      const int reads = kReads * ni / kI, lanes = (kReads * ni % kI) * 32 / kI;
 #pragma unroll
-      for (int s = 0; s < kReads * ni / kI; ++s) {
+      for (int s = 0; s < reads + (lanes > 0 ? 1 : 0); ++s) {
         const int lt = k128 ? wl::epi_read_token128(s, lane) : wl::epi_read_token(s, lane);
         const int x = k128 ? wl::epi_read_chunk128(s, lane) : wl::epi_read_chunk(s, lane);
-        const int4 v = lds128(epi + byte(lt, 8 * x));
-        const int tok = row0 + (k128 ? (r / kHalfRounds) * (NT / 2) : 0) + i0 * 8 + lt;
-        if (tok < p.m) *reinterpret_cast<int4*>(C + size_t(tok) * p.n + wc0 + 8 * x) = v;
+        if (s < reads || lane < lanes) {
+          const int4 v = lds128(epi + byte(lt, 8 * x));
+          const int tok = row0 + (k128 ? (r / kHalfRounds) * (NT / 2) : 0) + i0 * 8 + lt;
+          if (tok < p.m) *reinterpret_cast<int4*>(C + size_t(tok) * p.n + wc0 + 8 * x) = v;
+        }
       }
       __syncwarp();  // every lane has read the round before the next one overwrites it
     }

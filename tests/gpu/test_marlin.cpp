@@ -526,7 +526,8 @@ TEST_CASE("marlin: Hopper wgmma kernel, producer warpgroup", "[gpu][marlin][wgmm
   for (ActType act : {ActType::F16, ActType::BF16})
     for (int64_t g : kGroups) {
       const Layer L = make_layer(rng, 1024, 768, g, act);
-      for (int rows : {64, 128, kernels::kWgmmaWideRows, -128, 160, 192, 224})  // -128: 128 x 128; the fit tiles
+      // -128: 128 x 128 tiles; fit tiles with a short last epilogue round of 8 rows (144), 32 (192) and 56 (240).
+      for (int rows : {64, 128, kernels::kWgmmaWideRows, -128, 144, 192, 240})
         for (int sms : {0, 3})
           for (int64_t m : kMs) {
             if (act == ActType::BF16 && m != 100 && m != 1000) continue;
@@ -653,7 +654,7 @@ TEST_CASE("marlin: Hopper wgmma kernel under the sanitizers", "[gpu][marlin][wgm
     for (int64_t m : {int64_t(100), int64_t(300)})
       for (int sms : {0, 2}) run_case(L, m, rng, producer(128, sms, 1 << 30, kernels::kWgmmaWideTileN));
     // The fit tiles: one and two row chunks, the last one short (its own activation box).
-    for (int rows : {160, 192, 224})
+    for (int rows : {144, 176, 208, 240})
       for (int64_t m : {int64_t(100), int64_t(300)}) run_case(L, m, rng, producer(rows, m == 100 ? 2 : 0));
     // The wide tile's pairs: 4 slices of 128 x ceil(m / 256) row chunks x 2 blocks.
     for (int64_t m : {int64_t(100), int64_t(300)}) {
@@ -791,7 +792,7 @@ TEST_CASE("marlin: dequantize + cuBLAS path and the automatic dispatch", "[gpu][
         o.path = MarlinPath::Auto;
         run_case(L, m, rng, o);
       }
-      // Auto's fit tiles (marlin_dispatch.h, wgmma_fit_rows): one to four row chunks of 160-224 rows.
+      // Auto's fit tiles (marlin_dispatch.h, wgmma_fit_rows): 1 x 160, 1 x 208, 2 x 160 and 3 x 240 rows.
       for (int64_t m : {int64_t(150), int64_t(200), int64_t(300), int64_t(700)}) {
         REQUIRE(kernels::wgmma_fit_rows(int(m)) > 0);
         RunOpts o;
@@ -910,7 +911,7 @@ TEST_CASE("marlin: argument checks return a status", "[gpu][marlin]") {
     b.thread_m_blocks = bad_mb;
     REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
   }
-  for (int bad_rows : {-1, 24, 96, 144, 176, 240, 512}) {  // Hopper token tiles: 8-128 in powers of 2, 160-256 by 32
+  for (int bad_rows : {-1, 24, 96, 136, 248, 512}) {  // Hopper token tiles: 8-128 in powers of 2, 144-256 by 16
     b = g;
     b.wgmma_rows = bad_rows;
     REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);

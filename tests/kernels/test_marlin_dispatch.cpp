@@ -433,11 +433,12 @@ TEST_CASE("dispatch: m just past whole row chunks splits into whole chunks and t
   CHECK(auto_split_head(100) == 0);   // one chunk
 }
 
-// The fit tiles (wgmma_fit_rows): from m = 129 to kWgmmaFitMaxM a built fit tile whose chunks pad m no more than
-// 128-row chunks, the fewest padded rows of all fit tiles (the tallest on ties), 0 only where no fit tile matches the
-// 128-row chunks; nothing outside that range.
-TEST_CASE("dispatch: fit tiles where their row chunks pad m as little as 128-row chunks or less", "[kernels][dispatch]") {
-  auto padded = [](int m, int r) { return (m + r - 1) / r * r; };
+// The fit tiles (wgmma_fit_rows): from m = 129 to kWgmmaFitMaxM a built fit tile, in as few chunks as the tallest fit
+// tile needs, the shortest that holds m in them, padding m no more than 128-row chunks; 0 only where no such tile does;
+// nothing outside that range.
+TEST_CASE("dispatch: fit tiles in the fewest row chunks where those pad m no more than 128-row chunks",
+          "[kernels][dispatch]") {
+  const int tallest = kWgmmaWideRows - kWgmmaFitStep;
   for (int m = 1; m <= 5000; ++m) {
     const int fit = wgmma_fit_rows(m);
     INFO("m " << m << " fit " << fit);
@@ -445,25 +446,24 @@ TEST_CASE("dispatch: fit tiles where their row chunks pad m as little as 128-row
       CHECK(fit == 0);
       continue;
     }
-    int best = 1 << 30;
-    for (int r = kWgmmaFitMinRows; r < kWgmmaWideRows; r += kWgmmaFitStep) best = std::min(best, padded(m, r));
-    if (fit == 0) {
-      CHECK(best > padded(m, 128));
+    const int chunks = (m + tallest - 1) / tallest, pad128 = (m + 127) / 128 * 128;
+    if (fit == 0) {  // no fit tile holds m in that many chunks within the 128-row chunks' rows
+      for (int r = kWgmmaFitMinRows; r <= tallest; r += kWgmmaFitStep)
+        CHECK((chunks * r < m || chunks * r > pad128));
       continue;
     }
     CHECK(wgmma_fit_tile(fit));
-    CHECK(padded(m, fit) == best);
-    CHECK(padded(m, fit) <= padded(m, 128));
-    for (int r = fit + kWgmmaFitStep; r < kWgmmaWideRows; r += kWgmmaFitStep) CHECK(padded(m, r) > best);
+    CHECK((m + fit - 1) / fit == chunks);                       // as few chunks as any fit tile allows
+    CHECK((fit == kWgmmaFitMinRows || chunks * (fit - kWgmmaFitStep) < m));  // the shortest that holds m
+    CHECK(chunks * fit <= pad128);
   }
-  // The measured points (docs/PERF.md, thirty-third session) and the issue's m, which keep 128-row tiles.
+  // The measured points (docs/PERF.md, thirty-third session) and the issue's m that keep 128-row tiles.
   CHECK(wgmma_fit_rows(150) == 160);
-  CHECK(wgmma_fit_rows(176) == 192);
-  CHECK(wgmma_fit_rows(200) == 224);
   CHECK(wgmma_fit_rows(300) == 160);
+  CHECK(wgmma_fit_rows(384) == 192);
   CHECK(wgmma_fit_rows(420) == 224);
-  CHECK(wgmma_fit_rows(450) == 160);
   CHECK(wgmma_fit_rows(560) == 192);
-  CHECK(wgmma_fit_rows(700) == 192);
+  CHECK(wgmma_fit_rows(768) == 192);
+  CHECK(wgmma_fit_rows(640) == 0);  // 3 x 224 = 672 rows against 5 x 128 = 640
   for (int m : {128, 256, 512, 1024}) CHECK(wgmma_fit_rows(m) == 0);
 }
