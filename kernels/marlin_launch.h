@@ -80,6 +80,9 @@ struct TmaMaps {
 // FEAT: the tile's columns (wgmma_tile_n(NT), or 128 beside 128 rows: kernels/marlin_partition.h).
 template <int DT, int NT, int BPS, bool CL, int FEAT>
 cudaError_t wgmma_ws_prepare(int* blocks_per_sm, int* smem_bytes);
+// The fit tiles' rows (kernels/marlin_partition.h, wgmma_fit_tile), in order: X(DT, rows) for each, for their
+// instantiations (kernels/sm90/marlin_wgmma_fit_*.cu) and the launcher's table (kernels/marlin.cu, kWsTiles).
+#define MARLINC_FIT_TILES(X, DT) X(DT, 144) X(DT, 160) X(DT, 176) X(DT, 192) X(DT, 208) X(DT, 224) X(DT, 240)
 template <int DT, int NT, int BPS, bool CL, int FEAT>
 cudaError_t wgmma_ws_launch(const KernelArgs& a, const TmaMaps& maps, const LaunchOpts& o, cudaStream_t stream);
 // How many clusters of `size` blocks of the CL form (NT = kWgmmaPairRows or kWgmmaWideRows, o.smem_bytes each) the

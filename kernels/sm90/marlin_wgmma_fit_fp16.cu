@@ -1,14 +1,7 @@
-// The Hopper kernel's fit tiles (kernels/marlin_partition.h, wgmma_fit_tile: 144 to 240 rows of 128 columns in steps
-// of 16) for fp16 activations, a translation unit of their own so that they compile beside the other tiles; sm_90a only
-// (kernels/CMakeLists.txt).
+// The Hopper kernel's fit tiles (kernels/marlin_partition.h, wgmma_fit_tile: 144 to 240 rows of 128 columns) for
+// fp16 activations, in a translation unit of their own so that they compile beside the other tiles; sm_90a only.
 #include "kernels/sm90/marlin_wgmma_ws.cuh"
 
 namespace marlinc::kernels::detail {
-MARLINC_INSTANTIATE_WGMMA_WS(0, 144, 1)
-MARLINC_INSTANTIATE_WGMMA_WS(0, 160, 1)
-MARLINC_INSTANTIATE_WGMMA_WS(0, 176, 1)
-MARLINC_INSTANTIATE_WGMMA_WS(0, 192, 1)
-MARLINC_INSTANTIATE_WGMMA_WS(0, 208, 1)
-MARLINC_INSTANTIATE_WGMMA_WS(0, 224, 1)
-MARLINC_INSTANTIATE_WGMMA_WS(0, 240, 1)
+MARLINC_FIT_TILES(MARLINC_INSTANTIATE_WGMMA_FIT, 0)
 }  // namespace marlinc::kernels::detail

@@ -525,6 +525,7 @@ cudaError_t wgmma_ws_max_clusters(int size, const LaunchOpts& o, int* clusters) 
   template cudaError_t wgmma_ws_launch<DT, NT, BPS, CL, FEAT>(const KernelArgs&, const TmaMaps&, const LaunchOpts&, \
                                                               cudaStream_t);
 #define MARLINC_INSTANTIATE_WGMMA_WS(DT, NT, BPS) MARLINC_INSTANTIATE_WGMMA_WS_F(DT, NT, BPS, false, wgmma_tile_n(NT))
+#define MARLINC_INSTANTIATE_WGMMA_FIT(DT, NT) MARLINC_INSTANTIATE_WGMMA_WS(DT, NT, 1)
 // The pair form: 128-row and wide tiles at one block per SM (kernels/marlin_dispatch.h, wgmma_pair_tiles).
 #define MARLINC_INSTANTIATE_WGMMA_WS_PAIR(DT, NT)                   \
   MARLINC_INSTANTIATE_WGMMA_WS_F(DT, NT, 1, true, wgmma_tile_n(NT)) \
