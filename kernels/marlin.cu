@@ -356,9 +356,8 @@ const char* marlin_status_name(MarlinStatus s) {
       return "forced configuration does not fit the shape or device (thread_m_blocks not in 0..4, wgmma_rows not "
              "0/8/16/32/64/128 or 144-256 by 16, wgmma_pipeline not 0..2, 2 below 64 rows or 1 above 128, path Wgmma "
              "with thread_n other than 0, 256 (up to 128 rows) or 128 (128 rows or more, pipeline 2), path Wgmma "
-             "without a 9.0 device, "
-             "sm_90a code and n % 256 == 0, or path Stream without those, m <= 16 and a slice width (thread_n "
-             "0/128/256) dividing n with k % (32768 / width) == 0)";
+             "without a 9.0 device, sm_90a code and n % 256 == 0, or path Stream without those, m <= 16 and a slice "
+             "width (thread_n 0/128/256) dividing n with k % (32768 / width) == 0)";
     case MarlinStatus::CudaError: return "CUDA error";
     case MarlinStatus::CublasError: return "cuBLAS error";
   }
@@ -507,8 +506,8 @@ MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int 
   if (!wgmma_offsets_fit(g.n, g.k)) return MarlinStatus::BadShape;
   // Narrow layers at m > 64 take 128 x 128 tiles (marlin_dispatch.h, wgmma_prefer_128x128) unless the rows or the
   // block-barrier pipeline (which has no 128-column tiles) are forced.
-  // The fit tiles (marlin_dispatch.h, wgmma_fit_rows) go first where they pad m less, unless the rows, the
-  // block-barrier pipeline or (on path Wgmma) the columns are forced.
+  // The fit tiles go first where wgmma_fit_rows (marlin_dispatch.h) takes them, unless the rows, the block-barrier
+  // pipeline or (on path Wgmma) the columns are forced.
   const bool pick = g.wgmma_rows == 0 && g.wgmma_pipeline != 1;
   const int fit = pick && !(g.path == MarlinPath::Wgmma && g.thread_n != 0) ? wgmma_fit_rows(g.m) : 0;
   const bool narrow = pick && fit == 0 && wgmma_prefer_128x128(g.m, g.n, g.k, sms);
