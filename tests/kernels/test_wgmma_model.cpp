@@ -6,6 +6,7 @@
 // wgmma_layout.h), which the replay uses only where the kernel does. The epilogue's lane pairing then
 // writes C, and C must equal the float64 reference on the same packed bytes, every element written
 // exactly once. What it cannot check is the hardware itself; the [gpu][wgmma] tests do that.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -238,35 +239,49 @@ std::vector<double> replay(const Problem& p, int NT, std::vector<int>& writes, M
           // Producer-fed kernel: per round, every lane's pairs into the warp's buffer, then each lane's
           // 16-byte rows out; every buffer half written exactly once per round before it is read.
           const int wc0 = slice * feat + wl::acc_col(cols.tile(warp), cols.sub0(warp), 0, 0, 0);
-          const int kI = cols.epi_tokens() / 8;
-          if (NT % cols.epi_tokens() != 0) FAIL("whole staging rounds");
-          for (int r = 0; r < NT / cols.epi_tokens(); ++r) {
-            std::vector<double> buf(wl::kEpiWarpBytes / 2, 0.0);
-            std::vector<int> filled(wl::kEpiWarpBytes / 2, 0);
-            for (int lane = 0; lane < 32; ++lane)
-              for (int j = 0; j < J; ++j)
-                for (int h = 0; h < 2; ++h)
-                  for (int ii = 0; ii < kI; ++ii) {
-                    const Pair q = pair_of(warp, lane, j, h, r * kI + ii);
-                    if (q.col - wc0 != wl::pair_col(wl::epi_col(j, lane, h), lane)) FAIL("epilogue column map");
-                    const int byte = cols.epi_byte(wl::pair_token(ii, lane), q.col - wc0);
-                    if (byte % 4 != 0 || byte < 0 || byte + 4 > wl::kEpiWarpBytes)
-                      FAIL("staging pair at byte " << byte);
-                    buf[size_t(byte / 2)] = q.v0, buf[size_t(byte / 2 + 1)] = q.v1;
-                    ++filled[size_t(byte / 2)], ++filled[size_t(byte / 2 + 1)];
+          // Rounds as the kernel runs them (wg_write_c): on 128 columns each half of the tokens (one accumulator
+          // array) in rounds of epi_tokens, the last one shorter where NT / 2 is not a multiple of it, its last
+          // 16-byte read then on the first lanes only; on 256 columns whole rounds over all tokens.
+          const int kI = cols.epi_tokens() / 8, chunks = cols.epi_cols() * 2 / 16;
+          const int halves = feat == wl::kFeat ? 1 : 2, half_rows = NT / 8 / halves;
+          if (feat == wl::kFeat && NT % cols.epi_tokens() != 0) FAIL("whole staging rounds on 256 columns");
+          for (int half = 0; half < halves; ++half)
+            for (int i0 = 0; i0 < half_rows; i0 += kI) {
+              const int ni = std::min(kI, half_rows - i0), tokens = 8 * ni;
+              std::vector<double> buf(wl::kEpiWarpBytes / 2, 0.0);
+              std::vector<int> filled(wl::kEpiWarpBytes / 2, 0);
+              for (int lane = 0; lane < 32; ++lane)
+                for (int j = 0; j < J; ++j)
+                  for (int h = 0; h < 2; ++h)
+                    for (int ii = 0; ii < ni; ++ii) {
+                      const Pair q = pair_of(warp, lane, j, h, half * half_rows + i0 + ii);
+                      if (q.col - wc0 != wl::pair_col(wl::epi_col(j, lane, h), lane)) FAIL("epilogue column map");
+                      const int byte = cols.epi_byte(wl::pair_token(ii, lane), q.col - wc0);
+                      if (byte % 4 != 0 || byte < 0 || byte + 4 > wl::kEpiWarpBytes)
+                        FAIL("staging pair at byte " << byte);
+                      buf[size_t(byte / 2)] = q.v0, buf[size_t(byte / 2 + 1)] = q.v1;
+                      ++filled[size_t(byte / 2)], ++filled[size_t(byte / 2 + 1)];
+                    }
+              // Every element of the round's tokens written once, nothing else.
+              int once = 0, twice = 0;
+              for (int f : filled) once += f == 1 ? 1 : 0, twice += f > 1 ? 1 : 0;
+              REQUIRE(twice == 0);
+              REQUIRE(once == tokens * cols.epi_cols());
+              // The kernel's reads: whole instructions, then one on the first `lanes` lanes.
+              const int reads = cols.epi_reads() * ni / kI, lanes = (cols.epi_reads() * ni % kI) * 32 / kI;
+              REQUIRE(32 * reads + lanes == tokens * chunks);  // exactly the round's 16-byte rows
+              for (int sr = 0; sr < reads + (lanes > 0 ? 1 : 0); ++sr)
+                for (int lane = 0; lane < (sr < reads ? 32 : lanes); ++lane) {
+                  const int lt = cols.read_token(sr, lane), x = cols.read_chunk(sr, lane);
+                  const int byte = cols.epi_byte(lt, 8 * x);
+                  if (byte % 16 != 0) FAIL("staging read at byte " << byte);
+                  if (lt >= tokens) FAIL("staging read of token " << lt << " of " << tokens);
+                  for (int e = 0; e < 8; ++e) {
+                    if (filled[size_t(byte / 2 + e)] != 1) FAIL("staging read of an unwritten element");
+                    store(row0 + half * (NT / 2) + i0 * 8 + lt, wc0 + 8 * x + e, buf[size_t(byte / 2 + e)]);
                   }
-            int bad = 0;
-            for (int f : filled) bad += f == 1 ? 0 : 1;
-            REQUIRE(bad == 0);
-            for (int sr = 0; sr < cols.epi_reads(); ++sr)
-              for (int lane = 0; lane < 32; ++lane) {
-                const int lt = cols.read_token(sr, lane), x = cols.read_chunk(sr, lane);
-                const int byte = cols.epi_byte(lt, 8 * x);
-                if (byte % 16 != 0) FAIL("staging read at byte " << byte);
-                for (int e = 0; e < 8; ++e)
-                  store(row0 + r * cols.epi_tokens() + lt, wc0 + 8 * x + e, buf[size_t(byte / 2 + e)]);
-              }
-          }
+                }
+            }
           continue;
         }
         for (int lane = 0; lane < 32; ++lane)
@@ -345,6 +360,10 @@ TEST_CASE("wgmma model: 128-column tiles of up to 256 tokens reproduce the refer
         check(p, NT, false, kCols128);
         check(p, NT, true, kCols128);
       }
+      // The fit tiles (marlin_partition.h, wgmma_fit_tile): short last rounds of 8 (144), 16 (160), 24 (176) and
+      // 56 (240) tokens per half; the producer-fed kernel is their only form. One and two row chunks, two group sizes.
+      if (m > 1 && group < 64)
+        for (int NT : {144, 160, 176, 240}) check(p, NT, true, kCols128);
     }
   // The warps' subblocks reversed inside their tile must fail: the check sees which column each word feeds.
   const Problem p = make_problem(rng, 16, 128, 256, 128);
