@@ -97,10 +97,9 @@ constexpr int kWsMinRows = 64;
 // marlin_dispatch.h, wgmma_prefer_128x128; or MarlinGemm::thread_n) and the fit tiles (marlin_dispatch.h,
 // wgmma_fit_rows).
 struct WsTile { int rows, tn; };
-constexpr WsTile kWsTiles[] = {
-    {64, kWgmmaTileN},      {128, kWgmmaTileN},     {kWgmmaWideRows, kWgmmaWideTileN}, {128, kWgmmaWideTileN},
-    {144, kWgmmaWideTileN}, {160, kWgmmaWideTileN}, {176, kWgmmaWideTileN},           {192, kWgmmaWideTileN},
-    {208, kWgmmaWideTileN}, {224, kWgmmaWideTileN}, {240, kWgmmaWideTileN}};
+#define MARLINC_WS_FIT_TILE(DT, NT) {NT, kWgmmaWideTileN},
+constexpr WsTile kWsTiles[] = {{64, kWgmmaTileN}, {128, kWgmmaTileN}, {kWgmmaWideRows, kWgmmaWideTileN},
+                               {128, kWgmmaWideTileN}, MARLINC_FIT_TILES(MARLINC_WS_FIT_TILE, 0)};
 constexpr int kFirstFitTile = 4;
 constexpr int kNumWsTiles = int(sizeof(kWsTiles) / sizeof(kWsTiles[0]));
 // The Hopper kernel's token tiles (rows of C per tile), smallest first.
@@ -130,7 +129,7 @@ const TmaEntry kWsTable[2][kNumWsTiles] = {  // kWsTiles' order
      MARLINC_WS_ENTRY_CL(1, kWgmmaWideRows, false), MARLINC_WS_ENTRY_F(1, 128, false, kWgmmaWideTileN),
      MARLINC_FIT_TILES(MARLINC_WS_FIT_ENTRY, 1)},
 };
-// kWsTiles from kFirstFitTile on: every fit tile, in order (MARLINC_FIT_TILES lists the same).
+// kWsTiles from kFirstFitTile on (MARLINC_FIT_TILES): every fit tile of wgmma_fit_tile, in order.
 constexpr bool fit_tiles_listed() {
   int r = kWgmmaFitMinRows;
   for (int i = kFirstFitTile; i < kNumWsTiles; ++i, r += kWgmmaFitStep)
