@@ -505,10 +505,10 @@ MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int 
   if (!wgmma_offsets_fit(g.n, g.k)) return MarlinStatus::BadShape;
   // Narrow layers at m > 64 take 128 x 128 tiles (marlin_dispatch.h, wgmma_prefer_128x128) unless the rows or the
   // block-barrier pipeline (which has no 128-column tiles) are forced.
-  // The fit tiles go first where wgmma_fit_rows (marlin_dispatch.h) takes them, unless the rows, the block-barrier
+  // The fit tiles go first where wgmma_fit_plan (marlin_dispatch.h) takes them, unless the rows, the block-barrier
   // pipeline or (on path Wgmma) the columns are forced.
   const bool pick = g.wgmma_rows == 0 && g.wgmma_pipeline != 1;
-  const int fit = pick && !(g.path == MarlinPath::Wgmma && g.thread_n != 0) ? wgmma_fit_rows(g.m) : 0;
+  const int fit = pick && !(g.path == MarlinPath::Wgmma && g.thread_n != 0) ? wgmma_fit_plan(g.m, g.n, g.k, sms) : 0;
   const bool narrow = pick && fit == 0 && wgmma_prefer_128x128(g.m, g.n, g.k, sms);
   const int rows = g.wgmma_rows > 0 ? g.wgmma_rows : fit > 0 ? fit : narrow ? kWgmmaNarrowRows : wgmma_rows_for(g.m);
   // Columns per tile: the token tile's own width, or on path Wgmma a forced thread_n (128 x 128 tiles).

@@ -16,8 +16,9 @@
 // - m = 33 to 64 (producer warpgroup, 64-row tiles): faster on every set, small layers included (8B m = 64:
 //   89 us against 118 for the best mma.sync tiles, 70B 274 vs 428).
 // - m = 65 to 2048 (producer warpgroup, 128-row tiles; on narrow layers 128 x 128 ones since the thirty-first
-//   session, 64-row ones before: wgmma_prefer_128x128 below; from m = 129 fit tiles of 160-224 rows where they pad
-//   m less, since the thirty-third: wgmma_fit_rows): faster on every set, by 1.7-2.1x over mma.sync, and faster
+//   session, 64-row ones before: wgmma_prefer_128x128 below; from m = 129 fit tiles of 144-240 rows where they pad
+//   m less, since the thirty-third: wgmma_fit_rows, and per layer where whole slices need more chunks of them, since
+//   the thirty-fourth: wgmma_fit_plan): faster on every set, by 1.7-2.1x over mma.sync, and faster
 //   than dequantize + cuBLAS at m = 1024 (70B 2973 vs 4509 us, 8B 782 vs 1024).
 // - m = 2048: faster than dequantize + cuBLAS on both layers timed (8B qkv 192 vs 200 us, 70B down 1564
 //   vs 2294). m = 4096: on 70B down still faster (3186 vs 3740), on 8B qkv (2^24.6 weights) a tie that
@@ -298,19 +299,74 @@ constexpr int wgmma_fit_rows(int m) {
   return wgmma_fit_tile(rows) && chunks * rows <= pad128 ? rows : 0;
 }
 
-// m a little past a whole number of 128-row chunks: Auto runs the whole chunks and the rows past them as two
-// launches (kernels/marlin.cu, run_split) instead of one whose last row chunk computes 128 rows of products for a
-// few real ones. The second launch (m <= 16: Auto's small-m kernel for the layer) reads the weights once more. H100 (docs/PERF.md,
+// Per-block work of the Hopper kernel's partition at one block per SM, in token rows x columns x 64-deep k tiles: the
+// `each` whole slices of wgmma_whole_slices where it takes them, else a stripe of ceil(slices x k tiles / blocks per
+// row chunk) k tiles (marlin_partition.h; row chunks looped over where they outnumber the blocks).
+constexpr int64_t wgmma_block_work(int m, int n, int k, int rows, int tn, int max_blocks) {
+  if (m < 1 || rows < 1 || tn < 1 || max_blocks < 1) return 0;
+  const int64_t par = (int64_t(m) + rows - 1) / rows, kt = k / kWgmmaTileK, slices = n / tn;
+  if (par > max_blocks) return (par + max_blocks - 1) / max_blocks * slices * kt * rows * tn;
+  const int64_t each = wgmma_whole_slices(m, n, rows, max_blocks, tn), per_chunk = max_blocks / par;
+  return (each > 0 ? each * kt : (slices * kt + per_chunk - 1) / per_chunk) * rows * tn;
+}
+
+// Auto's rows on the Hopper kernel from m = 129 to kWgmmaFitMaxM, per layer: wgmma_fit_rows's tiles (the fewest
+// chunks), unless a fit tile in more chunks gives every block one or two whole column slices of 128 (no partial tiles,
+// no deposits) for at most kWgmmaFitWholeSlackPct % more products per block than the plan it replaces (those rows or,
+// where they are 0, the 128-row tiles), which has none of its own. Only on layers narrow enough for one or two slices a
+// block: with more the blocks of one row chunk read weights the other chunks' blocks read at other times (8B gate/up at
+// m = 560 on 4 x 144 rows, seven slices a block: 222-224 -> 239-284 us). H100 (docs/PERF.md, thirty-fourth session,
+// call 1), us per layer, Auto's tiles against the forced fit tile, two runs each:
+// - 8B o (32 slices, 4 chunks of 32 blocks): m = 560 (3 x 192 stripes -> 4 x 144) 35.4, 38.5 -> 30.1, 30.2; 640 (5 x 128
+//   x 256 stripes -> 4 x 160) 44.9, 40.3 -> 31.0, 31.8; 700 (3 x 240 -> 4 x 176) 47.8, 42.6 -> 36.6, 38.4;
+// - 8B down: 560 108.0, 111.1 -> 106.4, 106.8; 640 119.8, 121.8 -> 109.7, 106.9; 700 134.3, 133.1 -> 121.4, 119.6;
+// - 70B o and down (64 slices, two a block): 700 150.4, 149.5 -> 142.2, 142.3 and 533.5, 536.7 -> 498.1, 499.5; 560
+//   down 431.7, 432.6 -> 413.0, 414.7, o level (122.4, 123.9 -> 126.1, 121.4);
+// - the slack: 1-3% more products in every case above; at m = 420 and 450 128 x 128 tiles in 4 chunks (10-18% more
+//   than 2 x 224 or 2 x 240 rows) won on 8B o (32.1, 30.2 -> 28.7, 29.1) but lost on 8B down (85.2, 90.4 -> 104.7,
+//   107.2), so 128 x 128 is not a candidate.
+constexpr int kWgmmaFitWholeMaxEach = 2;
+constexpr int kWgmmaFitWholeSlackPct = 5;
+constexpr int wgmma_fit_plan(int m, int n, int k, int sms) {
+  const int base = wgmma_fit_rows(m);
+  if (m <= 128 || m > kWgmmaFitMaxM || sms < 1 || n % kWgmmaTileN != 0 || k % kWgmmaTileK != 0) return base;
+  const int rows0 = base > 0 ? base : kWgmmaNarrowRows;
+  const int tn0 = base > 0                                  ? kWgmmaWideTileN
+                  : wgmma_prefer_128x128(m, n, k, sms) ? kWgmmaNarrowCols
+                                                            : kWgmmaTileN;
+  if (wgmma_whole_slices(m, n, rows0, sms, tn0) > 0) return base;
+  const int64_t work0 = wgmma_block_work(m, n, k, rows0, tn0, sms);
+  const int pad128 = (m + 127) / 128 * 128;
+  int best = 0;
+  int64_t best_work = 0;
+  for (int rows = kWgmmaFitMinRows; wgmma_fit_tile(rows); rows += kWgmmaFitStep) {
+    const int each = wgmma_whole_slices(m, n, rows, sms, kWgmmaWideTileN);
+    if ((m + rows - 1) / rows * rows > pad128 || each < 1 || each > kWgmmaFitWholeMaxEach) continue;
+    const int64_t w = wgmma_block_work(m, n, k, rows, kWgmmaWideTileN, sms);
+    if (best == 0 || w < best_work) best = rows, best_work = w;
+  }
+  return best > 0 && best_work * 100 <= work0 * (100 + kWgmmaFitWholeSlackPct) ? best : base;
+}
+
+// m a little past a whole number of 128-row chunks, where no fit tile applies (wgmma_fit_rows; so from m = 1025): Auto
+// runs the whole chunks and the rows past them as two launches (kernels/marlin.cu, run_split) instead of one whose
+// last row chunk computes 128 rows of products for a few real ones. The second launch (m <= 16: Auto's small-m kernel for the layer) reads the weights once more. H100 (docs/PERF.md,
 // thirty-second session), set sums in us, one launch against two, same call, two runs each: 8B at m = 129 / 257 /
 // 1025 162.7-173.3 / 260.9-268.0 / 765-775 -> 160.6-161.6 / 248.9-249.4 / 738; 70B 586-597 / 901-903 / 2884-2894 ->
 // 525-549 / 854-860 / 2722-2745; every m with 1-16 rows past the chunks 4-9% faster (means of two runs). With 32-64 rows past them
 // (a second launch of the 32- or 64-row tiles) the 70B set gained up to 5% but the 8B set lost 3-11% (m = 160:
-// 172-175 -> 193-195), so those stay one launch.
+// 172-175 -> 193-195), so those stay one launch. Since the thirty-fourth session the fit tiles come first: with 144
+// rows they pad m = 129-144 and 257-272 less than the 160 rows the split was weighed against, and they beat the split
+// at every m measured (call 1, forced fit rows against Auto's two launches, set sums in us, two runs each: m = 136 (1 x
+// 144) 8B 158.2, 157.1 -> 124.9, 118.6, 70B 562.6, 535.8 -> 409.1, 400.4, 32768^2 588.0, 588.6 -> 490.5, 493.6; 264 (2
+// x 144) 8B 244.7, 248.0 -> 219.3, 220.1, 70B 863.5, 856.6 -> 790.1, 786.8; 392 (2 x 208) 8B 349.1, 358.6 -> 303.9,
+// 301.6, 70B 1156.9, 1160.7 -> 1052.0, 1058.6; 520 (3 x 176) 8B 414.2, 425.0 -> 390.6, 385.2, 70B 1438.4, 1452.2 ->
+// 1414.2, 1434.6).
 constexpr int kSplitChunkRows = 128;
 constexpr int kSplitTailMaxRows = 16;
 constexpr int auto_split_head(int m) {
   const int r = m % kSplitChunkRows;
-  return m > kSplitChunkRows && r > 0 && r <= kSplitTailMaxRows ? m - r : 0;
+  return m > kSplitChunkRows && r > 0 && r <= kSplitTailMaxRows && wgmma_fit_rows(m) == 0 ? m - r : 0;
 }
 
 enum class HopperAutoPick { MmaSync, Hopper, DequantCublas };

@@ -784,21 +784,35 @@ TEST_CASE("marlin: dequantize + cuBLAS path and the automatic dispatch", "[gpu][
         o.path = MarlinPath::Auto;
         run_case(L, m, rng, o);
       }
-      // m just past whole 128-row chunks: Auto's two launches (marlin_dispatch.h, auto_split_head), every row
-      // checked, the rest's rows last.
-      for (int64_t m : {int64_t(129), int64_t(140), int64_t(272)}) {
-        REQUIRE(kernels::auto_split_head(int(m)) > 0);
-        RunOpts o;
-        o.path = MarlinPath::Auto;
-        run_case(L, m, rng, o);
-      }
-      // Auto's fit tiles (marlin_dispatch.h, wgmma_fit_rows): 1 x 160, 1 x 208, 2 x 160 and 3 x 240 rows.
-      for (int64_t m : {int64_t(150), int64_t(200), int64_t(300), int64_t(700)}) {
+      // Auto's fit tiles (marlin_dispatch.h, wgmma_fit_rows): 1 x 144 (where the two launches below ran before),
+      // 1 x 160, 1 x 208, 2 x 144, 2 x 160 and 3 x 240 rows.
+      for (int64_t m : {int64_t(129), int64_t(150), int64_t(200), int64_t(272), int64_t(300), int64_t(700)}) {
         REQUIRE(kernels::wgmma_fit_rows(int(m)) > 0);
+        REQUIRE(kernels::auto_split_head(int(m)) == 0);
         RunOpts o;
         o.path = MarlinPath::Auto;
         o.max_ref_rows = 64;
         run_case(L, m, rng, o);
+      }
+      // Auto's fit tiles in more chunks where those give each block whole column slices (wgmma_fit_plan): one a
+      // block on 33 SMs (4 x 144, 4 x 160, 4 x 176 rows against 3 x 192, 5 x 128 and 3 x 240), two on 16.
+      for (auto [m, sms] : {std::pair{560, 33}, std::pair{640, 33}, std::pair{700, 33}, std::pair{700, 16}}) {
+        INFO("m " << m << " on " << sms << " SMs");
+        REQUIRE(kernels::wgmma_fit_plan(m, int(L.n), int(L.k), sms) != kernels::wgmma_fit_rows(m));
+        RunOpts o;
+        o.path = MarlinPath::Auto;
+        o.num_sms = sms;
+        o.max_ref_rows = 64;
+        run_case(L, m, rng, o);
+      }
+      // m just past whole 128-row chunks beyond the fit tiles: Auto's two launches (marlin_dispatch.h,
+      // auto_split_head), every row checked, on a smaller layer.
+      const Layer S = make_layer(rng, 1024, 512, g, act);
+      for (int64_t m : {int64_t(1025), int64_t(1040)}) {
+        REQUIRE(kernels::auto_split_head(int(m)) > 0);
+        RunOpts o;
+        o.path = MarlinPath::Auto;
+        run_case(S, m, rng, o);
       }
     }
 }

@@ -412,15 +412,18 @@ TEST_CASE("dispatch: the streaming kernel's swapped fragments map onto the 16-to
 }
 
 // Auto's two launches (auto_split_head): only past a whole number of 128-row chunks by at most
-// kSplitTailMaxRows rows, the first launch whole chunks and the second the rest.
+// kSplitTailMaxRows rows and where no fit tile applies, the first launch whole chunks and the second the rest.
 TEST_CASE("dispatch: m just past whole row chunks splits into whole chunks and the rest", "[kernels][dispatch]") {
   for (int m = 1; m <= 5000; ++m) {
     const int head = auto_split_head(m);
     INFO("m " << m);
     if (head == 0) {
-      CHECK((m <= kSplitChunkRows || m % kSplitChunkRows == 0 || m % kSplitChunkRows > kSplitTailMaxRows));
+      CHECK((m <= kSplitChunkRows || m % kSplitChunkRows == 0 || m % kSplitChunkRows > kSplitTailMaxRows ||
+             wgmma_fit_rows(m) > 0));
       continue;
     }
+    CHECK(wgmma_fit_rows(m) == 0);
+    CHECK(m > kWgmmaFitMaxM);  // every m with 1-16 rows past whole chunks up to there has a fit tile
     CHECK(head % kSplitChunkRows == 0);
     CHECK(head >= kSplitChunkRows);
     CHECK(m - head >= 1);
@@ -428,7 +431,9 @@ TEST_CASE("dispatch: m just past whole row chunks splits into whole chunks and t
     CHECK(auto_split_head(head) == 0);      // the first launch does not split again
     CHECK(auto_split_head(m - head) == 0);  // nor the rest
   }
-  CHECK(auto_split_head(129) == 128);
+  CHECK(auto_split_head(129) == 0);  // 1 x 144 rows (the fit tiles come first since the thirty-fourth session)
+  CHECK(auto_split_head(264) == 0);  // 2 x 144
+  CHECK(auto_split_head(1025) == 1024);
   CHECK(auto_split_head(1000) == 0);  // 104 rows past 896: one launch
   CHECK(auto_split_head(100) == 0);   // one chunk
 }
@@ -466,4 +471,59 @@ TEST_CASE("dispatch: fit tiles in the fewest row chunks where those pad m no mor
   CHECK(wgmma_fit_rows(768) == 192);
   CHECK(wgmma_fit_rows(640) == 0);  // 3 x 224 = 672 rows against 5 x 128 = 640
   for (int m : {128, 256, 512, 1024}) CHECK(wgmma_fit_rows(m) == 0);
+}
+
+// Auto's rows per layer (wgmma_fit_plan): wgmma_fit_rows's, or a fit tile in more chunks that gives every block one or
+// two whole column slices for at most kWgmmaFitWholeSlackPct % more products per block than the plan it replaces,
+// where that plan has no whole slices of its own.
+TEST_CASE("dispatch: fit tiles in more chunks where those give every block whole slices", "[kernels][dispatch]") {
+  constexpr int kSms = 132;  // the H100's SMs, one block each
+  const Layer layers[] = {kQkv8B, kO8B, kGateUp8B, kDown8B, kQkv70B, kO70B, kGateUp70B, kDown70B, kLarge,
+                          {"1024 x 1024", 1024, 1024}, {"2048 x 512", 2048, 512}};
+  int changed = 0;
+  for (const Layer& L : layers)
+    for (int sms : {kSms, 16, 33, 64, 100})
+      for (int m = 1; m <= 1100; ++m) {
+        const int base = wgmma_fit_rows(m), rows = wgmma_fit_plan(m, L.n, L.k, sms);
+        if (rows == base) continue;
+        INFO(L.name << " m " << m << " on " << sms << " SMs: " << base << " -> " << rows);
+        ++changed;
+        REQUIRE(wgmma_fit_tile(rows));
+        const int each = wgmma_whole_slices(m, L.n, rows, sms, kWgmmaWideTileN);
+        CHECK(each >= 1);
+        CHECK(each <= kWgmmaFitWholeMaxEach);
+        CHECK((m + rows - 1) / rows * rows <= (m + 127) / 128 * 128);
+        CHECK((m + rows - 1) / rows > (base > 0 ? (m + base - 1) / base : 0));  // more chunks than the fewest
+        // The plan it replaces: those rows, or 128-row tiles (128 x 128 where wgmma_prefer_128x128 holds).
+        const int rows0 = base > 0 ? base : 128;
+        const int tn0 = base > 0 ? kWgmmaWideTileN : wgmma_prefer_128x128(m, L.n, L.k, sms) ? 128 : kWgmmaTileN;
+        CHECK(wgmma_whole_slices(m, L.n, rows0, sms, tn0) == 0);
+        const int64_t w = wgmma_block_work(m, L.n, L.k, rows, kWgmmaWideTileN, sms);
+        const int64_t w0 = wgmma_block_work(m, L.n, L.k, rows0, tn0, sms);
+        CHECK(w * 100 <= w0 * (100 + kWgmmaFitWholeSlackPct));
+        CHECK(w == int64_t(each) * (L.k / 64) * rows * kWgmmaWideTileN);  // whole slices: the whole depth
+      }
+  CHECK(changed > 0);
+  // The measured layers (docs/PERF.md, thirty-fourth session, call 1): 8B o and down in 4 chunks of one slice a block,
+  // 70B o and down of two; the wider layers keep the fewest chunks.
+  for (const Layer& L : {kO8B, kDown8B}) {
+    INFO(L.name);
+    CHECK(wgmma_fit_plan(560, L.n, L.k, kSms) == 144);
+    CHECK(wgmma_fit_plan(640, L.n, L.k, kSms) == 160);
+    CHECK(wgmma_fit_plan(700, L.n, L.k, kSms) == 176);
+    CHECK(wgmma_fit_plan(420, L.n, L.k, kSms) == 224);  // 128 x 128 in 4 chunks lost on 8B down
+    CHECK(wgmma_fit_plan(520, L.n, L.k, kSms) == 176);  // 4 x 144 would run 11% more products than 3 x 176
+  }
+  for (const Layer& L : {kO70B, kDown70B}) {
+    INFO(L.name);
+    CHECK(wgmma_fit_plan(700, L.n, L.k, kSms) == 176);
+    CHECK(wgmma_fit_plan(560, L.n, L.k, kSms) == 144);
+  }
+  for (const Layer& L : {kQkv8B, kGateUp8B, kQkv70B, kGateUp70B, kLarge}) {
+    INFO(L.name);
+    for (int m : {560, 640, 700}) CHECK(wgmma_fit_plan(m, L.n, L.k, kSms) == wgmma_fit_rows(m));
+  }
+  // The issue's m values keep their tiles; so does every m outside the fit tiles' range.
+  for (const Layer& L : layers)
+    for (int m : {1, 64, 128, 256, 512, 1024, 1025, 2048}) CHECK(wgmma_fit_plan(m, L.n, L.k, kSms) == 0);
 }
