@@ -312,21 +312,30 @@ constexpr int64_t wgmma_block_work(int m, int n, int k, int rows, int tn, int ma
 
 // Auto's rows on the Hopper kernel from m = 129 to kWgmmaFitMaxM, per layer: wgmma_fit_rows's tiles (the fewest
 // chunks), unless a fit tile in more chunks gives every block one or two whole column slices of 128 (no partial tiles,
-// no deposits) for at most kWgmmaFitWholeSlackPct % more products per block than the plan it replaces (those rows or,
-// where they are 0, the 128-row tiles), which has none of its own. Only on layers narrow enough for one or two slices a
-// block: with more the blocks of one row chunk read weights the other chunks' blocks read at other times (8B gate/up at
-// m = 560 on 4 x 144 rows, seven slices a block: 222-224 -> 239-284 us). H100 (docs/PERF.md, thirty-fourth session,
-// call 1), us per layer, Auto's tiles against the forced fit tile, two runs each:
+// no deposits) for at most wgmma_fit_whole_slack_pct(k) % more products per block than the plan it replaces (those rows
+// or, where they are 0, the 128-row tiles), which has none of its own. Only on layers narrow enough for one or two
+// slices a block: with more the blocks of one row chunk read weights the other chunks' blocks read at other times (8B
+// gate/up at m = 560 on 4 x 144 rows, seven slices a block: 222-224 -> 239-284 us). H100 (docs/PERF.md, thirty-fourth
+// session, calls 1 and 3), us per layer, Auto's tiles against the forced fit tile, two runs each:
 // - 8B o (32 slices, 4 chunks of 32 blocks): m = 560 (3 x 192 stripes -> 4 x 144) 35.4, 38.5 -> 30.1, 30.2; 640 (5 x 128
 //   x 256 stripes -> 4 x 160) 44.9, 40.3 -> 31.0, 31.8; 700 (3 x 240 -> 4 x 176) 47.8, 42.6 -> 36.6, 38.4;
 // - 8B down: 560 108.0, 111.1 -> 106.4, 106.8; 640 119.8, 121.8 -> 109.7, 106.9; 700 134.3, 133.1 -> 121.4, 119.6;
 // - 70B o and down (64 slices, two a block): 700 150.4, 149.5 -> 142.2, 142.3 and 533.5, 536.7 -> 498.1, 499.5; 560
-//   down 431.7, 432.6 -> 413.0, 414.7, o level (122.4, 123.9 -> 126.1, 121.4);
-// - the slack: 1-3% more products in every case above; at m = 420 and 450 128 x 128 tiles in 4 chunks (10-18% more
-//   than 2 x 224 or 2 x 240 rows) won on 8B o (32.1, 30.2 -> 28.7, 29.1) but lost on 8B down (85.2, 90.4 -> 104.7,
-//   107.2), so 128 x 128 is not a candidate.
+//   down 431.7, 432.6 -> 413.0, 414.7, o level (122.4, 123.9 -> 126.1, 121.4).
+// Those run 0-3% more products than the stripes. With more, the stripes' partial tiles still cost more than the extra
+// products where a slice is short and its deposit large beside its products (call 3):
+// - 5-6% more (m = 600, 3 x 208 -> 4 x 160): 8B down 118.2, 118.7 -> 113.7, 113.7; 70B o 131.8, 131.1 -> 125.2, 130.0;
+//   70B down level (471.6, 473.1 -> 464.5, 474.4);
+// - 11-12% more (m = 520, 3 x 176 -> 4 x 144): 8B o (k = 4096) 32.1, 31.8 -> 28.8, 28.8; 70B o level (110.3, 119.3 ->
+//   112.6, 120.9); 8B down 99.3, 101.3 -> 104.1, 104.7 and 70B down 403.6, 398.0 -> 437.0, 442.5 slower;
+// so the slack is kWgmmaFitWholeSlackPct plus kWgmmaFitWholeSlackDepth / k (20% at k = 4096, 12% at 8192, 9% at 14336,
+// 7% at 28672). 128 x 128 tiles (slower per product) are not a candidate: in 4 chunks at m = 420 and 450 (10-18% more
+// products than 2 x 224 or 2 x 240 rows) they won on 8B o (32.1, 30.2 -> 28.7, 29.1) but lost on 8B down (85.2, 90.4
+// -> 104.7, 107.2; call 1).
 constexpr int kWgmmaFitWholeMaxEach = 2;
 constexpr int kWgmmaFitWholeSlackPct = 5;
+constexpr int kWgmmaFitWholeSlackDepth = 15 * 4096;  // percent x k
+constexpr int wgmma_fit_whole_slack_pct(int k) { return kWgmmaFitWholeSlackPct + (k > 0 ? kWgmmaFitWholeSlackDepth / k : 0); }
 constexpr int wgmma_fit_plan(int m, int n, int k, int sms) {
   const int base = wgmma_fit_rows(m);
   if (m <= 128 || m > kWgmmaFitMaxM || sms < 1 || n % kWgmmaTileN != 0 || k % kWgmmaTileK != 0) return base;
@@ -345,7 +354,7 @@ constexpr int wgmma_fit_plan(int m, int n, int k, int sms) {
     const int64_t w = wgmma_block_work(m, n, k, rows, kWgmmaWideTileN, sms);
     if (best == 0 || w < best_work) best = rows, best_work = w;
   }
-  return best > 0 && best_work * 100 <= work0 * (100 + kWgmmaFitWholeSlackPct) ? best : base;
+  return best > 0 && best_work * 100 <= work0 * (100 + wgmma_fit_whole_slack_pct(k)) ? best : base;
 }
 
 // m a little past a whole number of 128-row chunks, where no fit tile applies (wgmma_fit_rows; so from m = 1025): Auto
