@@ -317,8 +317,8 @@ constexpr int64_t wgmma_block_work(int m, int n, int k, int rows, int tn, int ma
 // slices a block: with more the blocks of one row chunk read weights the other chunks' blocks read at other times (8B
 // gate/up at m = 560 on 4 x 144 rows, seven slices a block: 222-224 -> 239-284 us). H100 (docs/PERF.md, thirty-fourth
 // session, calls 1 and 3), us per layer, Auto's tiles against the forced fit tile, two runs each:
-// - 8B o (32 slices, 4 chunks of 32 blocks): m = 560 (3 x 192 stripes -> 4 x 144) 35.4, 38.5 -> 30.1, 30.2; 640 (5 x 128
-//   x 256 stripes -> 4 x 160) 44.9, 40.3 -> 31.0, 31.8; 700 (3 x 240 -> 4 x 176) 47.8, 42.6 -> 36.6, 38.4;
+// - 8B o (32 slices, 4 chunks of 32 blocks): m = 560 (3 x 192 stripes -> 4 x 144) 35.4, 38.5 -> 30.1, 30.2; 640
+//   (5 x 128 x 256 stripes -> 4 x 160) 44.9, 40.3 -> 31.0, 31.8; 700 (3 x 240 -> 4 x 176) 47.8, 42.6 -> 36.6, 38.4;
 // - 8B down: 560 108.0, 111.1 -> 106.4, 106.8; 640 119.8, 121.8 -> 109.7, 106.9; 700 134.3, 133.1 -> 121.4, 119.6;
 // - 70B o and down (64 slices, two a block): 700 150.4, 149.5 -> 142.2, 142.3 and 533.5, 536.7 -> 498.1, 499.5; 560
 //   down 431.7, 432.6 -> 413.0, 414.7, o level (122.4, 123.9 -> 126.1, 121.4).
@@ -335,14 +335,15 @@ constexpr int64_t wgmma_block_work(int m, int n, int k, int rows, int tn, int ma
 constexpr int kWgmmaFitWholeMaxEach = 2;
 constexpr int kWgmmaFitWholeSlackPct = 5;
 constexpr int kWgmmaFitWholeSlackDepth = 15 * 4096;  // percent x k
-constexpr int wgmma_fit_whole_slack_pct(int k) { return kWgmmaFitWholeSlackPct + (k > 0 ? kWgmmaFitWholeSlackDepth / k : 0); }
+constexpr int wgmma_fit_whole_slack_pct(int k) {
+  return kWgmmaFitWholeSlackPct + (k > 0 ? kWgmmaFitWholeSlackDepth / k : 0);
+}
 constexpr int wgmma_fit_plan(int m, int n, int k, int sms) {
   const int base = wgmma_fit_rows(m);
   if (m <= 128 || m > kWgmmaFitMaxM || sms < 1 || n % kWgmmaTileN != 0 || k % kWgmmaTileK != 0) return base;
+  // The plan it would replace: those rows, or where they are 0 the 128-row tiles (128 x 128 on narrow layers).
   const int rows0 = base > 0 ? base : kWgmmaNarrowRows;
-  const int tn0 = base > 0                                  ? kWgmmaWideTileN
-                  : wgmma_prefer_128x128(m, n, k, sms) ? kWgmmaNarrowCols
-                                                            : kWgmmaTileN;
+  const int tn0 = base > 0 ? kWgmmaWideTileN : wgmma_prefer_128x128(m, n, k, sms) ? kWgmmaNarrowCols : kWgmmaTileN;
   if (wgmma_whole_slices(m, n, rows0, sms, tn0) > 0) return base;
   const int64_t work0 = wgmma_block_work(m, n, k, rows0, tn0, sms);
   const int pad128 = (m + 127) / 128 * 128;
@@ -358,19 +359,19 @@ constexpr int wgmma_fit_plan(int m, int n, int k, int sms) {
 }
 
 // m a little past a whole number of 128-row chunks, where no fit tile applies (wgmma_fit_rows; so from m = 1025): Auto
-// runs the whole chunks and the rows past them as two launches (kernels/marlin.cu, run_split) instead of one whose
-// last row chunk computes 128 rows of products for a few real ones. The second launch (m <= 16: Auto's small-m kernel for the layer) reads the weights once more. H100 (docs/PERF.md,
-// thirty-second session), set sums in us, one launch against two, same call, two runs each: 8B at m = 129 / 257 /
-// 1025 162.7-173.3 / 260.9-268.0 / 765-775 -> 160.6-161.6 / 248.9-249.4 / 738; 70B 586-597 / 901-903 / 2884-2894 ->
-// 525-549 / 854-860 / 2722-2745; every m with 1-16 rows past the chunks 4-9% faster (means of two runs). With 32-64 rows past them
-// (a second launch of the 32- or 64-row tiles) the 70B set gained up to 5% but the 8B set lost 3-11% (m = 160:
-// 172-175 -> 193-195), so those stay one launch. Since the thirty-fourth session the fit tiles come first: with 144
-// rows they pad m = 129-144 and 257-272 less than the 160 rows the split was weighed against, and they beat the split
-// at every m measured (call 1, forced fit rows against Auto's two launches, set sums in us, two runs each: m = 136 (1 x
-// 144) 8B 158.2, 157.1 -> 124.9, 118.6, 70B 562.6, 535.8 -> 409.1, 400.4, 32768^2 588.0, 588.6 -> 490.5, 493.6; 264 (2
-// x 144) 8B 244.7, 248.0 -> 219.3, 220.1, 70B 863.5, 856.6 -> 790.1, 786.8; 392 (2 x 208) 8B 349.1, 358.6 -> 303.9,
-// 301.6, 70B 1156.9, 1160.7 -> 1052.0, 1058.6; 520 (3 x 176) 8B 414.2, 425.0 -> 390.6, 385.2, 70B 1438.4, 1452.2 ->
-// 1414.2, 1434.6).
+// runs the whole chunks and the rows past them as two launches (kernels/marlin.cu, run_split) instead of one whose last
+// row chunk computes 128 rows of products for a few real ones. The second launch (m <= 16: Auto's small-m kernel for
+// the layer) reads the weights once more. H100 (docs/PERF.md, thirty-second session), set sums in us, one launch
+// against two, same call, two runs each: 8B at m = 129 / 257 / 1025 162.7-173.3 / 260.9-268.0 / 765-775 -> 160.6-161.6
+// / 248.9-249.4 / 738; 70B 586-597 / 901-903 / 2884-2894 -> 525-549 / 854-860 / 2722-2745; every m with 1-16 rows past
+// the chunks 4-9% faster (means of two runs). With 32-64 rows past them (a second launch of the 32- or 64-row tiles)
+// the 70B set gained up to 5% but the 8B set lost 3-11% (m = 160: 172-175 -> 193-195), so those stay one launch. Since
+// the thirty-fourth session the fit tiles come first: with 144 rows they pad m = 129-144 and 257-272 less than the 160
+// rows the split was weighed against, and they beat the split at every m measured (call 1, forced fit rows against
+// Auto's two launches, set sums in us, two runs each: m = 136 (1 x 144) 8B 158.2, 157.1 -> 124.9, 118.6, 70B 562.6,
+// 535.8 -> 409.1, 400.4, 32768^2 588.0, 588.6 -> 490.5, 493.6; 264 (2 x 144) 8B 244.7, 248.0 -> 219.3, 220.1, 70B
+// 863.5, 856.6 -> 790.1, 786.8; 392 (2 x 208) 8B 349.1, 358.6 -> 303.9, 301.6, 70B 1156.9, 1160.7 -> 1052.0, 1058.6;
+// 520 (3 x 176) 8B 414.2, 425.0 -> 390.6, 385.2, 70B 1438.4, 1452.2 -> 1414.2, 1434.6).
 constexpr int kSplitChunkRows = 128;
 constexpr int kSplitTailMaxRows = 16;
 constexpr int auto_split_head(int m) {
