@@ -48,6 +48,7 @@ MARLINC_DECLARE_WGMMA_WS_CL(0, 64, 1, false) MARLINC_DECLARE_WGMMA_WS_CL(0, 128,
 MARLINC_DECLARE_WGMMA_WS_CL(0, kWgmmaWideRows, 1, false) MARLINC_DECLARE_WGMMA_WS_CL(1, 64, 1, false)
 MARLINC_DECLARE_WGMMA_WS_CL(1, 128, 1, false) MARLINC_DECLARE_WGMMA_WS_CL(1, kWgmmaWideRows, 1, false)
 MARLINC_DECLARE_WGMMA_WS_F(0, 128, 1, false, kWgmmaWideTileN) MARLINC_DECLARE_WGMMA_WS_F(1, 128, 1, false, kWgmmaWideTileN)
+MARLINC_DECLARE_WGMMA_WS_F(0, 128, 1, false, kWgmmaTriTileN) MARLINC_DECLARE_WGMMA_WS_F(1, 128, 1, false, kWgmmaTriTileN)
 // The fit tiles (kernels/sm90/marlin_wgmma_fit_*.cu), in kWsTiles' order (MARLINC_FIT_TILES: marlin_launch.h).
 #define MARLINC_DECLARE_FIT(DT, NT) MARLINC_DECLARE_WGMMA_WS_CL(DT, NT, 1, false)
 MARLINC_FIT_TILES(MARLINC_DECLARE_FIT, 0) MARLINC_FIT_TILES(MARLINC_DECLARE_FIT, 1)
@@ -94,13 +95,13 @@ const Entry kTable[2][kMaxMBlocks][kNumShapes] = {
 // one of the 128-column tiles.
 constexpr int kWsMinRows = 64;
 // Its tiles (rows, columns): 64 and 128 rows of 256 columns, the wide tile, 128 x 128 (Auto on narrow layers,
-// marlin_dispatch.h, wgmma_prefer_128x128; or MarlinGemm::thread_n) and the fit tiles (marlin_dispatch.h,
-// wgmma_fit_rows).
+// marlin_dispatch.h, wgmma_prefer_128x128; or MarlinGemm::thread_n), 128 x 192 (wgmma_prefer_192, or thread_n) and
+// the fit tiles (marlin_dispatch.h, wgmma_fit_rows).
 struct WsTile { int rows, tn; };
 #define MARLINC_WS_FIT_TILE(DT, NT) {NT, kWgmmaWideTileN},
 constexpr WsTile kWsTiles[] = {{64, kWgmmaTileN}, {128, kWgmmaTileN}, {kWgmmaWideRows, kWgmmaWideTileN},
-                               {128, kWgmmaWideTileN}, MARLINC_FIT_TILES(MARLINC_WS_FIT_TILE, 0)};
-constexpr int kFirstFitTile = 4;
+                               {128, kWgmmaWideTileN}, {128, kWgmmaTriTileN}, MARLINC_FIT_TILES(MARLINC_WS_FIT_TILE, 0)};
+constexpr int kFirstFitTile = 5;
 constexpr int kNumWsTiles = int(sizeof(kWsTiles) / sizeof(kWsTiles[0]));
 // The Hopper kernel's token tiles (rows of C per tile), smallest first.
 constexpr int kWgRows[] = {8, 16, 32, 64, 128};
@@ -124,10 +125,10 @@ using ClustersFn = cudaError_t (*)(int, const LaunchOpts&, int*);
 const TmaEntry kWsTable[2][kNumWsTiles] = {  // kWsTiles' order
     {MARLINC_WS_ENTRY_CL(0, 64, false), MARLINC_WS_ENTRY_CL(0, 128, false),
      MARLINC_WS_ENTRY_CL(0, kWgmmaWideRows, false), MARLINC_WS_ENTRY_F(0, 128, false, kWgmmaWideTileN),
-     MARLINC_FIT_TILES(MARLINC_WS_FIT_ENTRY, 0)},
+     MARLINC_WS_ENTRY_F(0, 128, false, kWgmmaTriTileN), MARLINC_FIT_TILES(MARLINC_WS_FIT_ENTRY, 0)},
     {MARLINC_WS_ENTRY_CL(1, 64, false), MARLINC_WS_ENTRY_CL(1, 128, false),
      MARLINC_WS_ENTRY_CL(1, kWgmmaWideRows, false), MARLINC_WS_ENTRY_F(1, 128, false, kWgmmaWideTileN),
-     MARLINC_FIT_TILES(MARLINC_WS_FIT_ENTRY, 1)},
+     MARLINC_WS_ENTRY_F(1, 128, false, kWgmmaTriTileN), MARLINC_FIT_TILES(MARLINC_WS_FIT_ENTRY, 1)},
 };
 // kWsTiles from kFirstFitTile on (MARLINC_FIT_TILES): every fit tile of wgmma_fit_tile, in order.
 constexpr bool fit_tiles_listed() {
@@ -354,7 +355,8 @@ const char* marlin_status_name(MarlinStatus s) {
     case MarlinStatus::NoConfig:
       return "forced configuration does not fit the shape or device (thread_m_blocks not in 0..4, wgmma_rows not "
              "0/8/16/32/64/128 or 144-256 by 16, wgmma_pipeline not 0..2, 2 below 64 rows or 1 above 128, path Wgmma "
-             "with thread_n other than 0, 256 (up to 128 rows) or 128 (128 rows or more, pipeline 2), path Wgmma "
+             "with thread_n other than 0, 256 (up to 128 rows), 128 (128 rows or more, pipeline 2) or 192 (128 rows, "
+             "pipeline 2, n % 192 == 0), path Wgmma "
              "without a 9.0 device, sm_90a code and n % 256 == 0, or path Stream without those, m <= 16 and a slice "
              "width (thread_n 0/128/256) dividing n with k % (32768 / width) == 0)";
     case MarlinStatus::CudaError: return "CUDA error";
@@ -507,12 +509,20 @@ MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int 
   // block-barrier pipeline (which has no 128-column tiles) are forced.
   // The fit tiles go first where wgmma_fit_plan (marlin_dispatch.h) takes them, unless the rows, the block-barrier
   // pipeline or (on path Wgmma) the columns are forced.
+  // 128 x 192 tiles come before both where wgmma_prefer_192 takes them, under the same conditions.
   const bool pick = g.wgmma_rows == 0 && g.wgmma_pipeline != 1;
-  const int fit = pick && !(g.path == MarlinPath::Wgmma && g.thread_n != 0) ? wgmma_fit_plan(g.m, g.n, g.k, sms) : 0;
-  const bool narrow = pick && fit == 0 && wgmma_prefer_128x128(g.m, g.n, g.k, sms);
-  const int rows = g.wgmma_rows > 0 ? g.wgmma_rows : fit > 0 ? fit : narrow ? kWgmmaNarrowRows : wgmma_rows_for(g.m);
-  // Columns per tile: the token tile's own width, or on path Wgmma a forced thread_n (128 x 128 tiles).
+  const bool cols_free = pick && !(g.path == MarlinPath::Wgmma && g.thread_n != 0);
+  const bool tri = cols_free && wgmma_prefer_192(g.m, g.n, g.k, sms);
+  const int fit = cols_free && !tri ? wgmma_fit_plan(g.m, g.n, g.k, sms) : 0;
+  const bool narrow = pick && !tri && fit == 0 && wgmma_prefer_128x128(g.m, g.n, g.k, sms);
+  const int rows = g.wgmma_rows > 0 ? g.wgmma_rows
+                   : tri            ? kWgmmaTriRows
+                   : fit > 0        ? fit
+                   : narrow         ? kWgmmaNarrowRows
+                                    : wgmma_rows_for(g.m);
+  // Columns per tile: the token tile's own width, or on path Wgmma a forced thread_n (128 x 128 or 128 x 192 tiles).
   const int tn = g.path == MarlinPath::Wgmma && g.thread_n != 0 ? g.thread_n
+                 : tri                                          ? kWgmmaTriTileN
                  : narrow                                       ? kWgmmaNarrowCols
                                                                 : wgmma_tile_n(rows);
   int ri = -1, wi = -1;

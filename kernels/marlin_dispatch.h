@@ -358,6 +358,28 @@ constexpr int wgmma_fit_plan(int m, int n, int k, int sms) {
   return best > 0 && best_work * 100 <= work0 * (100 + wgmma_fit_whole_slack_pct(k)) ? best : base;
 }
 
+// 128 x 192 tiles (three consumer warpgroups; kernels/marlin_partition.h, kWgmmaTriTileN) on layers with n % 192 == 0,
+// where they give every block one whole slice of 128 rows and the plan they replace (wgmma_fit_plan's rows, else the
+// 128-row tiles) cuts slices into stripes, for at most wgmma_fit_whole_slack_pct(k) % more products per block (as for
+// the whole-slice fit tiles above: the stripes' partial tiles cost more than the extra products). cuBLAS runs 192 x 128
+// tiles on 8B q/k/v there (docs/PERF.md, thirty-first session, call 5). H100 (docs/PERF.md, thirty-fifth session, call
+// 5), 8B q/k/v (k 4096, n 6144: 32 slices in 4 chunks on 132 SMs), us, Auto's tiles against 128 x 192, two runs each:
+// m = 512 (128 x 256 stripes, 3% more products) 51.3, 49.7 -> 42.8, 42.2; 480 (2 x 240 fit rows, 10%) 42.7, 45.0 ->
+// 38.6, 37.7; 450 (2 x 240, 10%) 40.5, 41.0 -> 37.3, 36.6; 420 (2 x 224, 18%) 42.1, 42.0 -> 41.2, 41.1; left out: 392
+// (2 x 208, 27%) level (38.6, 40.4 -> 38.1, 40.7), and stripes of 128 x 192 (m = 560-768) slower.
+constexpr int kWgmmaTriRows = 128;
+constexpr bool wgmma_prefer_192(int m, int n, int k, int sms) {
+  if (m <= 128 || m > kWgmmaFitMaxM || sms < 1 || n % kWgmmaTriTileN != 0 || k % kWgmmaTileK != 0) return false;
+  if (wgmma_whole_slices(m, n, kWgmmaTriRows, sms, kWgmmaTriTileN) != 1) return false;
+  const int fit = wgmma_fit_plan(m, n, k, sms);
+  const int rows0 = fit > 0 ? fit : kWgmmaNarrowRows;
+  const int tn0 = fit > 0 ? kWgmmaWideTileN : wgmma_prefer_128x128(m, n, k, sms) ? kWgmmaNarrowCols : kWgmmaTileN;
+  if (n % tn0 != 0 || wgmma_whole_slices(m, n, rows0, sms, tn0) > 0) return false;
+  const int64_t work0 = wgmma_block_work(m, n, k, rows0, tn0, sms);
+  const int64_t work = wgmma_block_work(m, n, k, kWgmmaTriRows, kWgmmaTriTileN, sms);
+  return work * 100 <= work0 * (100 + wgmma_fit_whole_slack_pct(k));
+}
+
 // m a little past a whole number of 128-row chunks, where no fit tile applies (wgmma_fit_rows; so from m = 1025): Auto
 // runs the whole chunks and the rows past them as two launches (kernels/marlin.cu, run_split) instead of one whose last
 // row chunk computes 128 rows of products for a few real ones. The second launch (m <= 16: Auto's small-m kernel for

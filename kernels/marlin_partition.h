@@ -48,6 +48,9 @@ constexpr int kWgmmaFitMinRows = 144, kWgmmaFitStep = 16;
 MARLINC_PART_HD constexpr bool wgmma_fit_tile(int rows) {
   return rows >= kWgmmaFitMinRows && rows < kWgmmaWideRows && rows % kWgmmaFitStep == 0;
 }
+// 128 x 192 tiles (three consumer warpgroups; kernels/sm90/wgmma_layout.h, kFeat192) for layers with n % 192 == 0
+// (kernels/marlin_dispatch.h, wgmma_prefer_192).
+constexpr int kWgmmaTriTileN = 192;
 // Tiles of more than 128 rows (the wide and the fit tiles) are 128 columns wide, the others 256.
 MARLINC_PART_HD constexpr int wgmma_tile_n(int rows) { return rows > 128 ? kWgmmaWideTileN : kWgmmaTileN; }
 constexpr size_t kWgmmaPartFloats = kMaxBlocksPerSm * kPartFloatsPerBlock;

@@ -36,14 +36,15 @@ namespace wl = wgmma_layout;
 
 template <int NT, int FEAT = wgmma_tile_n(NT)>
 struct WgShape {
-  static constexpr int kThreads = wl::kThreads;
   // FEAT = 128 (NT = 128 to 256 tokens in steps of 16): the 128-column tiles (wgmma_layout.h, kFeat128): warpgroup g
   // expands packed tile g, one word per warp and k16 step, into one m64nNT wgmma; its accumulators are acc[2][NT / 4],
-  // acc[j] tokens NT / 2 j .. NT / 2 (j + 1) - 1 (wgmma_ops.cuh, WgmmaSplit). FEAT = 256: acc[j] is packed tile
-  // 2 g + j's 64-row wgmma over all NT tokens.
-  static constexpr bool kCols128 = FEAT == wl::kFeat128;
+  // acc[j] tokens NT / 2 j .. NT / 2 (j + 1) - 1 (wgmma_ops.cuh, WgmmaSplit). FEAT = 192 (NT = 128, the producer form
+  // only): the same with three warpgroups (wgmma_layout.h, kFeat192). FEAT = 256: acc[j] is packed tile 2 g + j's
+  // 64-row wgmma over all NT tokens.
+  static constexpr bool kOneTile = FEAT != wl::kFeat;  // one packed tile per warpgroup
+  static constexpr int kThreads = (FEAT == wl::kFeat192 ? 3 : 2) * 128;  // the warpgroups that hold the tile
   static constexpr int kFeat = FEAT;
-  static constexpr int kWords = kCols128 ? 1 : 2;  // packed words a warp expands per k16 step
+  static constexpr int kWords = kOneTile ? 1 : 2;  // packed words a warp expands per k16 step
   static constexpr int kTK = wl::kTK;
   static constexpr int kKB = wl::kKB;
   static constexpr int kWeightRowBytes = kFeat * 8;  // one k16 row of the stage's packed tiles
@@ -57,17 +58,20 @@ struct WgShape {
   static constexpr int kAlign = wl::kSwizzleAtom;        // swizzle atoms must be address-aligned
   static constexpr int kStage = (kABytes + kBBytes + kSBytes + kAlign - 1) / kAlign * kAlign;
   static constexpr int kSmemBytes = kStages * kStage + kAlign;  // + slack to align the dynamic base
-  static constexpr int kAcc = kCols128 ? NT / 4 : NT / 2;  // fp32 accumulators per thread in acc[j]
+  static constexpr int kAcc = kOneTile ? NT / 4 : NT / 2;  // fp32 accumulators per thread in acc[j]
   static constexpr int kPart = kFeat * NT;          // floats in one deposited partial tile
   static constexpr bool kHoistCopies = NT <= 64;    // copy addresses once per slice (see the loaders)
 
-  static_assert(FEAT == wl::kFeat ? (NT == 8 || NT == 16 || NT == 32 || NT == 64 || NT == 128)
-                                  : FEAT == wl::kFeat128 && NT >= 128 && NT <= 256 && NT % 16 == 0,
+  static_assert(FEAT == wl::kFeat    ? (NT == 8 || NT == 16 || NT == 32 || NT == 64 || NT == 128)
+                : FEAT == wl::kFeat192 ? NT == 128
+                                       : FEAT == wl::kFeat128 && NT >= 128 && NT <= 256 && NT % 16 == 0,
                 "tiles with a wgmma of NT tokens in wgmma_ops.cuh");
   static_assert(kStage % kAlign == 0, "every stage's activation tile starts on a swizzle atom");
   static_assert(kTK == kWgmmaTileK, "the host partitions with these tiles");
-  static_assert(kWeightRowBytes == (kCols128 ? wl::kWeightRowBytes128 : wl::kWeightRowBytes), "wgmma_layout.h's rows");
-  static_assert(2 * kAcc * wl::kThreads == kPart, "a partial tile is every thread's acc[2][kAcc]");
+  static_assert(FEAT != wl::kFeat128 || kWeightRowBytes == wl::kWeightRowBytes128, "wgmma_layout.h's rows");
+  static_assert(FEAT != wl::kFeat || kWeightRowBytes == wl::kWeightRowBytes, "wgmma_layout.h's rows");
+  static_assert(kThreads / 128 * 64 * (kOneTile ? 1 : 2) == kFeat, "warpgroups x packed tiles cover the columns");
+  static_assert(2 * kAcc * kThreads == kPart, "a partial tile is every thread's acc[2][kAcc]");
   static_assert(kAcc % 4 == 0, "partial tiles are deposited as float4");
   static_assert(NT % 8 == 0, "tokens come in 8-row swizzle atoms");
   static_assert(size_t(kPart) <= kWgmmaPartFloats, "a block's partial tile fits its workspace slot");
@@ -125,7 +129,7 @@ __device__ __forceinline__ void wg_mma_desc(float (&acc)[2][WgShape<NT, FEAT>::k
 #pragma unroll
   for (int j = 0; j < WgShape<NT, FEAT>::kWords; ++j) fence_regs(a[j]);
   wgmma_fence();
-  if constexpr (WgShape<NT, FEAT>::kCols128) {
+  if constexpr (WgShape<NT, FEAT>::kOneTile) {
     WgmmaSplit<DT, NT>::run(acc[0], acc[1], a[0], desc);
   } else {
     Wgmma<DT, NT>::run(acc[0], a[0], desc);
@@ -167,7 +171,7 @@ __device__ __forceinline__ void wg_write_c(const KernelArgs& p, const float (&ac
     // 256-column tiles: two subblocks, acc[j] subblock j over all NT tokens, buffer map epi_byte. 128-column tiles
     // (only staged): one subblock (warp_sub128 of packed tile warp_tile128), acc[j] tokens NT / 2 j .., epi_byte128.
     // The fit tiles (NT / 2 not a multiple of kTokens) end each accumulator array with a shorter round.
-    constexpr bool k128 = S::kCols128;
+    constexpr bool k128 = S::kOneTile;
     constexpr int kJ = k128 ? 1 : 2;
     constexpr int kTokens = k128 ? wl::kEpiTokens128 : wl::kEpiTokens, kReads = k128 ? wl::kEpiReads128 : wl::kEpiReads;
     constexpr int kI = kTokens / 8;                    // 8-token accumulator rows per (whole) round
@@ -219,7 +223,7 @@ __device__ __forceinline__ void wg_write_c(const KernelArgs& p, const float (&ac
       __syncwarp();  // every lane has read the round before the next one overwrites it
     }
   } else {
-    static_assert(!S::kCols128, "the 128-column tiles stage their C");
+    static_assert(!S::kOneTile, "the 128-column tiles stage their C");
 #pragma unroll
     for (int j = 0; j < 2; ++j)
 #pragma unroll
@@ -311,7 +315,7 @@ template <int DT, bool GROUPED, int NT>
 __global__ void __launch_bounds__(256, NT <= 64 ? 2 : 1) marlin_wgmma_kernel(const KernelArgs p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using S = WgShape<NT>;
-  static_assert(!S::kCols128, "the 128-column tiles run on the producer-fed form only (marlin_wgmma_ws.cuh)");
+  static_assert(!S::kOneTile, "the 128-column tiles run on the producer-fed form only (marlin_wgmma_ws.cuh)");
   extern __shared__ __align__(16) unsigned char sh_raw[];
   const uint32_t raw = smem_addr(sh_raw);
   unsigned char* sh = sh_raw + (((raw + S::kAlign - 1) & ~uint32_t(S::kAlign - 1)) - raw);

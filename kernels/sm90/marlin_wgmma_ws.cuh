@@ -39,8 +39,8 @@ template <int NT, int BPS, bool CL = false, int FEAT = wgmma_tile_n(NT)>
 struct WsShape : WgShape<NT, FEAT> {
   using Base = WgShape<NT, FEAT>;
   static constexpr int kProducerThreads = 128;
-  static constexpr int kThreads = kProducerThreads + wl::kThreads;  // producer + two consumer warpgroups
-  static constexpr int kConsumerThreads = wl::kThreads;
+  static constexpr int kThreads = kProducerThreads + Base::kThreads;  // producer + two or three consumer warpgroups
+  static constexpr int kConsumerThreads = Base::kThreads;
   // Shared memory per block at BPS blocks per SM (the H100 has 228 KB per SM, 1 KB of it reserved per
   // block, and at most 227 KB per block); every stage of the ring may be in flight.
   static constexpr int kSmemPerBlock = BPS == 1 ? 227 * 1024 : (228 * 1024) / BPS - 1024;
@@ -49,7 +49,7 @@ struct WsShape : WgShape<NT, FEAT> {
   // below), then each consumer warp's epilogue buffer (wgmma_layout.h, kEpiWarpBytes).
   static constexpr int kPairBarOff = 128;  // from the ring's end: the partner's "ring free" and "half sent"
   static constexpr int kBarBytes = kPairBarOff + 16;
-  static constexpr int kEpiBytes = (wl::kThreads / 32) * wl::kEpiWarpBytes;
+  static constexpr int kEpiBytes = (kConsumerThreads / 32) * wl::kEpiWarpBytes;
   static constexpr int kFitStages = (kSmemPerBlock - Base::kAlign - kBarBytes - kEpiBytes) / Base::kStage;
   static constexpr int kStages = kFitStages < kMaxStages ? kFitStages : kMaxStages;
   static constexpr int kEpiOffset = kStages * Base::kStage + kBarBytes;
@@ -61,7 +61,7 @@ struct WsShape : WgShape<NT, FEAT> {
   static constexpr int kLaunchRegs = (65536 / (kThreads * BPS)) / 8 * 8;
   static constexpr int kProducerRegs = BPS == 1 ? 56 : 24;
   static constexpr int kConsumerRegs =
-      (kLaunchRegs + (kLaunchRegs - kProducerRegs) * kProducerThreads / wl::kThreads) / 8 * 8;
+      (kLaunchRegs + (kLaunchRegs - kProducerRegs) * kProducerThreads / kConsumerThreads) / 8 * 8;
 
   // k16 steps a warp expands together before issuing their wgmmas (one group per step): independent
   // words for the scheduler to interleave, where two consumer warps per scheduler leave the expansion's
@@ -81,7 +81,8 @@ struct WsShape : WgShape<NT, FEAT> {
 
   static_assert(NT == 64 || NT == 128 || NT == kWgmmaWideRows || wgmma_fit_tile(NT),
                 "token tiles the warp-specialized kernel is built for");
-  static_assert(FEAT == wgmma_tile_n(NT) || (NT == 128 && FEAT == kWgmmaWideTileN), "the column widths per token tile");
+  static_assert(FEAT == wgmma_tile_n(NT) || (NT == 128 && (FEAT == kWgmmaWideTileN || FEAT == kWgmmaTriTileN)),
+                "the column widths per token tile");
   static_assert(Base::kKB % kBatch == 0, "a stage is a whole number of batches");
   static_assert(kPending >= kBatch && kPending <= Base::kKB, "the previous tile retires within the next one");
   static_assert(kPending <= Base::kKB - kBatch, "a batch is expanded into registers no wgmma in flight reads");
@@ -95,7 +96,7 @@ struct WsShape : WgShape<NT, FEAT> {
   // An early finisher's deposit (wg_early_finisher) comes through the ring after the slice's last tile, as
   // kDepPieces stages of up to kDepRows rows of wg_finish_slice's layout ([j][q][thread] float4: a row is one
   // float4 of every consumer thread).
-  static constexpr int kDepRowBytes = wl::kThreads * 16;
+  static constexpr int kDepRowBytes = kConsumerThreads * 16;
   static constexpr int kDepRows = Base::kStage / kDepRowBytes;
   static constexpr int kDepTotalRows = 2 * Base::kAcc / 4;
   static constexpr int kDepPieces = (kDepTotalRows + kDepRows - 1) / kDepRows;
@@ -225,7 +226,7 @@ __device__ __forceinline__ void wg_pair_finish(const KernelArgs& p, float (&acc)
   const uint32_t free_bar = pair_bar, recv_bar = pair_bar + 8;
   const int g = cw >> 2, wtid = ctid & 127;
   tl_mark(p, kTlInfo, ctid == 0, 2u * 2u + 1u);  // as wg_finish_slice: two blocks on the tile, this one writes C
-  team_sync<1, wl::kThreads>();  // this block's products are done and its ring read
+  team_sync<1, S::kConsumerThreads>();  // this block's products are done and its ring read
   cluster_wait();                // the partner's barriers are initialized
   if (ctid == 0) {
     mbar_remote_arrive(map_to_rank(free_bar, partner));
@@ -255,7 +256,7 @@ __device__ __forceinline__ void wg_pair_finish(const KernelArgs& p, float (&acc)
 }
 
 template <int DT, bool GROUPED, int NT, int BPS, bool CL, int FEAT>
-__global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS)
+__global__ void __launch_bounds__(WsShape<NT, BPS, CL, FEAT>::kThreads, BPS)
     marlin_wgmma_ws_kernel(const KernelArgs p, const __grid_constant__ TmaMaps maps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using S = WsShape<NT, BPS, CL, FEAT>;
@@ -392,8 +393,8 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS)
   const int ctid = tid - S::kProducerThreads, cw = ctid >> 5;
   // The warp's packed tile and subblock: two subblocks (an int2 of words) on the 256-column tiles, one on the
   // 128-column tiles (wgmma_layout.h, warp_tile128 / warp_sub128).
-  const int tile = S::kCols128 ? wl::warp_tile128(cw) : wl::warp_tile(cw);
-  const int sub0 = S::kCols128 ? wl::warp_sub128(cw) : wl::warp_sub0(cw);
+  const int tile = S::kOneTile ? wl::warp_tile128(cw) : wl::warp_tile(cw);
+  const int sub0 = S::kOneTile ? wl::warp_sub128(cw) : wl::warp_sub0(cw);
   const bool tl0 = ctid == 0;  // the consumers' thread 0 marks the rest of the timeline
   tl_mark(p, kTlWaited, tl0);
   bool tl_first = tl0;
@@ -403,7 +404,7 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS)
   const int s_byte = S::kABytes + S::kBBytes + wl::scale_byte(tile, lane, sub0);
   const int s_step2 = GROUPED ? wl::scale_row(2, p.group_shift) * S::kScaleRowBytes : 0;
   auto words = [&](uint32_t stage, int kk, int2 sv_prev) {
-    if constexpr (S::kCols128) {
+    if constexpr (S::kOneTile) {
       WgWords w{make_int2(int(lds32(stage + kk * S::kWeightRowBytes + w_byte)), 0), sv_prev};
       if (GROUPED && kk % 2 == 0) w.sv = make_int2(int(lds32(stage + s_byte + (kk / 2) * s_step2)), 0);
       return w;
@@ -484,7 +485,7 @@ __global__ void __launch_bounds__(WsShape<NT, BPS>::kThreads, BPS)
         wg_pair_finish<DT, GROUPED, NT, BPS, FEAT>(p, acc, slice, pc * NT, cbase, cbase + (pair_bar - sbase), cw, lane, ctid,
                                              cepi);
       else
-        wg_finish_slice<DT, GROUPED, NT, 1, wl::kThreads, true, FEAT>(p, acc, slice, pc * NT, base_b, k_tiles, cw, lane,
+        wg_finish_slice<DT, GROUPED, NT, 1, S::kConsumerThreads, true, FEAT>(p, acc, slice, pc * NT, base_b, k_tiles, cw, lane,
                                                                ctid, cepi, added);
       it += cnt;
     }
@@ -506,8 +507,8 @@ cudaError_t wgmma_ws_prepare(int* blocks_per_sm, int* smem_bytes) {
 template <int DT, int NT, int BPS, bool CL, int FEAT>
 cudaError_t wgmma_ws_launch(const KernelArgs& a, const TmaMaps& maps, const LaunchOpts& o, cudaStream_t stream) {
   return launch_variant(marlin_wgmma_ws_kernel<DT, false, NT, BPS, CL, FEAT>,
-                        marlin_wgmma_ws_kernel<DT, true, NT, BPS, CL, FEAT>, WsShape<NT, BPS>::kThreads, a, o, stream,
-                        maps);
+                        marlin_wgmma_ws_kernel<DT, true, NT, BPS, CL, FEAT>, WsShape<NT, BPS, CL, FEAT>::kThreads, a, o,
+                        stream, maps);
 }
 
 // How many clusters of `size` blocks of the pair form (o.smem_bytes each) the device runs at once.

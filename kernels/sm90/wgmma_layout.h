@@ -129,6 +129,10 @@ static_assert(kEpiTokens % 8 == 0 && kEpiTokens * kEpiChunks % 32 == 0, "whole p
 // the [gpu][wgmma] tests. The maps above that take a tile and a subblock (weight_byte, scale_byte, acc_col,
 // act_chunk_byte, the descriptors) hold for them unchanged.
 constexpr int kFeat128 = 128;
+// 192-column tiles (128 tokens, the producer-fed kernel only): three warpgroups, each one packed tile with the maps
+// above (warp_tile128 = warp / 4 up to 2), so that layers with n % 192 == 0 get whole slices where 128 x 256 tiles are
+// too few and 128 x 128 ones too many (kernels/marlin_dispatch.h).
+constexpr int kFeat192 = 192;
 constexpr int kWeightRowBytes128 = kFeat128 * 8;  // one k16 row of the stage's two packed tiles (2 x 512 B)
 constexpr int kScaleRowBytes128 = kFeat128 * 2;
 // int4 i of such a stage's weight copy: k16 row i / 64, int4 i % 64 of the row's two packed tiles.

@@ -541,6 +541,17 @@ TEST_CASE("marlin: Hopper wgmma kernel, producer warpgroup", "[gpu][marlin][wgmm
   for (int rows : {64, 128, kernels::kWgmmaWideRows})
     for (int sms : {1, 5}) run_case(big, 300, rng, producer(rows, sms, 16));
   for (int sms : {1, 5}) run_case(big, 300, rng, producer(128, sms, 16, kernels::kWgmmaWideTileN));
+  // 128 x 192 tiles (three consumer warpgroups) on 8 slices: whole slices on 16 SMs at m = 256 and on 3 (8 a block,
+  // the ring wrapping), stripes of half a slice with deposits on all SMs at m = 1000, early deposits on 5 at m = 100.
+  for (ActType act : {ActType::F16, ActType::BF16})
+    for (int64_t g : kGroups) {
+      const Layer tri = make_layer(rng, 1024, 1536, g, act);
+      for (int sms : {0, 3, 5, 16})
+        for (int64_t m : {int64_t(1), int64_t(17), int64_t(100), int64_t(128), int64_t(256), int64_t(1000)}) {
+          if (act == ActType::BF16 && m != 100 && m != 1000) continue;
+          run_case(tri, m, rng, producer(128, sms, 48, kernels::kWgmmaTriTileN));
+        }
+    }
   // Finishers that fetch the other block's deposit through the ring (takes_early_deposits).
   for (ActType act : {ActType::F16, ActType::BF16})
     for (int64_t g : kGroups) {
@@ -653,6 +664,10 @@ TEST_CASE("marlin: Hopper wgmma kernel under the sanitizers", "[gpu][marlin][wgm
     // 128 x 128 tiles: 4 slices, one and three row chunks, stripes across slices on 2 SMs.
     for (int64_t m : {int64_t(100), int64_t(300)})
       for (int sms : {0, 2}) run_case(L, m, rng, producer(128, sms, 1 << 30, kernels::kWgmmaWideTileN));
+    // 128 x 192 tiles: 8 slices, whole on 16 SMs, stripes with deposits on 3 (one and three row chunks).
+    const Layer tri = make_layer(rng, 512, 1536, g, ActType::F16);
+    for (int64_t m : {int64_t(100), int64_t(300)})
+      for (int sms : {3, 16}) run_case(tri, m, rng, producer(128, sms, 1 << 30, kernels::kWgmmaTriTileN));
     // The fit tiles: one and two row chunks, the last one short (its own activation box).
     for (int rows : {144, 176, 208, 240})
       for (int64_t m : {int64_t(100), int64_t(300)}) run_case(L, m, rng, producer(rows, m == 100 ? 2 : 0));
@@ -804,6 +819,18 @@ TEST_CASE("marlin: dequantize + cuBLAS path and the automatic dispatch", "[gpu][
         o.num_sms = sms;
         o.max_ref_rows = 64;
         run_case(L, m, rng, o);
+      }
+      // Auto's 128 x 192 tiles (wgmma_prefer_192) on 8 slices of 192: one whole slice a block, the last row chunk
+      // 22, 128, 1 and 116 rows.
+      const Layer T = make_layer(rng, 1024, 1536, g, act);
+      for (auto [m, sms] : {std::pair{150, 17}, std::pair{256, 17}, std::pair{385, 34}, std::pair{500, 33}}) {
+        INFO("m " << m << " on " << sms << " SMs");
+        REQUIRE(kernels::wgmma_prefer_192(m, int(T.n), int(T.k), sms));
+        RunOpts o;
+        o.path = MarlinPath::Auto;
+        o.num_sms = sms;
+        o.max_ref_rows = 64;
+        run_case(T, m, rng, o);
       }
       // m just past whole 128-row chunks beyond the fit tiles: Auto's two launches (marlin_dispatch.h,
       // auto_split_head), every row checked, on a smaller layer.

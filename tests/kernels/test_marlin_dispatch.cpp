@@ -536,3 +536,37 @@ TEST_CASE("dispatch: fit tiles in more chunks where those give every block whole
   for (const Layer& L : layers)
     for (int m : {1, 64, 128, 256, 512, 1024, 1025, 2048}) CHECK(wgmma_fit_plan(m, L.n, L.k, kSms) == 0);
 }
+
+// 128 x 192 tiles (wgmma_prefer_192): only on layers with n % 192 == 0, one whole slice a block, in place of stripes,
+// within the same slack as the whole-slice fit tiles; on the H100's 132 SMs that is 8B q/k/v at m = 417-512 only.
+TEST_CASE("dispatch: 128 x 192 tiles where they give every block one whole slice", "[kernels][dispatch]") {
+  constexpr int kSms = 132;
+  const Layer layers[] = {kQkv8B, kO8B, kGateUp8B, kDown8B, kQkv70B, kO70B, kGateUp70B, kDown70B, kLarge,
+                          {"1024 x 1536", 1024, 1536}, {"2048 x 768", 2048, 768}};
+  int taken = 0;
+  for (const Layer& L : layers)
+    for (int sms : {kSms, 17, 33, 34, 64, 100})
+      for (int m = 1; m <= 1100; ++m) {
+        if (!wgmma_prefer_192(m, L.n, L.k, sms)) continue;
+        INFO(L.name << " m " << m << " on " << sms << " SMs");
+        ++taken;
+        CHECK(L.n % 192 == 0);
+        CHECK(wgmma_whole_slices(m, L.n, 128, sms, 192) == 1);
+        const int fit = wgmma_fit_plan(m, L.n, L.k, sms);
+        const int rows0 = fit > 0 ? fit : 128;
+        const int tn0 = fit > 0 ? 128 : wgmma_prefer_128x128(m, L.n, L.k, sms) ? 128 : 256;
+        CHECK(wgmma_whole_slices(m, L.n, rows0, sms, tn0) == 0);
+        const int64_t w = wgmma_block_work(m, L.n, L.k, 128, 192, sms);
+        CHECK(w == int64_t(L.k / 64) * 128 * 192);  // one whole slice
+        CHECK(w * 100 <= wgmma_block_work(m, L.n, L.k, rows0, tn0, sms) * (100 + wgmma_fit_whole_slack_pct(L.k)));
+        const Partition P = marlin_partition(m, L.n / 192, L.k / 64, 128, sms, 1);
+        CHECK(P.grid <= sms);
+      }
+  CHECK(taken > 0);
+  // The measured layer (docs/PERF.md, thirty-fifth session, call 5): 8B q/k/v from 420 (2 x 224 fit rows, 18% more
+  // products) to 512 (128 x 256 stripes); not at 392 (2 x 208, 27%: level), 256 (64 tiles) or 560 and up (stripes).
+  for (int m : {420, 450, 480, 512}) CHECK(wgmma_prefer_192(m, kQkv8B.n, kQkv8B.k, kSms));
+  for (int m : {128, 256, 392, 560, 640, 768, 1024}) CHECK_FALSE(wgmma_prefer_192(m, kQkv8B.n, kQkv8B.k, kSms));
+  for (const Layer& L : {kO8B, kGateUp8B, kDown8B, kQkv70B, kO70B, kGateUp70B, kDown70B, kLarge})
+    for (int m = 129; m <= 1024; ++m) CHECK_FALSE(wgmma_prefer_192(m, L.n, L.k, kSms));
+}
