@@ -48,7 +48,8 @@ MARLINC_DECLARE_WGMMA_WS_CL(0, 64, 1, false) MARLINC_DECLARE_WGMMA_WS_CL(0, 128,
 MARLINC_DECLARE_WGMMA_WS_CL(0, kWgmmaWideRows, 1, false) MARLINC_DECLARE_WGMMA_WS_CL(1, 64, 1, false)
 MARLINC_DECLARE_WGMMA_WS_CL(1, 128, 1, false) MARLINC_DECLARE_WGMMA_WS_CL(1, kWgmmaWideRows, 1, false)
 MARLINC_DECLARE_WGMMA_WS_F(0, 128, 1, false, kWgmmaWideTileN) MARLINC_DECLARE_WGMMA_WS_F(1, 128, 1, false, kWgmmaWideTileN)
-MARLINC_DECLARE_WGMMA_WS_F(0, 128, 1, false, kWgmmaTriTileN) MARLINC_DECLARE_WGMMA_WS_F(1, 128, 1, false, kWgmmaTriTileN)
+MARLINC_DECLARE_WGMMA_WS_F(0, 128, 1, false, kWgmmaTriTileN)
+MARLINC_DECLARE_WGMMA_WS_F(1, 128, 1, false, kWgmmaTriTileN)
 // The fit tiles (kernels/sm90/marlin_wgmma_fit_*.cu), in kWsTiles' order (MARLINC_FIT_TILES: marlin_launch.h).
 #define MARLINC_DECLARE_FIT(DT, NT) MARLINC_DECLARE_WGMMA_WS_CL(DT, NT, 1, false)
 MARLINC_FIT_TILES(MARLINC_DECLARE_FIT, 0) MARLINC_FIT_TILES(MARLINC_DECLARE_FIT, 1)
@@ -99,8 +100,9 @@ constexpr int kWsMinRows = 64;
 // the fit tiles (marlin_dispatch.h, wgmma_fit_rows).
 struct WsTile { int rows, tn; };
 #define MARLINC_WS_FIT_TILE(DT, NT) {NT, kWgmmaWideTileN},
-constexpr WsTile kWsTiles[] = {{64, kWgmmaTileN}, {128, kWgmmaTileN}, {kWgmmaWideRows, kWgmmaWideTileN},
-                               {128, kWgmmaWideTileN}, {128, kWgmmaTriTileN}, MARLINC_FIT_TILES(MARLINC_WS_FIT_TILE, 0)};
+constexpr WsTile kWsTiles[] = {{64, kWgmmaTileN},     {128, kWgmmaTileN},
+                               {kWgmmaWideRows, kWgmmaWideTileN}, {128, kWgmmaWideTileN},
+                               {128, kWgmmaTriTileN}, MARLINC_FIT_TILES(MARLINC_WS_FIT_TILE, 0)};
 constexpr int kFirstFitTile = 5;
 constexpr int kNumWsTiles = int(sizeof(kWsTiles) / sizeof(kWsTiles[0]));
 // The Hopper kernel's token tiles (rows of C per tile), smallest first.

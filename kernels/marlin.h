@@ -63,7 +63,8 @@ struct MarlinGemm {
   MarlinPath path = MarlinPath::Auto;
   // Tile overrides of the mma.sync kernel (path Marlin, or Auto where it picks that kernel); with path
   // Stream, thread_n forces the streaming kernel's slice width (128 or 256); with path Wgmma, the Hopper kernel's
-  // tile columns (256 up to 128 rows; 128 on taller tiles, or 128 x 128 tiles with wgmma_rows = 128).
+  // tile columns (256 up to 128 rows; 128 on taller tiles, or 128 x 128 tiles with wgmma_rows = 128; 192 with
+  // wgmma_rows = 128 and n % 192 == 0: 128 x 192 tiles).
   int thread_k = 0, thread_n = 0;   // 0: chosen per shape and m; else force (128,128), (64,256) or (128,64)
   int thread_m_blocks = 0;          // 0: chosen per m; else force 1..4 16-row blocks per tile (row chunks of 16x)
   // Hopper kernel: 0 chosen per m and layer; else force 8/16/32/64/128 rows of 256 columns, or 144-256 rows by 16

@@ -18,7 +18,8 @@
 // - m = 65 to 2048 (producer warpgroup, 128-row tiles; on narrow layers 128 x 128 ones since the thirty-first
 //   session, 64-row ones before: wgmma_prefer_128x128 below; from m = 129 fit tiles of 144-240 rows where they pad
 //   m less, since the thirty-third: wgmma_fit_rows, and per layer where whole slices need more chunks of them, since
-//   the thirty-fourth: wgmma_fit_plan): faster on every set, by 1.7-2.1x over mma.sync, and faster
+//   the thirty-fourth: wgmma_fit_plan; 128 x 192 tiles where n % 192 == 0 gives whole slices, since the thirty-fifth:
+//   wgmma_prefer_192): faster on every set, by 1.7-2.1x over mma.sync, and faster
 //   than dequantize + cuBLAS at m = 1024 (70B 2973 vs 4509 us, 8B 782 vs 1024).
 // - m = 2048: faster than dequantize + cuBLAS on both layers timed (8B qkv 192 vs 200 us, 70B down 1564
 //   vs 2294). m = 4096: on 70B down still faster (3186 vs 3740), on 8B qkv (2^24.6 weights) a tie that

@@ -20,7 +20,8 @@
 // The producer-fed form (marlin_wgmma_ws.cuh) also runs 128-column tiles of 128 or 256 tokens (FEAT = 128):
 // warpgroup g owns packed tile g and issues one 64-row wgmma over all NT tokens per k16 step, warp w of it
 // expands subblock w & 3 (one word per step). Auto takes 128 x 128 on narrow layers at m > 64
-// (marlin_dispatch.h, wgmma_prefer_128x128); 256 x 128 is forced only (MarlinGemm::wgmma_rows = 256).
+// (marlin_dispatch.h, wgmma_prefer_128x128); 256 x 128 is forced only (MarlinGemm::wgmma_rows = 256). 128 x 192 tiles
+// (FEAT = 192) have the same form with three warpgroups (marlin_dispatch.h, wgmma_prefer_192).
 #pragma once
 #include <cstdint>
 

@@ -1,7 +1,7 @@
 // The warp-specialized form of the Hopper kernel (marlin_wgmma.cuh): the same packed bytes, stage layout,
 // index maps, products and slice reduction, but a producer warpgroup fills the stages and the two consumer
-// warpgroups only expand weights and run wgmmas. ncu on the block-synchronous kernel (docs/PERF.md)
-// showed it issue- and latency-bound: copy addresses were ~1/3 of a tile's instructions, and the
+// warpgroups (three on 192-column tiles) only expand weights and run wgmmas. ncu on the block-synchronous kernel
+// (docs/PERF.md) showed it issue- and latency-bound: copy addresses were ~1/3 of a tile's instructions, and the
 // per-stage block barrier made each warpgroup wait for the slower one.
 //
 // The producer is one thread issuing three 2D TMA boxes per stage (kernels/tma_maps.h, TmaMaps):
@@ -485,8 +485,8 @@ __global__ void __launch_bounds__(WsShape<NT, BPS, CL, FEAT>::kThreads, BPS)
         wg_pair_finish<DT, GROUPED, NT, BPS, FEAT>(p, acc, slice, pc * NT, cbase, cbase + (pair_bar - sbase), cw, lane, ctid,
                                              cepi);
       else
-        wg_finish_slice<DT, GROUPED, NT, 1, S::kConsumerThreads, true, FEAT>(p, acc, slice, pc * NT, base_b, k_tiles, cw, lane,
-                                                               ctid, cepi, added);
+        wg_finish_slice<DT, GROUPED, NT, 1, S::kConsumerThreads, true, FEAT>(p, acc, slice, pc * NT, base_b, k_tiles,
+                                                                             cw, lane, ctid, cepi, added);
       it += cnt;
     }
   }
