@@ -224,7 +224,7 @@ __device__ __forceinline__ void wg_write_c(const KernelArgs& p, const float (&ac
       __syncwarp();  // every lane has read the round before the next one overwrites it
     }
   } else {
-    static_assert(!S::kOneTile, "the 128-column tiles stage their C");
+    static_assert(!S::kOneTile, "the 128- and 192-column tiles stage their C");
 #pragma unroll
     for (int j = 0; j < 2; ++j)
 #pragma unroll
@@ -316,7 +316,7 @@ template <int DT, bool GROUPED, int NT>
 __global__ void __launch_bounds__(256, NT <= 64 ? 2 : 1) marlin_wgmma_kernel(const KernelArgs p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using S = WgShape<NT>;
-  static_assert(!S::kOneTile, "the 128-column tiles run on the producer-fed form only (marlin_wgmma_ws.cuh)");
+  static_assert(!S::kOneTile, "the 128- and 192-column tiles run on the producer-fed form only (marlin_wgmma_ws.cuh)");
   extern __shared__ __align__(16) unsigned char sh_raw[];
   const uint32_t raw = smem_addr(sh_raw);
   unsigned char* sh = sh_raw + (((raw + S::kAlign - 1) & ~uint32_t(S::kAlign - 1)) - raw);

@@ -391,8 +391,8 @@ __global__ void __launch_bounds__(WsShape<NT, BPS, CL, FEAT>::kThreads, BPS)
   regs_inc<S::kConsumerRegs>();
   wait_previous_grid();  // C, the workspace and its locks are the previous kernel's until it has finished
   const int ctid = tid - S::kProducerThreads, cw = ctid >> 5;
-  // The warp's packed tile and subblock: two subblocks (an int2 of words) on the 256-column tiles, one on the
-  // 128-column tiles (wgmma_layout.h, warp_tile128 / warp_sub128).
+  // The warp's packed tile and subblock: two subblocks (an int2 of words) on the 256-column tiles, one on the 128-
+  // and 192-column tiles (wgmma_layout.h, warp_tile128 / warp_sub128).
   const int tile = S::kOneTile ? wl::warp_tile128(cw) : wl::warp_tile(cw);
   const int sub0 = S::kOneTile ? wl::warp_sub128(cw) : wl::warp_sub0(cw);
   const bool tl0 = ctid == 0;  // the consumers' thread 0 marks the rest of the timeline
