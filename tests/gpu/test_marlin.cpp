@@ -664,7 +664,8 @@ TEST_CASE("marlin: Hopper wgmma kernel under the sanitizers", "[gpu][marlin][wgm
     // 128 x 128 tiles: 4 slices, one and three row chunks, stripes across slices on 2 SMs.
     for (int64_t m : {int64_t(100), int64_t(300)})
       for (int sms : {0, 2}) run_case(L, m, rng, producer(128, sms, 1 << 30, kernels::kWgmmaWideTileN));
-    // 128 x 192 tiles: 8 slices, whole on 16 SMs, stripes with deposits on 3 (one and three row chunks).
+    // 128 x 192 tiles, 8 slices: stripes with deposits on 16 SMs and at m = 100 on 3, whole slices (8 a block) at
+    // m = 300 on 3.
     const Layer tri = make_layer(rng, 512, 1536, g, ActType::F16);
     for (int64_t m : {int64_t(100), int64_t(300)})
       for (int sms : {3, 16}) run_case(tri, m, rng, producer(128, sms, 1 << 30, kernels::kWgmmaTriTileN));
