@@ -99,14 +99,20 @@ Problem make_problem(std::mt19937& rng, int64_t m, int64_t k, int64_t n, int64_t
 enum class Mutation { None, MmaSyncAOrder, NoSwizzle, SwapSubblocks };
 
 // The block's column width and its warps' maps: the kernel's 256-column tiles (two 64-row wgmmas per warpgroup),
-// or the 128-column ones (one per warpgroup; wgmma_layout.h, kFeat128).
+// or the 128- and 192-column ones (one per warpgroup, two or three warpgroups; wgmma_layout.h, kFeat128, kFeat192).
 struct Cols {
   int feat;
   int wgmmas() const { return feat == wl::kFeat ? 2 : 1; }
+  int groups() const { return feat == wl::kFeat ? 2 : feat / 64; }  // consumer warpgroups
   int weight_row_bytes() const { return feat * 8; }
   int scale_row_bytes() const { return feat * 2; }
-  int int4_row(int i) const { return feat == wl::kFeat ? wl::weight_int4_row(i) : wl::weight_int4_row128(i); }
-  int int4_col(int i) const { return feat == wl::kFeat ? wl::weight_int4_col(i) : wl::weight_int4_col128(i); }
+  // A stage's weight copy (the TMA box: each k16 row's feat / 2 int4 in order).
+  int int4_row(int i) const {
+    return feat == wl::kFeat ? wl::weight_int4_row(i) : feat == wl::kFeat128 ? wl::weight_int4_row128(i) : i / (feat / 2);
+  }
+  int int4_col(int i) const {
+    return feat == wl::kFeat ? wl::weight_int4_col(i) : feat == wl::kFeat128 ? wl::weight_int4_col128(i) : i % (feat / 2);
+  }
   int tile(int warp) const { return feat == wl::kFeat ? wl::warp_tile(warp) : wl::warp_tile128(warp); }
   int sub0(int warp, Mutation mu = Mutation::None) const {
     if (feat == wl::kFeat) return wl::warp_sub0(warp);
@@ -124,7 +130,7 @@ struct Cols {
     return feat == wl::kFeat ? wl::epi_read_chunk(s, lane) : wl::epi_read_chunk128(s, lane);
   }
 };
-constexpr Cols kCols256{wl::kFeat}, kCols128{wl::kFeat128};
+constexpr Cols kCols256{wl::kFeat}, kCols128{wl::kFeat128}, kCols192{wl::kFeat192};
 static_assert(wl::kWeightRowBytes128 == 1024 && wl::kScaleRowBytes128 == 256, "two packed tiles a row");
 
 // Replays the kernel for every (row chunk of NT rows, slice of cols.feat columns) with the whole k in one block
@@ -145,7 +151,7 @@ std::vector<double> replay(const Problem& p, int NT, std::vector<int>& writes, M
   for (int row0 = 0; row0 < m; row0 += NT)
     for (int slice = 0; slice < n / feat; ++slice) {
       // acc[thread][j][reg]
-      std::vector<double> acc(size_t(wl::kThreads) * J * accs, 0.0);
+      std::vector<double> acc(size_t(128 * cols.groups()) * J * accs, 0.0);
       for (int kt = 0; kt < k / wl::kTK; ++kt) {
         std::vector<uint8_t> st(size_t(stage_bytes), 0xEE);  // unwritten bytes are garbage
         for (int i = 0; i < NT * 8; ++i) {  // load_a: chunk c of row r, zero past m
@@ -169,7 +175,7 @@ std::vector<double> replay(const Problem& p, int NT, std::vector<int>& writes, M
           }
         }
         for (int kk = 0; kk < wl::kKB; ++kk)
-          for (int wg = 0; wg < 2; ++wg)
+          for (int wg = 0; wg < cols.groups(); ++wg)
             for (int j = 0; j < J; ++j) {
               // Gather the warpgroup's A operand from the lanes' registers (the model's A layout).
               std::vector<double> Am(64 * 16, std::nan(""));
@@ -234,7 +240,7 @@ std::vector<double> replay(const Problem& p, int NT, std::vector<int>& writes, M
         C[size_t(tok) * n + col] = v;
         ++writes[size_t(tok) * n + col];
       };
-      for (int warp = 0; warp < 8; ++warp) {
+      for (int warp = 0; warp < 4 * cols.groups(); ++warp) {
         if (staged) {
           // Producer-fed kernel: per round, every lane's pairs into the warp's buffer, then each lane's
           // 16-byte rows out; every buffer half written exactly once per round before it is read.
@@ -371,6 +377,25 @@ TEST_CASE("wgmma model: 128-column tiles of up to 256 tokens reproduce the refer
   for (Mutation mu : {Mutation::None, Mutation::SwapSubblocks}) {
     std::vector<int> writes;
     const std::vector<double> C = replay(p, 256, writes, mu, false, kCols128);
+    const double rel = mean_rel(C, ref);
+    INFO("mutation " << int(mu) << " rel err " << rel);
+    if (mu == Mutation::None) REQUIRE(rel <= kOrderTol);
+    else REQUIRE(rel > 0.1);
+  }
+}
+
+TEST_CASE("wgmma model: 192-column tiles of three warpgroups reproduce the reference GEMM", "[kernels][wgmma]") {
+  // wgmma_layout.h's kFeat192: warpgroup g expands packed tile g with the 128-column tiles' maps, 128 tokens (the only
+  // token tile built with it), four 192-column slices of n = 768, every group size, one and two row chunks.
+  std::mt19937 rng(kSeed + 3);
+  for (int64_t group : {int64_t(-1), int64_t(32), int64_t(64), int64_t(128)})
+    for (int64_t m : {int64_t(1), int64_t(130)}) check(make_problem(rng, m, 256, 768, group), 128, true, kCols192);
+  // The warps' subblocks reversed inside their tile must fail.
+  const Problem p = make_problem(rng, 16, 128, 384, 128);
+  const std::vector<double> ref = reference(p);
+  for (Mutation mu : {Mutation::None, Mutation::SwapSubblocks}) {
+    std::vector<int> writes;
+    const std::vector<double> C = replay(p, 128, writes, mu, true, kCols192);
     const double rel = mean_rel(C, ref);
     INFO("mutation " << int(mu) << " rel err " << rel);
     if (mu == Mutation::None) REQUIRE(rel <= kOrderTol);
