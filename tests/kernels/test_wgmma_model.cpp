@@ -343,6 +343,19 @@ void check(const Problem& p, int NT, bool staged = false, Cols cols = kCols256) 
   REQUIRE(mean_rel(C, ref) <= kOrderTol);
 }
 
+// The replay without mutation matches the reference; with the warps' subblocks reversed inside their tile it must not.
+void check_swapped_subblocks_fail(const Problem& p, int NT, bool staged, Cols cols) {
+  const std::vector<double> ref = reference(p);
+  for (Mutation mu : {Mutation::None, Mutation::SwapSubblocks}) {
+    std::vector<int> writes;
+    const std::vector<double> C = replay(p, NT, writes, mu, staged, cols);
+    const double rel = mean_rel(C, ref);
+    INFO("columns " << cols.feat << " mutation " << int(mu) << " rel err " << rel);
+    if (mu == Mutation::None) REQUIRE(rel <= kOrderTol);
+    else REQUIRE(rel > 0.1);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("wgmma model: the Hopper kernel's index maps reproduce the reference GEMM", "[kernels][wgmma]") {
@@ -372,16 +385,7 @@ TEST_CASE("wgmma model: 128-column tiles of up to 256 tokens reproduce the refer
         for (int NT : {144, 160, 176, 240}) check(p, NT, true, kCols128);
     }
   // The warps' subblocks reversed inside their tile must fail: the check sees which column each word feeds.
-  const Problem p = make_problem(rng, 16, 128, 256, 128);
-  const std::vector<double> ref = reference(p);
-  for (Mutation mu : {Mutation::None, Mutation::SwapSubblocks}) {
-    std::vector<int> writes;
-    const std::vector<double> C = replay(p, 256, writes, mu, false, kCols128);
-    const double rel = mean_rel(C, ref);
-    INFO("mutation " << int(mu) << " rel err " << rel);
-    if (mu == Mutation::None) REQUIRE(rel <= kOrderTol);
-    else REQUIRE(rel > 0.1);
-  }
+  check_swapped_subblocks_fail(make_problem(rng, 16, 128, 256, 128), 256, false, kCols128);
 }
 
 TEST_CASE("wgmma model: 192-column tiles of three warpgroups reproduce the reference GEMM", "[kernels][wgmma]") {
@@ -391,16 +395,7 @@ TEST_CASE("wgmma model: 192-column tiles of three warpgroups reproduce the refer
   for (int64_t group : {int64_t(-1), int64_t(32), int64_t(64), int64_t(128)})
     for (int64_t m : {int64_t(1), int64_t(130)}) check(make_problem(rng, m, 256, 768, group), 128, true, kCols192);
   // The warps' subblocks reversed inside their tile must fail.
-  const Problem p = make_problem(rng, 16, 128, 384, 128);
-  const std::vector<double> ref = reference(p);
-  for (Mutation mu : {Mutation::None, Mutation::SwapSubblocks}) {
-    std::vector<int> writes;
-    const std::vector<double> C = replay(p, 128, writes, mu, true, kCols192);
-    const double rel = mean_rel(C, ref);
-    INFO("mutation " << int(mu) << " rel err " << rel);
-    if (mu == Mutation::None) REQUIRE(rel <= kOrderTol);
-    else REQUIRE(rel > 0.1);
-  }
+  check_swapped_subblocks_fail(make_problem(rng, 16, 128, 384, 128), 128, true, kCols192);
 }
 
 TEST_CASE("wgmma model: the staged epilogue's buffer map is a bijection without bank conflicts", "[kernels][wgmma]") {
