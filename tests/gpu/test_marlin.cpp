@@ -272,6 +272,15 @@ RunOpts producer(int rows, int sms, int ref_rows = 1 << 30, int tn = 0) {
   return o;
 }
 
+// MarlinPath::Auto on `sms` SMs (0: all of them), ref_rows rows checked against the reference.
+RunOpts auto_pick(int sms, int ref_rows) {
+  RunOpts o;
+  o.path = MarlinPath::Auto;
+  o.num_sms = sms;
+  o.max_ref_rows = ref_rows;
+  return o;
+}
+
 const int64_t kMs[] = {1, 2, 7, 16, 17, 33, 64, 100, 128, 256, 1000};
 const int64_t kGroups[] = {-1, 32, 64, 128};
 
@@ -805,21 +814,14 @@ TEST_CASE("marlin: dequantize + cuBLAS path and the automatic dispatch", "[gpu][
       for (int64_t m : {int64_t(129), int64_t(150), int64_t(200), int64_t(272), int64_t(300), int64_t(700)}) {
         REQUIRE(kernels::wgmma_fit_rows(int(m)) > 0);
         REQUIRE(kernels::auto_split_head(int(m)) == 0);
-        RunOpts o;
-        o.path = MarlinPath::Auto;
-        o.max_ref_rows = 64;
-        run_case(L, m, rng, o);
+        run_case(L, m, rng, auto_pick(0, 64));
       }
       // Auto's fit tiles in more chunks where those give each block whole column slices (wgmma_fit_plan): one a
       // block on 33 SMs (4 x 144, 4 x 160, 4 x 176 rows against 3 x 192, 5 x 128 and 3 x 240), two on 16.
       for (auto [m, sms] : {std::pair{560, 33}, std::pair{640, 33}, std::pair{700, 33}, std::pair{700, 16}}) {
         INFO("m " << m << " on " << sms << " SMs");
         REQUIRE(kernels::wgmma_fit_plan(m, int(L.n), int(L.k), sms) != kernels::wgmma_fit_rows(m));
-        RunOpts o;
-        o.path = MarlinPath::Auto;
-        o.num_sms = sms;
-        o.max_ref_rows = 64;
-        run_case(L, m, rng, o);
+        run_case(L, m, rng, auto_pick(sms, 64));
       }
       // Auto's 128 x 192 tiles (wgmma_prefer_192) on 8 slices of 192: one whole slice a block, the last row chunk
       // 22, 128, 1 and 116 rows.
@@ -827,11 +829,7 @@ TEST_CASE("marlin: dequantize + cuBLAS path and the automatic dispatch", "[gpu][
       for (auto [m, sms] : {std::pair{150, 17}, std::pair{256, 17}, std::pair{385, 34}, std::pair{500, 33}}) {
         INFO("m " << m << " on " << sms << " SMs");
         REQUIRE(kernels::wgmma_prefer_192(m, int(T.n), int(T.k), sms));
-        RunOpts o;
-        o.path = MarlinPath::Auto;
-        o.num_sms = sms;
-        o.max_ref_rows = 64;
-        run_case(T, m, rng, o);
+        run_case(T, m, rng, auto_pick(sms, 64));
       }
       // m just past whole 128-row chunks beyond the fit tiles: Auto's two launches (marlin_dispatch.h,
       // auto_split_head), every row checked, on a smaller layer.
