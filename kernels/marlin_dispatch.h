@@ -339,14 +339,20 @@ constexpr int kWgmmaFitWholeSlackDepth = 15 * 4096;  // percent x k
 constexpr int wgmma_fit_whole_slack_pct(int k) {
   return kWgmmaFitWholeSlackPct + (k > 0 ? kWgmmaFitWholeSlackDepth / k : 0);
 }
+// Per-block work of the plan that a whole-slice candidate (wgmma_fit_plan, wgmma_prefer_192) would replace: `fit` rows
+// of 128 columns where fit > 0, else the 128-row tiles (128 x 128 where wgmma_prefer_128x128 holds, else 128 x 256);
+// 0 where that plan has whole slices itself or its columns do not divide n, so that nothing replaces it.
+constexpr int64_t wgmma_replaced_work(int m, int n, int k, int sms, int fit) {
+  const int rows0 = fit > 0 ? fit : kWgmmaNarrowRows;
+  const int tn0 = fit > 0 ? kWgmmaWideTileN : wgmma_prefer_128x128(m, n, k, sms) ? kWgmmaNarrowCols : kWgmmaTileN;
+  if (n % tn0 != 0 || wgmma_whole_slices(m, n, rows0, sms, tn0) > 0) return 0;
+  return wgmma_block_work(m, n, k, rows0, tn0, sms);
+}
 constexpr int wgmma_fit_plan(int m, int n, int k, int sms) {
   const int base = wgmma_fit_rows(m);
   if (m <= 128 || m > kWgmmaFitMaxM || sms < 1 || n % kWgmmaTileN != 0 || k % kWgmmaTileK != 0) return base;
-  // The plan it would replace: those rows, or where they are 0 the 128-row tiles (128 x 128 on narrow layers).
-  const int rows0 = base > 0 ? base : kWgmmaNarrowRows;
-  const int tn0 = base > 0 ? kWgmmaWideTileN : wgmma_prefer_128x128(m, n, k, sms) ? kWgmmaNarrowCols : kWgmmaTileN;
-  if (wgmma_whole_slices(m, n, rows0, sms, tn0) > 0) return base;
-  const int64_t work0 = wgmma_block_work(m, n, k, rows0, tn0, sms);
+  const int64_t work0 = wgmma_replaced_work(m, n, k, sms, base);  // those rows, or the 128-row tiles
+  if (work0 == 0) return base;
   const int pad128 = (m + 127) / 128 * 128;
   int best = 0;
   int64_t best_work = 0;
@@ -372,13 +378,9 @@ constexpr int kWgmmaTriRows = 128;
 constexpr bool wgmma_prefer_192(int m, int n, int k, int sms) {
   if (m <= 128 || m > kWgmmaFitMaxM || sms < 1 || n % kWgmmaTriTileN != 0 || k % kWgmmaTileK != 0) return false;
   if (wgmma_whole_slices(m, n, kWgmmaTriRows, sms, kWgmmaTriTileN) != 1) return false;
-  const int fit = wgmma_fit_plan(m, n, k, sms);
-  const int rows0 = fit > 0 ? fit : kWgmmaNarrowRows;
-  const int tn0 = fit > 0 ? kWgmmaWideTileN : wgmma_prefer_128x128(m, n, k, sms) ? kWgmmaNarrowCols : kWgmmaTileN;
-  if (n % tn0 != 0 || wgmma_whole_slices(m, n, rows0, sms, tn0) > 0) return false;
-  const int64_t work0 = wgmma_block_work(m, n, k, rows0, tn0, sms);
+  const int64_t work0 = wgmma_replaced_work(m, n, k, sms, wgmma_fit_plan(m, n, k, sms));
   const int64_t work = wgmma_block_work(m, n, k, kWgmmaTriRows, kWgmmaTriTileN, sms);
-  return work * 100 <= work0 * (100 + wgmma_fit_whole_slack_pct(k));
+  return work0 > 0 && work * 100 <= work0 * (100 + wgmma_fit_whole_slack_pct(k));
 }
 
 // m a little past a whole number of 128-row chunks, where no fit tile applies (wgmma_fit_rows; so from m = 1025): Auto
