@@ -514,8 +514,9 @@ MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int 
   // 128 x 192 tiles come before both where wgmma_prefer_192 takes them, under the same conditions.
   const bool pick = g.wgmma_rows == 0 && g.wgmma_pipeline != 1;
   const bool cols_free = pick && !(g.path == MarlinPath::Wgmma && g.thread_n != 0);
-  const bool tri = cols_free && wgmma_prefer_192(g.m, g.n, g.k, sms);
-  const int fit = cols_free && !tri ? wgmma_fit_plan(g.m, g.n, g.k, sms) : 0;
+  const int fit_plan = cols_free ? wgmma_fit_plan(g.m, g.n, g.k, sms) : 0;
+  const bool tri = cols_free && wgmma_prefer_192(g.m, g.n, g.k, sms, fit_plan);
+  const int fit = tri ? 0 : fit_plan;
   const bool narrow = pick && !tri && fit == 0 && wgmma_prefer_128x128(g.m, g.n, g.k, sms);
   const int rows = g.wgmma_rows > 0 ? g.wgmma_rows
                    : tri            ? kWgmmaTriRows

@@ -375,12 +375,16 @@ constexpr int wgmma_fit_plan(int m, int n, int k, int sms) {
 // 38.6, 37.7; 450 (2 x 240, 10%) 40.5, 41.0 -> 37.3, 36.6; 420 (2 x 224, 18%) 42.1, 42.0 -> 41.2, 41.1; left out: 392
 // (2 x 208, 27%) level (38.6, 40.4 -> 38.1, 40.7), and stripes of 128 x 192 (m = 560-768) slower.
 constexpr int kWgmmaTriRows = 128;
-constexpr bool wgmma_prefer_192(int m, int n, int k, int sms) {
+// `fit` is wgmma_fit_plan(m, n, k, sms), passed in so that the launcher, which needs it either way, computes it once.
+constexpr bool wgmma_prefer_192(int m, int n, int k, int sms, int fit) {
   if (m <= 128 || m > kWgmmaFitMaxM || sms < 1 || n % kWgmmaTriTileN != 0 || k % kWgmmaTileK != 0) return false;
   if (wgmma_whole_slices(m, n, kWgmmaTriRows, sms, kWgmmaTriTileN) != 1) return false;
-  const int64_t work0 = wgmma_replaced_work(m, n, k, sms, wgmma_fit_plan(m, n, k, sms));
+  const int64_t work0 = wgmma_replaced_work(m, n, k, sms, fit);
   const int64_t work = wgmma_block_work(m, n, k, kWgmmaTriRows, kWgmmaTriTileN, sms);
   return work0 > 0 && work * 100 <= work0 * (100 + wgmma_fit_whole_slack_pct(k));
+}
+constexpr bool wgmma_prefer_192(int m, int n, int k, int sms) {
+  return wgmma_prefer_192(m, n, k, sms, wgmma_fit_plan(m, n, k, sms));
 }
 
 // m a little past a whole number of 128-row chunks, where no fit tile applies (wgmma_fit_rows; so from m = 1025): Auto
