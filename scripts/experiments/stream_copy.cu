@@ -27,7 +27,7 @@ __device__ __forceinline__ void mbar_expect(uint32_t b, uint32_t n) { asm volati
 // extra (mode 1 only): that many more 2D copies per stage, each a 16 x 64 16-bit box with the 128B swizzle
 // from a small hot tensor `ta` (an activation box; rows past its height read as zeros), after the stage's
 // bytes in its ring slot. slot = stage + extra * 2048.
-struct P { const char* src; long long pitch; int rows_total; int chunk; int stage; int stages; int mode; int stages_per_block; int stagger; int extra; int slot; };
+struct P { const char* src; long long pitch; int rows_total; int chunk; int stage; int stages; int mode; int stages_per_block; int stagger; int extra; int slot; int nsplit = 1; int issuers = 1; };
 
 __global__ void __launch_bounds__(544, 1) k(const P p, const __grid_constant__ CUtensorMap tm,
                                             const __grid_constant__ CUtensorMap ta, int* sink) {
@@ -58,9 +58,18 @@ __global__ void __launch_bounds__(544, 1) k(const P p, const __grid_constant__ C
           asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                        ::"r"(dst + r * p.chunk), "l"(p.src + (row0 + r) * p.pitch + col), "r"(p.chunk), "r"(bar) : "memory");
       } else if (p.mode == 1) {
+        if (p.nsplit > 1 && lane < p.issuers) {
+          // `boxes` probe: the stage as nsplit boxes of rows_per_stage / nsplit rows each, issued by `issuers` lanes
+          // (the expect_tx may land after a box's complete_tx: the phase's tx count goes negative meanwhile).
+          if (lane == 0) mbar_expect(bar, p.stage + p.extra * 2048);
+          const int rows = rows_per_stage / p.nsplit;
+          for (int j = lane; j < p.nsplit; j += p.issuers)
+            asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+                         ::"r"(dst + j * (p.stage / p.nsplit)), "l"(&tm), "r"(int(col / 8)), "r"(row0 + j * rows), "r"(bar) : "memory");
+        }
         if (lane == 0) {
-          mbar_expect(bar, p.stage + p.extra * 2048);
-          const int nbox = p.chunk > 2048 ? p.chunk / 2048 : 1;  // rows wider than one box (256 x 8 bytes)
+          if (p.nsplit == 1) mbar_expect(bar, p.stage + p.extra * 2048);
+          const int nbox = p.nsplit > 1 ? 0 : p.chunk > 2048 ? p.chunk / 2048 : 1;  // rows wider than one box (256 x 8 bytes)
           for (int j = 0; j < nbox; ++j)
             asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
                          ::"r"(dst + j * (p.stage / nbox)), "l"(&tm), "r"(int(col / 8) + 256 * j), "r"(row0), "r"(bar) : "memory");
@@ -101,6 +110,9 @@ __global__ void __launch_bounds__(544, 1) k(const P p, const __grid_constant__ C
 // block and row (1-16 KB; 2D boxes of at most 2 KB side by side, or one 1D bulk copy per row), whole rows.
 int probe(int sms, char* src, long long bytes, int* sink, void* fn, bool stages);
 int probe_runs(int sms, char* src, long long bytes, int* sink, void* fn);
+// `boxes`: 512 B / 1 KB / 2 KB rows (the streaming kernel's 64-, 128- and 256-column slices) on 96 and all blocks, 4
+// stages, each 16 KB stage as 1, 2 or 4 boxes issued by one lane or one lane per box.
+int probe_boxes(int sms, char* src, long long bytes, int* sink, void* fn);
 
 int main(int argc, char** argv) {
   int sms = 0; cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
@@ -115,7 +127,14 @@ int main(int argc, char** argv) {
   cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q);
   Enc enc = (Enc)fn;
   if (argc > 2 && argv[2][0] == 'r') return probe_runs(sms, src, bytes, sink, fn);
-  if (argc > 1) return probe(sms, src, bytes, sink, fn, argc > 2 && argv[2][0] == 's');
+  // `probe stages` also on fewer blocks than SMs (one per SM still): the streaming plans that leave SMs idle (8B q/k/v
+  // on 96 blocks, gate/up on 112).
+  if (argc > 2 && argv[2][0] == 'b') return probe_boxes(sms, src, bytes, sink, fn);
+  if (argc > 2 && argv[2][0] == 's') {
+    for (int blocks : {96, 112, sms}) probe(blocks, src, bytes, sink, fn, true);
+    return 0;
+  }
+  if (argc > 1) return probe(sms, src, bytes, sink, fn, false);
   CUtensorMap none{};
   cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
   printf("mode chunk stage stages blocks | us GB/s\n");
@@ -184,7 +203,7 @@ int probe(int sms, char* src, long long bytes, int* sink, void* fn, bool sweep_s
     for (int slices : {sms, 2 * sms, 448})  // slices per row; the blocks read the first sms of them
       for (int extra : {0, 1, 2, 4})
         for (int arows : {1, 16})
-          for (int stages : {5, 6, 7, 8, 9, 10}) {
+          for (int stages : {2, 3, 4, 5, 6, 8, 10}) {
           if (extra == 0 && arows == 16) continue;
           if (sweep_stages != (slices == sms && arows == 1 && extra == (chunk == 1024 ? 4 : 2))) continue;
           if (!sweep_stages && stages != 8) continue;
@@ -240,5 +259,43 @@ int probe_runs(int sms, char* src, long long bytes, int* sink, void* fn) {
         printf("%d %5d %5d %d | %8.1f %7.1f %s\n", mode, chunk, stage, stages, best * 1000 / 3,
                moved / (best / 3 * 1e-3) / 1e9, err ? cudaGetErrorString(err) : "");
       }
+  return 0;
+}
+
+int probe_boxes(int sms, char* src, long long bytes, int* sink, void* fn) {
+  typedef CUresult (*Enc)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,
+                          const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                          CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+  Enc enc = (Enc)fn;
+  const int stage = 16384, stages = 4, extra = 2;
+  unsigned short* a; cudaMalloc(&a, 16 * 4096 * 2); cudaMemset(a, 0x3c, 16 * 4096 * 2);
+  printf("chunk blocks boxes issuers | us GB/s\n");
+  const bool two = std::getenv("SC_TWO") != nullptr;  // SC_TWO: one box per stage on 1 and 2 blocks per SM only
+  for (int chunk : {512, 1024, 2048})
+    for (int blocks : {96, sms, 2 * sms})
+      for (int nsplit : {1, 2, 4})
+        for (int issuers : {1, nsplit}) {
+          if (nsplit == 1 && issuers > 1) continue;
+          if (two ? nsplit > 1 || blocks == 96 : blocks > sms) continue;
+          const long long pitch = (long long)chunk * blocks;
+          const int rps = stage / chunk, rows = int(bytes / pitch) / rps * rps;
+          P p{src, pitch, rows, chunk, stage, stages, 1, int((long long)rows * chunk / stage), 0, extra, stage + extra * 2048};
+          p.nsplit = nsplit, p.issuers = issuers;
+          CUtensorMap tm{}, ta{};
+          cuuint64_t dims[2] = {cuuint64_t(pitch / 8), cuuint64_t(rows)}, strides[1] = {cuuint64_t(pitch)};
+          cuuint32_t box[2] = {cuuint32_t(chunk / 8), cuuint32_t(rps / nsplit)}, es[2] = {1, 1};
+          CUresult r = enc(&tm, CU_TENSOR_MAP_DATA_TYPE_UINT64, 2, src, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                           CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+          cuuint64_t adims[2] = {4096, 1}, astr[1] = {4096 * 2};
+          cuuint32_t abox[2] = {64, 16};
+          CUresult r2 = enc(&ta, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, a, adims, astr, abox, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+          if (r != CUDA_SUCCESS || r2 != CUDA_SUCCESS) { printf("encode failed %d %d\n", int(r), int(r2)); continue; }
+          const float best = best_of_3(p, tm, ta, sink, blocks, 1024 + stages * p.slot + 16 * stages);
+          cudaError_t err = cudaGetLastError();
+          const double moved = double(p.stages_per_block) * stage * blocks;
+          printf("%5d %4d %d %d | %8.1f %7.1f %s\n", chunk, blocks, nsplit, issuers, best * 1000 / 3,
+                 moved / (best / 3 * 1e-3) / 1e9, err ? cudaGetErrorString(err) : "");
+        }
   return 0;
 }

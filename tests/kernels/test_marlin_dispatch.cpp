@@ -187,11 +187,11 @@ TEST_CASE("dispatch: Auto takes the streaming kernel on large layers at m <= 16"
       INFO(L.name);
       CHECK(stream_auto(m, L.n, L.k, kSms));
     }
-    // 70B q/k/v (2^26.3) splits 40 slices of 256 in three.
-    for (const Layer& L : {kQkv70B}) {
-      INFO(L.name);
-      CHECK_FALSE(stream_auto(m, L.n, L.k, kSms));
-    }
+    // 70B q/k/v (2^26.3) splits 40 slices of 256 in three: in since kStreamSmallMLayer is 2^26 (faster on the H200).
+    CHECK(stream_auto(m, kQkv70B.n, kQkv70B.k, kSms));
+    // Below 2^26 a layer the short rule leaves out stays out (n 16384, k 2048: 2^25, 256 slices of 64).
+    CHECK(stream_short_plan(16384, 2048, kSms).tn == 0);
+    CHECK_FALSE(stream_auto(m, 16384, 2048, kSms));
   }
   for (int m : {9, 12, 16}) {
     INFO("m " << m);
