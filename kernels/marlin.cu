@@ -624,7 +624,8 @@ MarlinStatus run_stream(const MarlinGemm& g, int groups, int shift, int sms, int
   a.split = plan.split;
   a.rounds = plan.rounds;
   TmaMaps maps;
-  const TmaBoxes box{plan.tn, t.tk / 16, sw ? kStreamSwapMaxM : kStreamMaxM, scale_box_rows(groups, shift, t.tk)};
+  TmaBoxes box{plan.tn, t.tk / 16, sw ? kStreamSwapMaxM : kStreamMaxM, scale_box_rows(groups, shift, t.tk)};
+  box.a_boxes = t.tk / 64;  // one activation copy per stage (marlin_stream.cuh, kABoxes)
   if (!tma_maps(g.A, g.B, g.s, g.m, g.n, g.k, groups, box, &maps)) return MarlinStatus::CudaError;
   LaunchOpts o;
   o.grid = grid > 0 ? grid : P.grid;

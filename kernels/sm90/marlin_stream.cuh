@@ -1,6 +1,6 @@
 // The streaming Marlin kernel for m <= 16 on Hopper (sm_90a): one block per SM whose stages are filled by
-// TMA (2D tensor copies: one box of weights, two to eight of activations and one of group scales per stage)
-// from one producer thread, and four or eight consumer warps that expand and multiply as the mma.sync kernel
+// TMA (tensor copies: per stage one 2D box of weights, one 3D box of the two to eight 64-wide pieces of
+// activations and one 2D box of group scales) from one producer thread, and four or eight consumer warps that expand and multiply as the mma.sync kernel
 // does (marlin_kernel.cuh: lop3 dequantization into m16n8k16 B fragments, ldmatrix for the activations).
 //
 // Why (docs/PERF.md, eighth to eleventh sessions): at m <= 16 the other kernels run two blocks per SM; an
@@ -122,6 +122,7 @@ struct StreamShape {
   static_assert(kTK == stream_tk(TN), "the host encodes the weight boxes with this depth (marlin_dispatch.h)");
   static_assert(kStage % kAlign == 0, "every stage's activation boxes stay 1 KB aligned");
   static_assert(kABox % kAlign == 0, "a 128B-swizzled box spans whole 8-row (1 KB) swizzle atoms");
+  static_assert(kARows % 8 == 0, "the 3D activation box's pieces start swizzle atoms (kernels/tma_maps.cu, encode_a3d)");
   static_assert(kARows == (SWAP ? kStreamSwapMaxM : kStreamMaxM), "the host's activation box rows (marlin.cu, run_stream)");
   static_assert(!SWAP || kAccK * 2 == kAcc, "SWAP: one m16 product per pair of n8 tiles");
   static_assert(kPartBytes == kNB * kAcc * 32 * 16, "a partner's sums: every holder lane's acc as float4");
@@ -203,7 +204,7 @@ __global__ void __launch_bounds__(StreamShape<TN, CLUSTER, SWAP>::kThreads, 1)
 
   if (warp == S::kConsumerWarps) {
     // Producer (lane 0 of the last warp): the block's tiles in stripe order, one stage each: one box of
-    // weights, one of scales, kABoxes of activations. The weights and scales of the first p.prewait
+    // weights, one of scales, one of activations (kABoxes pieces). The weights and scales of the first p.prewait
     // tiles go out before the wait for the previous kernel, their activations after it (A may be that
     // kernel's output).
     if (lane != 0) return;
@@ -217,10 +218,8 @@ __global__ void __launch_bounds__(StreamShape<TN, CLUSTER, SWAP>::kThreads, 1)
         if constexpr (GROUPED)
           tma_2d(stage + S::kBBytes + S::kABytes, &maps.s, slice * TN, (kt * S::kTK) >> p.group_shift, bar);
       }
-      if (what & 2)
-#pragma unroll
-        for (int j = 0; j < S::kABoxes; ++j)
-          tma_2d(stage + S::kBBytes + j * S::kABox, &maps.a, kt * S::kTK + 64 * j, 0, bar);
+      if (what & 2)  // the kABoxes 64-wide pieces of the stage's k range in one copy (A as [k / 64, m, 64])
+        tma_3d(stage + S::kBBytes, &maps.a, 0, 0, kt * S::kABoxes, bar);
     };
     const int pre = min(p.prewait, min(S::kStages, tiles));
     // The tile sequence: `it` within range q (whole slice q * grid + b for q < nr, then [t0, t1)).
