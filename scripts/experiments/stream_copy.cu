@@ -27,7 +27,7 @@ __device__ __forceinline__ void mbar_expect(uint32_t b, uint32_t n) { asm volati
 // extra (mode 1 only): that many more 2D copies per stage, each a 16 x 64 16-bit box with the 128B swizzle
 // from a small hot tensor `ta` (an activation box; rows past its height read as zeros), after the stage's
 // bytes in its ring slot. slot = stage + extra * 2048.
-struct P { const char* src; long long pitch; int rows_total; int chunk; int stage; int stages; int mode; int stages_per_block; int stagger; int extra; int slot; int nsplit = 1; int issuers = 1; };
+struct P { const char* src; long long pitch; int rows_total; int chunk; int stage; int stages; int mode; int stages_per_block; int stagger; int extra; int slot; int nsplit = 1; int issuers = 1; int a3d = 0; };
 
 __global__ void __launch_bounds__(544, 1) k(const P p, const __grid_constant__ CUtensorMap tm,
                                             const __grid_constant__ CUtensorMap ta, int* sink) {
@@ -73,7 +73,10 @@ __global__ void __launch_bounds__(544, 1) k(const P p, const __grid_constant__ C
           for (int j = 0; j < nbox; ++j)
             asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
                          ::"r"(dst + j * (p.stage / nbox)), "l"(&tm), "r"(int(col / 8) + 256 * j), "r"(row0), "r"(bar) : "memory");
-          for (int e = 0; e < p.extra; ++e)
+          if (p.a3d && p.extra > 0)  // the stage's activation boxes as one 3D box: [extra][16 rows][64]
+            asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];"
+                         ::"r"(dst + p.stage), "l"(&ta), "r"(0), "r"(0), "r"((i * p.extra) % 64 / p.extra * p.extra), "r"(bar) : "memory");
+          for (int e = 0; e < (p.a3d ? 0 : p.extra); ++e)
             asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
                          ::"r"(dst + p.stage + e * 2048), "l"(&ta), "r"(((i * p.extra + e) % 64) * 64), "r"(0), "r"(bar) : "memory");
         }
@@ -267,34 +270,48 @@ int probe_boxes(int sms, char* src, long long bytes, int* sink, void* fn) {
                           const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
                           CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
   Enc enc = (Enc)fn;
-  const int stage = 16384, stages = 4, extra = 2;
+  const int stage = 16384, stages = 4;
   unsigned short* a; cudaMalloc(&a, 16 * 4096 * 2); cudaMemset(a, 0x3c, 16 * 4096 * 2);
-  printf("chunk blocks boxes issuers | us GB/s\n");
+  printf("chunk blocks boxes issuers extra arows a3d | us GB/s\n");
   const bool two = std::getenv("SC_TWO") != nullptr;  // SC_TWO: one box per stage on 1 and 2 blocks per SM only
+  // SC_EXTRA: one weight box per stage and 0-8 activation boxes (16 x 64 fp16, arows of them in the tensor) on all SMs.
+  const bool ex = std::getenv("SC_EXTRA") != nullptr;
   for (int chunk : {512, 1024, 2048})
     for (int blocks : {96, sms, 2 * sms})
       for (int nsplit : {1, 2, 4})
-        for (int issuers : {1, nsplit}) {
+        for (int issuers : {1, nsplit})
+          for (int extra : {0, 1, 2, 4, 8})
+            for (int arows : {1, 8, 16})
+              for (int a3d : {0, 1}) {
+          if (a3d && (!ex || extra < 2)) continue;
           if (nsplit == 1 && issuers > 1) continue;
-          if (two ? nsplit > 1 || blocks == 96 : blocks > sms) continue;
+          if (ex ? nsplit > 1 || blocks != sms || chunk == 1024 || (extra == 0 && arows > 1) : extra != 2 || arows != 1) continue;
+          if (!ex && (two ? nsplit > 1 || blocks == 96 : blocks > sms)) continue;
           const long long pitch = (long long)chunk * blocks;
           const int rps = stage / chunk, rows = int(bytes / pitch) / rps * rps;
           P p{src, pitch, rows, chunk, stage, stages, 1, int((long long)rows * chunk / stage), 0, extra, stage + extra * 2048};
           p.nsplit = nsplit, p.issuers = issuers;
+          if (p.slot * stages + 1024 + 16 * stages > 200 * 1024) continue;
           CUtensorMap tm{}, ta{};
           cuuint64_t dims[2] = {cuuint64_t(pitch / 8), cuuint64_t(rows)}, strides[1] = {cuuint64_t(pitch)};
           cuuint32_t box[2] = {cuuint32_t(chunk / 8), cuuint32_t(rps / nsplit)}, es[2] = {1, 1};
           CUresult r = enc(&tm, CU_TENSOR_MAP_DATA_TYPE_UINT64, 2, src, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
                            CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-          cuuint64_t adims[2] = {4096, 1}, astr[1] = {4096 * 2};
+          cuuint64_t adims[2] = {4096, cuuint64_t(arows)}, astr[1] = {4096 * 2};
           cuuint32_t abox[2] = {64, 16};
-          CUresult r2 = enc(&ta, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, a, adims, astr, abox, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+          // a3d: A as [k / 64][arows][64] (strides 128 B and 8 KB), box [extra][16][64]: the same shared layout.
+          cuuint64_t adims3[3] = {64, cuuint64_t(arows), 64}, astr3[2] = {4096 * 2, 128};
+          cuuint32_t abox3[3] = {64, 16, cuuint32_t(extra > 0 ? extra : 1)}, es3[3] = {1, 1, 1};
+          CUresult r2 = a3d ? enc(&ta, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, a, adims3, astr3, abox3, es3, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+                            : enc(&ta, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, a, adims, astr, abox, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
           if (r != CUDA_SUCCESS || r2 != CUDA_SUCCESS) { printf("encode failed %d %d\n", int(r), int(r2)); continue; }
+          p.a3d = a3d;
           const float best = best_of_3(p, tm, ta, sink, blocks, 1024 + stages * p.slot + 16 * stages);
           cudaError_t err = cudaGetLastError();
           const double moved = double(p.stages_per_block) * stage * blocks;
-          printf("%5d %4d %d %d | %8.1f %7.1f %s\n", chunk, blocks, nsplit, issuers, best * 1000 / 3,
+          printf("%5d %4d %d %d %d %2d %d | %8.1f %7.1f %s\n", chunk, blocks, nsplit, issuers, extra, arows, a3d, best * 1000 / 3,
                  moved / (best / 3 * 1e-3) / 1e9, err ? cudaGetErrorString(err) : "");
         }
   return 0;
