@@ -218,8 +218,13 @@ __global__ void __launch_bounds__(StreamShape<TN, CLUSTER, SWAP>::kThreads, 1)
         if constexpr (GROUPED)
           tma_2d(stage + S::kBBytes + S::kABytes, &maps.s, slice * TN, (kt * S::kTK) >> p.group_shift, bar);
       }
-      if (what & 2)  // the kABoxes 64-wide pieces of the stage's k range in one copy (A as [k / 64, m, 64])
-        tma_3d(stage + S::kBBytes, &maps.a, 0, 0, kt * S::kABoxes, bar);
+      // The kABoxes 64-wide pieces of the stage's k range in one copy (A as [k / 64, m, 64]). Why: on the H200
+      // the TMA copies per stage, not their bytes, bound one block's stream. Probe (scripts/experiments/
+      // stream_copy.cu, `probe boxes`, docs/PERF.md thirty-sixth session), 16 KB weight stages on 132 SMs, GB/s:
+      // 0-1 activation boxes 4175-4295, 2D boxes 2 / 4 / 8 3925-3943 / 3318-3365 / 2420-2630, one 3D box of 2 / 4
+      // / 8 pieces 4143-4153 (8 with 8 of 16 rows past m 3546-3555). The kernel, same call: 8B set 43.6-44.3 ->
+      // 41.0-41.4 us at m = 1-8 (q/k/v 7.4 -> 6.7, down 12.1 -> 10.3), 70B 129.6-136.6 -> 121.7-127.4.
+      if (what & 2) tma_3d(stage + S::kBBytes, &maps.a, 0, 0, kt * S::kABoxes, bar);
     };
     const int pre = min(p.prewait, min(S::kStages, tiles));
     // The tile sequence: `it` within range q (whole slice q * grid + b for q < nr, then [t0, t1)).
