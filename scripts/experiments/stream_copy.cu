@@ -8,7 +8,7 @@
 // argument, the sixteenth session's probe instead (see probe() below: the streaming kernel's 16 KB stages,
 // part-row coverage, extra small activation boxes per stage, ring depth). Build and run:
 //   nvcc -std=c++17 -O3 -arch=sm_90a scripts/experiments/stream_copy.cu -o /tmp/sc -lcuda
-//   /tmp/sc; /tmp/sc probe; /tmp/sc probe stages
+//   /tmp/sc; /tmp/sc probe; /tmp/sc probe stages; [SC_EXTRA=1 | SC_TWO=1] /tmp/sc probe boxes (thirty-sixth session)
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <cstdio>
@@ -28,6 +28,24 @@ __device__ __forceinline__ void mbar_expect(uint32_t b, uint32_t n) { asm volati
 // from a small hot tensor `ta` (an activation box; rows past its height read as zeros), after the stage's
 // bytes in its ring slot. slot = stage + extra * 2048.
 struct P { const char* src; long long pitch; int rows_total; int chunk; int stage; int stages; int mode; int stages_per_block; int stagger; int extra; int slot; int nsplit = 1; int issuers = 1; int a3d = 0; };
+
+typedef CUresult (*Enc)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,
+                        const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                        CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+// The "weights": [rows, pitch / 8] 8-byte units, boxes of box_rows rows x box_bytes.
+CUresult encode_weights(Enc enc, CUtensorMap* tm, char* src, long long pitch, int rows, int box_bytes, int box_rows) {
+  cuuint64_t dims[2] = {cuuint64_t(pitch / 8), cuuint64_t(rows)}, strides[1] = {cuuint64_t(pitch)};
+  cuuint32_t box[2] = {cuuint32_t(box_bytes / 8), cuuint32_t(box_rows)}, es[2] = {1, 1};
+  return enc(tm, CU_TENSOR_MAP_DATA_TYPE_UINT64, 2, src, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+// The "activations": [arows, 4096] fp16 in 16 x 64 boxes with the 128B swizzle (rows past arows zero-filled).
+CUresult encode_act(Enc enc, CUtensorMap* ta, unsigned short* a, int arows) {
+  cuuint64_t adims[2] = {4096, cuuint64_t(arows)}, astr[1] = {4096 * 2};
+  cuuint32_t abox[2] = {64, 16}, es[2] = {1, 1};
+  return enc(ta, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, a, adims, astr, abox, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
 
 __global__ void __launch_bounds__(544, 1) k(const P p, const __grid_constant__ CUtensorMap tm,
                                             const __grid_constant__ CUtensorMap ta, int* sink) {
@@ -123,16 +141,13 @@ int main(int argc, char** argv) {
   char* src; cudaMalloc(&src, bytes); cudaMemset(src, 1, bytes);
   int* sink; cudaMalloc(&sink, 4);
   cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
-  typedef CUresult (*Enc)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,
-                          const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
-                          CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
   void* fn = nullptr; cudaDriverEntryPointQueryResult q;
   cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q);
   Enc enc = (Enc)fn;
   if (argc > 2 && argv[2][0] == 'r') return probe_runs(sms, src, bytes, sink, fn);
+  if (argc > 2 && argv[2][0] == 'b') return probe_boxes(sms, src, bytes, sink, fn);
   // `probe stages` also on fewer blocks than SMs (one per SM still): the streaming plans that leave SMs idle (8B q/k/v
   // on 96 blocks, gate/up on 112).
-  if (argc > 2 && argv[2][0] == 'b') return probe_boxes(sms, src, bytes, sink, fn);
   if (argc > 2 && argv[2][0] == 's') {
     for (int blocks : {96, 112, sms}) probe(blocks, src, bytes, sink, fn, true);
     return 0;
@@ -153,10 +168,7 @@ int main(int argc, char** argv) {
           const int rows = int(bytes / pitch);
           P p{src, pitch, rows, chunk, stage, stages, mode, int((long long)rows * chunk / stage), stagger, 0, stage};
           CUtensorMap tm{};
-          cuuint64_t dims[2] = {cuuint64_t(pitch / 8), cuuint64_t(rows)}, strides[1] = {cuuint64_t(pitch)};
-          cuuint32_t box[2] = {cuuint32_t(chunk / 8), cuuint32_t(stage / chunk)}, es[2] = {1, 1};
-          CUresult r = enc(&tm, CU_TENSOR_MAP_DATA_TYPE_UINT64, 2, src, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                           CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+          CUresult r = encode_weights(enc, &tm, src, pitch, rows, chunk, stage / chunk);
           if (mode == 1 && r != CUDA_SUCCESS) { printf("%d %d %d %d encode failed %d\n", mode, chunk, stage, stages, int(r)); continue; }
           const int smem = 1024 + stages * stage + 16 * stages + 128 * stages;
           k<<<blocks, 544, smem>>>(p, tm, none, sink);
@@ -195,9 +207,6 @@ float best_of_3(const P& p, const CUtensorMap& tm, const CUtensorMap& ta, int* s
 }
 
 int probe(int sms, char* src, long long bytes, int* sink, void* fn, bool sweep_stages) {
-  typedef CUresult (*Enc)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,
-                          const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
-                          CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
   Enc enc = (Enc)fn;
   const int stage = 16384;
   unsigned short* a; cudaMalloc(&a, 16 * 4096 * 2); cudaMemset(a, 0x3c, 16 * 4096 * 2);
@@ -214,14 +223,7 @@ int probe(int sms, char* src, long long bytes, int* sink, void* fn, bool sweep_s
           const int rows = int(bytes / pitch) / (stage / chunk) * (stage / chunk);
           P p{src, pitch, rows, chunk, stage, stages, 1, int((long long)rows * chunk / stage), 0, extra, stage + extra * 2048};
           CUtensorMap tm{}, ta{};
-          cuuint64_t dims[2] = {cuuint64_t(pitch / 8), cuuint64_t(rows)}, strides[1] = {cuuint64_t(pitch)};
-          cuuint32_t box[2] = {cuuint32_t(chunk / 8), cuuint32_t(stage / chunk)}, es[2] = {1, 1};
-          CUresult r = enc(&tm, CU_TENSOR_MAP_DATA_TYPE_UINT64, 2, src, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                           CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-          cuuint64_t adims[2] = {4096, cuuint64_t(arows)}, astr[1] = {4096 * 2};
-          cuuint32_t abox[2] = {64, 16};
-          CUresult r2 = enc(&ta, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, a, adims, astr, abox, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+          const CUresult r = encode_weights(enc, &tm, src, pitch, rows, chunk, stage / chunk), r2 = encode_act(enc, &ta, a, arows);
           if (r != CUDA_SUCCESS || r2 != CUDA_SUCCESS) { printf("encode failed %d %d\n", int(r), int(r2)); continue; }
           const float best = best_of_3(p, tm, ta, sink, sms, 1024 + stages * p.slot + 16 * stages);
           cudaError_t err = cudaGetLastError();
@@ -233,9 +235,6 @@ int probe(int sms, char* src, long long bytes, int* sink, void* fn, bool sweep_s
 }
 
 int probe_runs(int sms, char* src, long long bytes, int* sink, void* fn) {
-  typedef CUresult (*Enc)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,
-                          const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
-                          CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
   Enc enc = (Enc)fn;
   CUtensorMap none{};
   printf("mode chunk stage stages | us GB/s\n");
@@ -249,10 +248,7 @@ int probe_runs(int sms, char* src, long long bytes, int* sink, void* fn) {
         P p{src, pitch, rows, chunk, stage, stages, mode, int((long long)rows * chunk / stage), 0, 0, stage};
         CUtensorMap tm{};
         const int inner = chunk > 2048 ? 2048 : chunk;
-        cuuint64_t dims[2] = {cuuint64_t(pitch / 8), cuuint64_t(rows)}, strides[1] = {cuuint64_t(pitch)};
-        cuuint32_t box[2] = {cuuint32_t(inner / 8), cuuint32_t(stage / chunk)}, es[2] = {1, 1};
-        if (enc(&tm, CU_TENSOR_MAP_DATA_TYPE_UINT64, 2, src, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
+        if (encode_weights(enc, &tm, src, pitch, rows, inner, stage / chunk) != CUDA_SUCCESS) {
           printf("encode failed\n");
           continue;
         }
@@ -266,9 +262,6 @@ int probe_runs(int sms, char* src, long long bytes, int* sink, void* fn) {
 }
 
 int probe_boxes(int sms, char* src, long long bytes, int* sink, void* fn) {
-  typedef CUresult (*Enc)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,
-                          const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
-                          CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
   Enc enc = (Enc)fn;
   const int stage = 16384, stages = 4;
   unsigned short* a; cudaMalloc(&a, 16 * 4096 * 2); cudaMemset(a, 0x3c, 16 * 4096 * 2);
@@ -293,19 +286,13 @@ int probe_boxes(int sms, char* src, long long bytes, int* sink, void* fn) {
           p.nsplit = nsplit, p.issuers = issuers;
           if (p.slot * stages + 1024 + 16 * stages > 200 * 1024) continue;
           CUtensorMap tm{}, ta{};
-          cuuint64_t dims[2] = {cuuint64_t(pitch / 8), cuuint64_t(rows)}, strides[1] = {cuuint64_t(pitch)};
-          cuuint32_t box[2] = {cuuint32_t(chunk / 8), cuuint32_t(rps / nsplit)}, es[2] = {1, 1};
-          CUresult r = enc(&tm, CU_TENSOR_MAP_DATA_TYPE_UINT64, 2, src, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                           CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-          cuuint64_t adims[2] = {4096, cuuint64_t(arows)}, astr[1] = {4096 * 2};
-          cuuint32_t abox[2] = {64, 16};
+          const CUresult r = encode_weights(enc, &tm, src, pitch, rows, chunk, rps / nsplit);
           // a3d: A as [k / 64][arows][64] (strides 128 B and 8 KB), box [extra][16][64]: the same shared layout.
           cuuint64_t adims3[3] = {64, cuuint64_t(arows), 64}, astr3[2] = {4096 * 2, 128};
           cuuint32_t abox3[3] = {64, 16, cuuint32_t(extra > 0 ? extra : 1)}, es3[3] = {1, 1, 1};
           CUresult r2 = a3d ? enc(&ta, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, a, adims3, astr3, abox3, es3, CU_TENSOR_MAP_INTERLEAVE_NONE,
                                   CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
-                            : enc(&ta, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, a, adims, astr, abox, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                            : encode_act(enc, &ta, a, arows);
           if (r != CUDA_SUCCESS || r2 != CUDA_SUCCESS) { printf("encode failed %d %d\n", int(r), int(r2)); continue; }
           p.a3d = a3d;
           const float best = best_of_3(p, tm, ta, sink, blocks, 1024 + stages * p.slot + 16 * stages);
