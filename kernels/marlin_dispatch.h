@@ -172,27 +172,23 @@ constexpr StreamRanges stream_ranges(int b, int grid, int rounds, int split, int
 // on the smaller layers the thresholds leave out (8B q/k/v 10.6-12.0 against 9.4-10.8, 8B o 8.9-9.4
 // against 7.5-8.0, 70B o at m <= 8 16.0-16.3 against 15.7-15.9, 70B q/k/v at m <= 8 19.5-19.8 against
 // 19.0-19.2, 8B down at m = 1 and 4 15.6 against 15.2).
-// Since the thirty-sixth session the m <= 8 threshold is 2^26 (it was 3 x 2^25), which brings in 70B q/k/v (2^26.3,
-// 40 slices of 256 in thirds): level on the H100 (19.0-19.1 against 18.9-19.2 us on the Hopper kernel, sixteenth
-// session), faster on the H200, whose weight stream the Hopper kernel's smaller plan leaves further behind: 18.7-18.9
-// -> 15.3 us at m = 1 (docs/PERF.md, thirty-sixth session, call 4, --explore).
-// At m <= 8 also from kStreamPairLayer weights where the plan splits the slices in two: the launcher runs
-// those as two-block clusters (kernels/marlin.cu; kStreamClusterSplit), whose tail is short. H100 (docs/PERF.md,
-// sixteenth session), one call, two runs, µs: 70B o (2^26, 64 slices of 128 in halves) 16.3-16.8 / 15.7-15.9 /
-// 15.8 on the Hopper kernel against 15.0 / 14.8-14.9 / 14.8 at m = 1 / 4 / 8; 70B q/k/v (in thirds: no
-// cluster) was level, 19.0-19.1 against 18.9-19.2 (it now streams: kStreamSmallMLayer).
+// The m <= 8 threshold was 3 x 2^25, with layers from 2^26 let in where the plan splits the slices in two (run as
+// two-block clusters, kernels/marlin.cu kStreamClusterSplit, whose tail is short). H100 (docs/PERF.md, sixteenth
+// session), one call, two runs, µs: 70B o (2^26, 64 slices of 128 in halves) 16.3-16.8 / 15.7-15.9 / 15.8 on the
+// Hopper kernel against 15.0 / 14.8-14.9 / 14.8 at m = 1 / 4 / 8; 70B q/k/v (2^26.3, 40 slices of 256 in thirds: no
+// cluster) level, 19.0-19.1 against 18.9-19.2. Since the thirty-sixth session the threshold is 2^26 whatever the split,
+// which takes in 70B q/k/v too: faster on the H200, whose weight stream the Hopper kernel's plan leaves further behind,
+// 18.7-18.9 -> 15.3 us at m = 1 (docs/PERF.md, thirty-sixth session, call 4, --explore).
 constexpr int kStreamSmallMaxM = 8;
-constexpr int64_t kStreamSmallMLayer = int64_t(1) << 26;  // 2^26 (8B gate/up 2^26.8 and 70B q/k/v 2^26.3 in)
+constexpr int64_t kStreamSmallMLayer = int64_t(1) << 26;  // 2^26 (8B gate/up 2^26.8, 70B q/k/v 2^26.3, 70B o in)
 constexpr int64_t kStream16Layer = int64_t(3) << 24;      // 2^25.6 (8B down 2^25.8 in, 8B q/k/v 2^24.6 out)
-constexpr int64_t kStreamPairLayer = int64_t(1) << 26;    // 70B o in, 8B down 2^25.8 out
 constexpr bool stream_auto(int m, int n, int k, int sms) {
   if (m < 1 || m > kStreamMaxM) return false;
   const int64_t weights = int64_t(n) * k;
   if (stream_short_plan(n, k, sms).tn != 0) return true;  // the short rule (above): measured at m = 1-16
   const StreamPlan p = stream_fill_plan(n, k, sms, 0);
   if (p.tn == 0 || p.split <= 0) return false;
-  if (weights >= (m <= kStreamSmallMaxM ? kStreamSmallMLayer : kStream16Layer)) return true;
-  return m <= kStreamSmallMaxM && weights >= kStreamPairLayer && p.split == kStreamClusterSplit;
+  return weights >= (m <= kStreamSmallMaxM ? kStreamSmallMLayer : kStream16Layer);
 }
 
 // m > 64 on the Hopper kernel: 128 x 256 tiles, or 128 x 128 ones where the 128 x 256 partition leaves so few

@@ -1,7 +1,8 @@
 // The streaming Marlin kernel for m <= 16 on Hopper (sm_90a): one block per SM whose stages are filled by
 // TMA (tensor copies: per stage one 2D box of weights, one 3D box of the two to eight 64-wide pieces of
-// activations and one 2D box of group scales) from one producer thread, and four or eight consumer warps that expand and multiply as the mma.sync kernel
-// does (marlin_kernel.cuh: lop3 dequantization into m16n8k16 B fragments, ldmatrix for the activations).
+// activations and one 2D box of group scales) from one producer thread, and four or eight consumer warps that
+// expand and multiply as the mma.sync kernel does (marlin_kernel.cuh: lop3 dequantization into m16n8k16 B
+// fragments, ldmatrix for the activations).
 //
 // Why (docs/PERF.md, eighth to eleventh sessions): at m <= 16 the other kernels run two blocks per SM; an
 // SM's two blocks finish 10-17% apart, and one block per SM fed by cp.async lost (the second block was
