@@ -2,7 +2,8 @@
 // TMA (tensor copies: per stage one 2D box of weights, one 3D box of the two to eight 64-wide pieces of
 // activations and one 2D box of group scales) from one producer thread, and four or eight consumer warps that
 // expand and multiply as the mma.sync kernel does (marlin_kernel.cuh: lop3 dequantization into m16n8k16 B
-// fragments, ldmatrix for the activations).
+// fragments, ldmatrix for the activations), except that the swapped form scales its fp32 sums once per group run
+// instead of every weight (swap_grouped_products).
 //
 // Why (docs/PERF.md, eighth to eleventh sessions): at m <= 16 the other kernels run two blocks per SM; an
 // SM's two blocks finish 10-17% apart, and one block per SM fed by cp.async lost (the second block was
@@ -157,6 +158,65 @@ __device__ __forceinline__ void swapped_to_frags(const float (&c)[4][4], float (
     }
     acc[a][2] = acc[a][3] = 0.f;
   }
+}
+
+// mma_16816 with C = 0 (constants, not the sums' registers): the first product of a run.
+template <int DT>
+__device__ __forceinline__ void mma_16816_z(const uint32_t (&a)[4], uint32_t b0, uint32_t b1, float (&d)[4]) {
+  d[0] = d[1] = d[2] = d[3] = 0.f;
+  mma_16816<DT>(a, b0, b1, d);
+}
+
+// One stage of a SWAP consumer warp with group scales: its U = 4 k16 rows (fa: the rows' 8-token B fragments, fb: their
+// packed words, fs: the scale words of row pairs 0-1 and 2-3). The products of a run of rows that lie in one group (all
+// four; two and two with groups of 32) sum unscaled in fp32, and each run's sums are scaled once and added to acck.
+// Why: on the H200 the streaming layers run at the 700 W cap (1.5-1.65 GHz on 70B gate/up and down and on 32768^2,
+// where cuBLAS runs at 1.76-1.98), and there the consumers' instructions set the pace. The per-weight scale multiply
+// was 64 mul.f16x2 per warp and stage, of about 240 instructions; a run costs 16 fma.f32 and 8 conversions instead.
+// H200, same call, two runs each (docs/PERF.md, thirty-seventh session, calls 2 and 4), set sums at m = 1-8, us: 8B
+// 41.0-41.2 -> 38.4-38.7, 70B 119.3-128.0 -> 114.4-117.9, 32768^2 g128 161.7-175.3 -> 152.8-161.4. The weights now
+// enter the products as the exact integers q - 8 rather than rounded to 16 bits after the scale: one rounding fewer
+// per weight (bf16, with 8 significant bits, gains the most).
+template <int DT>
+__device__ __forceinline__ void swap_grouped_products(const uint32_t (&fa)[4][4], const int4 (&fb)[4],
+                                                      const int4 (&fs)[2], float (&acck)[4][4], bool group32) {
+  float part[4][4];  // [16-column group j][C fragment] of the current run
+  auto products = [&](int u, bool fresh) {
+    const uint32_t words[4] = {uint32_t(fb[u].x), uint32_t(fb[u].y), uint32_t(fb[u].z), uint32_t(fb[u].w)};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      uint32_t v[4];
+      dequant8<DT>(words[j], v);
+      const uint32_t w16[4] = {v[0], v[2], v[1], v[3]};  // the A fragment, as in the kernel's loop
+      if (fresh)
+        mma_16816_z<DT>(w16, fa[u][0], fa[u][1], part[j]);
+      else
+        mma_16816<DT>(w16, fa[u][0], fa[u][1], part[j]);
+    }
+  };
+  // Rows g and g + 8 of the swapped C fragment (registers 0-1 and 2-3) are the 16 columns' first and second eight: the
+  // low and high half of scale word j, as scale2 applies them to v[0..1] and v[2..3].
+  auto flush = [&](const int4& f) {
+    const uint32_t sw[4] = {uint32_t(f.x), uint32_t(f.y), uint32_t(f.z), uint32_t(f.w)};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float lo = to_float<DT>(uint16_t(sw[j] & 0xffffu)), hi = to_float<DT>(uint16_t(sw[j] >> 16));
+      acck[j][0] = fmaf(part[j][0], lo, acck[j][0]);
+      acck[j][1] = fmaf(part[j][1], lo, acck[j][1]);
+      acck[j][2] = fmaf(part[j][2], hi, acck[j][2]);
+      acck[j][3] = fmaf(part[j][3], hi, acck[j][3]);
+    }
+  };
+  products(0, true);
+  products(1, false);
+  if (group32) {  // warp-uniform: rows 2-3 are the next group
+    flush(fs[0]);
+    products(2, true);
+  } else {
+    products(2, false);
+  }
+  products(3, false);
+  flush(fs[1]);  // groups of 64 or more: the pair's scale row is the same for both pairs
 }
 
 template <int DT, bool GROUPED, int TN, bool CLUSTER, bool SWAP>
@@ -318,27 +378,32 @@ __global__ void __launch_bounds__(StreamShape<TN, CLUSTER, SWAP>::kThreads, 1)
           for (int h = 0; h < kPairs; ++h) fs[h] = lds128(stage + s_off[h]);
         mbar_arrive(empty0 + 8 * r.st);
         r.next<S::kStages>();
+        if constexpr (SWAP && GROUPED) {
+          static_assert(U == 4 && kPairs == 2, "swap_grouped_products: four k16 rows, two scale rows");
+          swap_grouped_products<DT>(fa, fb, fs, acck, p.group_shift == 5);  // groups of 32: two runs of two rows
+        } else {
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const uint32_t words[4] = {uint32_t(fb[u].x), uint32_t(fb[u].y), uint32_t(fb[u].z), uint32_t(fb[u].w)};
+          for (int u = 0; u < U; ++u) {
+            const uint32_t words[4] = {uint32_t(fb[u].x), uint32_t(fb[u].y), uint32_t(fb[u].z), uint32_t(fb[u].w)};
 #pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            uint32_t v[4];
-            dequant8<DT>(words[j], v);
-            if constexpr (GROUPED) {
-              const int4& f = fs[u / 2];
-              const uint32_t sw = uint32_t(j == 0 ? f.x : j == 1 ? f.y : j == 2 ? f.z : f.w);
-              scale2<DT, false>(v[0], v[1], sw);
-              scale2<DT, true>(v[2], v[3], sw);
-            }
-            if constexpr (SWAP) {
-              // The B fragments of n8 tiles 2 j and 2 j + 1 (columns 16 j + lane / 4 and + 8) are, in this order,
-              // the A fragment of the 16 columns: rows 0-7 low k, rows 8-15 low k, rows 0-7 high k, rows 8-15 high k.
-              const uint32_t w16[4] = {v[0], v[2], v[1], v[3]};
-              mma_16816<DT>(w16, fa[u][0], fa[u][1], acck[j]);
-            } else {
-              mma_16816<DT>(fa[u], v[0], v[1], acc[2 * j]);
-              mma_16816<DT>(fa[u], v[2], v[3], acc[2 * j + 1]);
+            for (int j = 0; j < 4; ++j) {
+              uint32_t v[4];
+              dequant8<DT>(words[j], v);
+              if constexpr (GROUPED) {
+                const int4& f = fs[u / 2];
+                const uint32_t sw = uint32_t(j == 0 ? f.x : j == 1 ? f.y : j == 2 ? f.z : f.w);
+                scale2<DT, false>(v[0], v[1], sw);
+                scale2<DT, true>(v[2], v[3], sw);
+              }
+              if constexpr (SWAP) {
+                // The B fragments of n8 tiles 2 j and 2 j + 1 (columns 16 j + lane / 4 and + 8) are, in this order,
+                // the A fragment of the 16 columns: rows 0-7 low k, rows 8-15 low k, rows 0-7 high k, rows 8-15 high k.
+                const uint32_t w16[4] = {v[0], v[2], v[1], v[3]};
+                mma_16816<DT>(w16, fa[u][0], fa[u][1], acck[j]);
+              } else {
+                mma_16816<DT>(fa[u], v[0], v[1], acc[2 * j]);
+                mma_16816<DT>(fa[u], v[2], v[3], acc[2 * j + 1]);
+              }
             }
           }
         }
