@@ -174,7 +174,7 @@ __device__ __forceinline__ void mma_16816_z(const uint32_t (&a)[4], uint32_t b0,
 // where cuBLAS runs at 1.76-1.98), and there the consumers' instructions set the pace. The per-weight scale multiply
 // was 64 mul.f16x2 per warp and stage, of about 240 instructions; a run costs 16 fma.f32 and 8 conversions instead.
 // H200, same call, two runs each (docs/PERF.md, thirty-seventh session, calls 2 and 4), set sums at m = 1-8, us: 8B
-// 41.0-41.2 -> 38.4-38.7, 70B 119.3-128.0 -> 114.4-117.9, 32768^2 g128 161.7-175.3 -> 152.8-161.4. The weights now
+// 41.0-41.2 -> 38.4-38.7, 70B 119.3-127.9 -> 114.4-117.9, 32768^2 g128 161.7-175.3 -> 152.8-161.4. The weights now
 // enter the products as the exact integers q - 8 rather than rounded to 16 bits after the scale: one rounding fewer
 // per weight (bf16, with 8 significant bits, gains the most).
 template <int DT>
