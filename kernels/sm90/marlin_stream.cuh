@@ -167,6 +167,25 @@ __device__ __forceinline__ void mma_16816_z(const uint32_t (&a)[4], uint32_t b0,
   mma_16816<DT>(a, b0, b1, d);
 }
 
+// One k16 row of a SWAP consumer warp: its packed word w (four 16-column groups j) expanded and multiplied, unscaled,
+// with the row's 8-token B fragment (b0, b1) into d[j]; C = 0 where `fresh` (the first row of a group run).
+template <int DT>
+__device__ __forceinline__ void swapped_row(uint32_t b0, uint32_t b1, const int4& w, float (&d)[4][4], bool fresh) {
+  const uint32_t words[4] = {uint32_t(w.x), uint32_t(w.y), uint32_t(w.z), uint32_t(w.w)};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    uint32_t v[4];
+    dequant8<DT>(words[j], v);
+    // The B fragments of n8 tiles 2 j and 2 j + 1 (columns 16 j + lane / 4 and + 8) are, in this order, the A
+    // fragment of the 16 columns: rows 0-7 low k, rows 8-15 low k, rows 0-7 high k, rows 8-15 high k.
+    const uint32_t w16[4] = {v[0], v[2], v[1], v[3]};
+    if (fresh)
+      mma_16816_z<DT>(w16, b0, b1, d[j]);
+    else
+      mma_16816<DT>(w16, b0, b1, d[j]);
+  }
+}
+
 // One stage of a SWAP consumer warp with group scales: its U = 4 k16 rows (fa: the rows' 8-token B fragments, fb: their
 // packed words, fs: the scale words of row pairs 0-1 and 2-3). The products of a run of rows that lie in one group (all
 // four; two and two with groups of 32) sum unscaled in fp32, and each run's sums are scaled once and added to acck.
@@ -181,19 +200,7 @@ template <int DT>
 __device__ __forceinline__ void swap_grouped_products(const uint32_t (&fa)[4][4], const int4 (&fb)[4],
                                                       const int4 (&fs)[2], float (&acck)[4][4], bool group32) {
   float part[4][4];  // [16-column group j][C fragment] of the current run
-  auto products = [&](int u, bool fresh) {
-    const uint32_t words[4] = {uint32_t(fb[u].x), uint32_t(fb[u].y), uint32_t(fb[u].z), uint32_t(fb[u].w)};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      uint32_t v[4];
-      dequant8<DT>(words[j], v);
-      const uint32_t w16[4] = {v[0], v[2], v[1], v[3]};  // the A fragment, as in the kernel's loop
-      if (fresh)
-        mma_16816_z<DT>(w16, fa[u][0], fa[u][1], part[j]);
-      else
-        mma_16816<DT>(w16, fa[u][0], fa[u][1], part[j]);
-    }
-  };
+  auto products = [&](int u, bool fresh) { swapped_row<DT>(fa[u][0], fa[u][1], fb[u], part, fresh); };
   // Rows g and g + 8 of the swapped C fragment (registers 0-1 and 2-3) are the 16 columns' first and second eight: the
   // low and high half of scale word j, as scale2 applies them to v[0..1] and v[2..3].
   auto flush = [&](const int4& f) {
@@ -381,6 +388,9 @@ __global__ void __launch_bounds__(StreamShape<TN, CLUSTER, SWAP>::kThreads, 1)
         if constexpr (SWAP && GROUPED) {
           static_assert(U == 4 && kPairs == 2, "swap_grouped_products: four k16 rows, two scale rows");
           swap_grouped_products<DT>(fa, fb, fs, acck, p.group_shift == 5);  // groups of 32: two runs of two rows
+        } else if constexpr (SWAP) {
+#pragma unroll
+          for (int u = 0; u < U; ++u) swapped_row<DT>(fa[u][0], fa[u][1], fb[u], acck, false);
         } else {
 #pragma unroll
           for (int u = 0; u < U; ++u) {
@@ -395,15 +405,8 @@ __global__ void __launch_bounds__(StreamShape<TN, CLUSTER, SWAP>::kThreads, 1)
                 scale2<DT, false>(v[0], v[1], sw);
                 scale2<DT, true>(v[2], v[3], sw);
               }
-              if constexpr (SWAP) {
-                // The B fragments of n8 tiles 2 j and 2 j + 1 (columns 16 j + lane / 4 and + 8) are, in this order,
-                // the A fragment of the 16 columns: rows 0-7 low k, rows 8-15 low k, rows 0-7 high k, rows 8-15 high k.
-                const uint32_t w16[4] = {v[0], v[2], v[1], v[3]};
-                mma_16816<DT>(w16, fa[u][0], fa[u][1], acck[j]);
-              } else {
-                mma_16816<DT>(fa[u], v[0], v[1], acc[2 * j]);
-                mma_16816<DT>(fa[u], v[2], v[3], acc[2 * j + 1]);
-              }
+              mma_16816<DT>(fa[u], v[0], v[1], acc[2 * j]);
+              mma_16816<DT>(fa[u], v[2], v[3], acc[2 * j + 1]);
             }
           }
         }
