@@ -50,8 +50,9 @@ MARLINC_DECLARE_WGMMA_WS_CL(1, 128, 1, false) MARLINC_DECLARE_WGMMA_WS_CL(1, kWg
 MARLINC_DECLARE_WGMMA_WS_F(0, 128, 1, false, kWgmmaWideTileN) MARLINC_DECLARE_WGMMA_WS_F(1, 128, 1, false, kWgmmaWideTileN)
 MARLINC_DECLARE_WGMMA_WS_F(0, 128, 1, false, kWgmmaTriTileN)
 MARLINC_DECLARE_WGMMA_WS_F(1, 128, 1, false, kWgmmaTriTileN)
-// The fit tiles (kernels/sm90/marlin_wgmma_fit_*.cu), in kWsTiles' order (MARLINC_FIT_TILES: marlin_launch.h).
-#define MARLINC_DECLARE_FIT(DT, NT) MARLINC_DECLARE_WGMMA_WS_CL(DT, NT, 1, false)
+// The fit tiles and their pair forms (kernels/sm90/marlin_wgmma_fit_*.cu), in kWsTiles' order (MARLINC_FIT_TILES:
+// marlin_launch.h).
+#define MARLINC_DECLARE_FIT(DT, NT) MARLINC_DECLARE_WGMMA_WS_CL(DT, NT, 1, false) MARLINC_DECLARE_WGMMA_WS_PAIR(DT, NT)
 MARLINC_FIT_TILES(MARLINC_DECLARE_FIT, 0) MARLINC_FIT_TILES(MARLINC_DECLARE_FIT, 1)
 MARLINC_DECLARE_WGMMA_WS_PAIR(0, kWgmmaPairRows) MARLINC_DECLARE_WGMMA_WS_PAIR(0, kWgmmaWideRows)
 MARLINC_DECLARE_WGMMA_WS_PAIR(1, kWgmmaPairRows) MARLINC_DECLARE_WGMMA_WS_PAIR(1, kWgmmaWideRows)
@@ -140,13 +141,25 @@ constexpr bool fit_tiles_listed() {
   return r == kWgmmaWideRows;
 }
 static_assert(fit_tiles_listed(), "kWsTiles and kWsTable hold every fit tile");
-// The pair form (128-row and wide tiles: kernels/marlin_dispatch.h, wgmma_pair_tiles), [dt][wide].
-const TmaEntry kWsPairTable[2][2] = {
-    {MARLINC_WS_ENTRY_CL(0, kWgmmaPairRows, true), MARLINC_WS_ENTRY_CL(0, kWgmmaWideRows, true)},
-    {MARLINC_WS_ENTRY_CL(1, kWgmmaPairRows, true), MARLINC_WS_ENTRY_CL(1, kWgmmaWideRows, true)}};
-const ClustersFn kWsPairClusters[2][2] = {
-    {&wgmma_ws_max_clusters<0, kWgmmaPairRows>, &wgmma_ws_max_clusters<0, kWgmmaWideRows>},
-    {&wgmma_ws_max_clusters<1, kWgmmaPairRows>, &wgmma_ws_max_clusters<1, kWgmmaWideRows>}};
+// The pair form (kernels/marlin_dispatch.h, wgmma_pair_tiles), [dt][pair_tile_index]: 128 x 256 tiles, the wide tile,
+// then the fit tiles in order.
+constexpr int kNumPairTiles = 2 + (kNumWsTiles - kFirstFitTile);
+constexpr int pair_tile_index(int rows) {
+  return rows == kWgmmaPairRows ? 0 : rows == kWgmmaWideRows ? 1 : 2 + (rows - kWgmmaFitMinRows) / kWgmmaFitStep;
+}
+static_assert(pair_tile_index(kWsTiles[kNumWsTiles - 1].rows) == kNumPairTiles - 1, "the last fit tile's pair entry");
+#define MARLINC_WS_PAIR_FIT_ENTRY(DT, NT) MARLINC_WS_ENTRY_CL(DT, NT, true),
+const TmaEntry kWsPairTable[2][kNumPairTiles] = {
+    {MARLINC_WS_ENTRY_CL(0, kWgmmaPairRows, true), MARLINC_WS_ENTRY_CL(0, kWgmmaWideRows, true),
+     MARLINC_FIT_TILES(MARLINC_WS_PAIR_FIT_ENTRY, 0)},
+    {MARLINC_WS_ENTRY_CL(1, kWgmmaPairRows, true), MARLINC_WS_ENTRY_CL(1, kWgmmaWideRows, true),
+     MARLINC_FIT_TILES(MARLINC_WS_PAIR_FIT_ENTRY, 1)}};
+#define MARLINC_WS_PAIR_FIT_CLUSTERS(DT, NT) &wgmma_ws_max_clusters<DT, NT>,
+const ClustersFn kWsPairClusters[2][kNumPairTiles] = {
+    {&wgmma_ws_max_clusters<0, kWgmmaPairRows>, &wgmma_ws_max_clusters<0, kWgmmaWideRows>,
+     MARLINC_FIT_TILES(MARLINC_WS_PAIR_FIT_CLUSTERS, 0)},
+    {&wgmma_ws_max_clusters<1, kWgmmaPairRows>, &wgmma_ws_max_clusters<1, kWgmmaWideRows>,
+     MARLINC_FIT_TILES(MARLINC_WS_PAIR_FIT_CLUSTERS, 1)}};
 #endif
 
 #if MARLINC_HAVE_SM90A
@@ -177,7 +190,7 @@ struct Prepared { int blocks_per_sm = 0, smem = 0; cudaError_t err = cudaSuccess
 Prepared g_prepared[kMaxDevices][2][kMaxMBlocks][kNumShapes];
 Prepared g_wg_prepared[kMaxDevices][2][kNumWgRows];
 Prepared g_ws_prepared[kMaxDevices][2][kNumWsTiles];
-Prepared g_ws_pair_prepared[kMaxDevices][2][2];
+Prepared g_ws_pair_prepared[kMaxDevices][2][kNumPairTiles];
 Prepared g_st_prepared[kMaxDevices][2][3][2][2];
 std::mutex g_prepared_mu;
 
@@ -500,7 +513,7 @@ bool clusters_fit(int& cache, ClustersFn query, int size, const LaunchOpts& o) {
   }
   return int64_t(clusters) * size >= o.grid;
 }
-int g_ws_pair_clusters[kMaxDevices][2][2];  // clusters_fit's cache for the Hopper kernel's pair forms
+int g_ws_pair_clusters[kMaxDevices][2][kNumPairTiles];  // clusters_fit's cache for the Hopper kernel's pair forms
 #endif
 
 MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int dev) {
@@ -551,14 +564,14 @@ MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int 
   // per tile, k_tiles / 2 tiles each.
   int cl = 0;
   Partition P{};
-  const int wide = rows == kWgmmaWideRows ? 1 : 0;
+  const int pi = pair_tile_index(rows);
   if (pipeline == 2 && bps == 1 && tn == wgmma_tile_n(rows) && wgmma_pair_tiles(g.m, g.n, g.k, rows, max_blocks)) {
-    const Prepared pc = prepare_once(g_ws_pair_prepared[dev][dt][wide], kWsPairTable[dt][wide].prepare);
+    const Prepared pc = prepare_once(g_ws_pair_prepared[dev][dt][pi], kWsPairTable[dt][pi].prepare);
     P = partition(g.m, g.n, g.k, rows, t, 2 * ceil_div(g.m, rows) * (g.n / t.tn));
     o.grid = P.grid;
     o.smem_bytes = pc.smem;
     if (pc.err == cudaSuccess && pc.blocks_per_sm >= 1 && P.iters * 2 == g.k / t.tk &&
-        clusters_fit(g_ws_pair_clusters[dev][dt][wide], kWsPairClusters[dt][wide], 2, o))
+        clusters_fit(g_ws_pair_clusters[dev][dt][pi], kWsPairClusters[dt][pi], 2, o))
       cl = 1;
   }
   if (cl == 0) {
@@ -572,7 +585,7 @@ MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int 
     TmaMaps maps;
     const TmaBoxes box{t.tn, t.tk / 16, rows, scale_box_rows(groups, shift, t.tk), tma_tail_rows(g.m, rows)};
     if (!tma_maps(g.A, g.B, g.s, g.m, g.n, g.k, groups, box, &maps)) return MarlinStatus::CudaError;
-    const TmaEntry& e = cl == 1 ? kWsPairTable[dt][wide] : kWsTable[dt][wi];
+    const TmaEntry& e = cl == 1 ? kWsPairTable[dt][pi] : kWsTable[dt][wi];
     return e.launch(a, maps, o, g.stream) == cudaSuccess ? MarlinStatus::Ok : MarlinStatus::CudaError;
   }
   return kWgTable[dt][ri].launch(a, o, g.stream) == cudaSuccess ? MarlinStatus::Ok : MarlinStatus::CudaError;

@@ -258,14 +258,22 @@ constexpr int wgmma_whole_slices(int m, int n, int rows, int max_blocks, int til
 // Same calls, median of four runs each, pairs against stripes: 8B o at m = 512 30.3 against 32.6 us, 8B down at
 // 512 89.3 against 94.7, 70B o at 256 59.2 against 64.6, 70B down at 256 181.2 against 184.3. On 64-row tiles the
 // pairs lost (8B o at m = 256 21.3 against 19.6, 70B o at 128 40.0 against 38.1), so they are not built there.
-// The wide tile (kWgmmaWideRows rows of 128 columns) has the same form, under the same rule. Where
+// The wide tile (kWgmmaWideRows rows of 128 columns) and the fit tiles (wgmma_fit_plan, below) have the same form,
+// under the same rule: with fit tiles it takes 8B o and down at m = 257-480 (2 row chunks x 32 slices) and 70B o and
+// down at m = 129-240 (1 x 64), whose stripes cut slices in two or three. H200 (docs/PERF.md, thirty-eighth session,
+// call 1), us per layer, stripes -> pairs, two runs each: 8B o at m = 392 27.9, 25.7 -> 24.4, 25.5, 450 31.3, 29.1 ->
+// 28.1, 27.4, 480 30.5, 29.7 -> 27.2, 27.9; 8B down at 350 73.8, 76.4 -> 71.4, 72.1, 450 93.7, 96.2 -> 91.3, 89.4;
+// 70B o at 200 58.0, 59.2 -> 52.3, 50.7; 70B down at 200 155.9, 157.0 -> 149.3, 153.5, 240 176.3, 178.1 -> 171.4,
+// 171.4; level within 2 us elsewhere (8B o at 260 18.5, 18.1 -> 17.8, 18.0; 70B down at 160 125.9, 123.7 -> 127.5,
+// 125.6). Where
 // wgmma_prefer_128x128 holds (8B o at m = 512 among them since the thirty-first session), Auto takes 128 x 128
 // tiles instead, which have no pair form.
 constexpr int kWgmmaPairRows = 128;
 constexpr int kWgmmaPairMinFillPct = 90;
 constexpr bool wgmma_pair_tiles(int m, int n, int k, int rows, int max_blocks) {
   const int tn = wgmma_tile_n(rows);  // the pair form is built for each token tile's own width only
-  if (m <= 64 || (rows != kWgmmaPairRows && rows != kWgmmaWideRows) || n < tn || max_blocks < 2 || k % (2 * 64) != 0)
+  if (m <= 64 || (rows != kWgmmaPairRows && rows != kWgmmaWideRows && !wgmma_fit_tile(rows)) || n < tn ||
+      max_blocks < 2 || k % (2 * 64) != 0)
     return false;
   if (wgmma_whole_slices(m, n, rows, max_blocks) != 0) return false;
   const int64_t tiles = int64_t(n / tn) * ((int64_t(m) + rows - 1) / rows);

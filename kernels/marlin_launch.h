@@ -85,8 +85,8 @@ cudaError_t wgmma_ws_prepare(int* blocks_per_sm, int* smem_bytes);
 #define MARLINC_FIT_TILES(X, DT) X(DT, 144) X(DT, 160) X(DT, 176) X(DT, 192) X(DT, 208) X(DT, 224) X(DT, 240)
 template <int DT, int NT, int BPS, bool CL, int FEAT>
 cudaError_t wgmma_ws_launch(const KernelArgs& a, const TmaMaps& maps, const LaunchOpts& o, cudaStream_t stream);
-// How many clusters of `size` blocks of the CL form (NT = kWgmmaPairRows or kWgmmaWideRows, o.smem_bytes each) the
-// device runs at once.
+// How many clusters of `size` blocks of the CL form (NT = kWgmmaPairRows, kWgmmaWideRows or a fit tile's rows,
+// o.smem_bytes each) the device runs at once.
 template <int DT, int NT>
 cudaError_t wgmma_ws_max_clusters(int size, const LaunchOpts& o, int* clusters);
 // The streaming m <= 16 kernel (kernels/sm90/marlin_stream.cuh): TN-column slices, one block per SM; CL: its

@@ -19,7 +19,7 @@
 // streams the next slice's tiles while the consumers reduce the last one. setmaxnreg moves registers from
 // the producer to the consumers (accumulators).
 //
-// The pair form (CL, 128-row tiles): where every tile is split in two along k (marlin_dispatch.h,
+// The pair form (CL; 128-row, wide and fit tiles): where every tile is split in two along k (marlin_dispatch.h,
 // wgmma_pair_tiles), the two blocks of a tile run as one cluster and add their halves through each other's
 // shared memory (wg_pair_finish) instead of the workspace.
 //
@@ -102,7 +102,8 @@ struct WsShape : WgShape<NT, FEAT> {
   static constexpr int kDepPieces = (kDepTotalRows + kDepRows - 1) / kDepRows;
   static_assert(!CL || kHalfBytes <= kStages * Base::kStage, "the ring holds the partner's half tile");
   static_assert(kDepRows >= 1 && kDepTotalRows * kDepRowBytes == Base::kPart * 4, "a stage holds whole deposit rows");
-  static_assert(!CL || ((NT == kWgmmaPairRows || NT == kWgmmaWideRows) && FEAT == wgmma_tile_n(NT) && BPS == 1),
+  static_assert(!CL || ((NT == kWgmmaPairRows || NT == kWgmmaWideRows || wgmma_fit_tile(NT)) && FEAT == wgmma_tile_n(NT) &&
+                        BPS == 1),
                 "the pair form's tiles (marlin_dispatch.h)");
   static_assert(kSmemBytes <= kSmemPerBlock, "the ring fits the block's shared memory");
   static_assert(kConsumerRegs <= 256 && kProducerRegs >= 24, "setmaxnreg bounds");
@@ -532,8 +533,9 @@ cudaError_t wgmma_ws_max_clusters(int size, const LaunchOpts& o, int* clusters) 
   template cudaError_t wgmma_ws_launch<DT, NT, BPS, CL, FEAT>(const KernelArgs&, const TmaMaps&, const LaunchOpts&, \
                                                               cudaStream_t);
 #define MARLINC_INSTANTIATE_WGMMA_WS(DT, NT, BPS) MARLINC_INSTANTIATE_WGMMA_WS_F(DT, NT, BPS, false, wgmma_tile_n(NT))
-#define MARLINC_INSTANTIATE_WGMMA_FIT(DT, NT) MARLINC_INSTANTIATE_WGMMA_WS(DT, NT, 1)
-// The pair form: 128-row and wide tiles at one block per SM (kernels/marlin_dispatch.h, wgmma_pair_tiles).
+// A fit tile and its pair form.
+#define MARLINC_INSTANTIATE_WGMMA_FIT(DT, NT) MARLINC_INSTANTIATE_WGMMA_WS(DT, NT, 1) MARLINC_INSTANTIATE_WGMMA_WS_PAIR(DT, NT)
+// The pair form: 128-row, wide and fit tiles at one block per SM (kernels/marlin_dispatch.h, wgmma_pair_tiles).
 #define MARLINC_INSTANTIATE_WGMMA_WS_PAIR(DT, NT)                   \
   MARLINC_INSTANTIATE_WGMMA_WS_F(DT, NT, 1, true, wgmma_tile_n(NT)) \
   template cudaError_t wgmma_ws_max_clusters<DT, NT>(int, const LaunchOpts&, int*);

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <thread>
+#include <tuple>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -298,6 +299,9 @@ bool takes_early_deposits(int64_t m, int64_t n, int64_t k, int sms) {
 const std::pair<int, int64_t> kEarlyCases[] = {{5, 65}, {5, 100}, {10, 200}};  // (SMs, m): one and two row chunks
 struct PairCase { int64_t m; int sms; };
 const PairCase kWidePairCases[] = {{100, 12}, {256, 13}, {300, 24}, {1000, 48}};  // on 1024 x 768
+// The fit tiles' pairs on 1024 x 768 (6 slices of 128): rows, m, SMs; one and two row chunks, the last one short.
+struct FitPairCase { int rows; int64_t m; int sms; };
+const FitPairCase kFitPairCases[] = {{144, 100, 12}, {160, 300, 24}, {208, 200, 13}, {240, 450, 26}};
 
 }  // namespace
 
@@ -598,6 +602,11 @@ TEST_CASE("marlin: Hopper wgmma kernel, tiles split in two as clusters", "[gpu][
         REQUIRE(kernels::wgmma_pair_tiles(int(pc.m), int(L.n), int(L.k), kernels::kWgmmaWideRows, pc.sms));
         run_case(L, pc.m, rng, producer(kernels::kWgmmaWideRows, pc.sms, 48));
       }
+      for (const FitPairCase& fc : kFitPairCases) {
+        INFO("fit pair case rows " << fc.rows << " m " << fc.m << " sms " << fc.sms);
+        REQUIRE(kernels::wgmma_pair_tiles(int(fc.m), int(L.n), int(L.k), fc.rows, fc.sms));
+        run_case(L, fc.m, rng, producer(fc.rows, fc.sms, 48));
+      }
     }
 }
 
@@ -686,6 +695,11 @@ TEST_CASE("marlin: Hopper wgmma kernel under the sanitizers", "[gpu][marlin][wgm
       const int sms = m == 100 ? 8 : 16;
       REQUIRE(kernels::wgmma_pair_tiles(int(m), int(L.n), int(L.k), kernels::kWgmmaWideRows, sms));
       run_case(L, m, rng, producer(kernels::kWgmmaWideRows, sms));
+    }
+    // The fit tiles' pairs: 4 slices of 128 x one (144 rows, m = 100) or two (176, m = 300) row chunks x 2 blocks.
+    for (auto [rows, m, sms] : {std::tuple{144, int64_t(100), 8}, std::tuple{176, int64_t(300), 16}}) {
+      REQUIRE(kernels::wgmma_pair_tiles(int(m), int(L.n), int(L.k), rows, sms));
+      run_case(L, m, rng, producer(rows, sms));
     }
     // Finishers that fetch the other block's deposit through the ring (takes_early_deposits).
     const Layer wide = make_layer(rng, 512, 2048, g, ActType::F16);

@@ -312,13 +312,28 @@ TEST_CASE("dispatch: Hopper tiles split in two as clusters where pairs fill 90% 
   CHECK_FALSE(wgmma_pair_tiles(256, kO8B.n, kO8B.k, 128, kSms));
   CHECK_FALSE(wgmma_pair_tiles(64, kO70B.n, kO70B.k, 128, kSms));
   CHECK_FALSE(wgmma_pair_tiles(512, kO8B.n, 4096 + 64, 128, kSms));
-  // Every benchmark layer at every m: where the rule holds, the pair partition.
-  for (int m : {65, 100, 128, 256, 300, 512, 1024, 2048})
-    for (const Layer& L : {kQkv8B, kO8B, kGateUp8B, kDown8B, kQkv70B, kO70B, kGateUp70B, kDown70B, kLarge}) {
-      if (!wgmma_pair_tiles(m, L.n, L.k, 128, kSms)) continue;
+  // Auto's fit tiles (wgmma_fit_plan) in pairs: 8B o and down at m = 257-480 (2 row chunks x 32 slices of 128), 70B o
+  // and down at 129-240 (1 x 64); not 8B q/k/v there (2 x 48: 192 blocks) nor 8B o at 600 (3 x 32).
+  for (const Layer& L : {kO8B, kDown8B})
+    for (int m : {257, 300, 392, 450, 480}) {
       INFO(L.name << " m " << m);
-      const int par = (m + 127) / 128, n_tiles = L.n / 256, k_tiles = L.k / 64;
-      const Partition P = marlin_partition(m, n_tiles, k_tiles, 128, 2 * par * n_tiles);
+      CHECK(wgmma_pair_tiles(m, L.n, L.k, wgmma_fit_plan(m, L.n, L.k, kSms), kSms));
+    }
+  for (const Layer& L : {kO70B, kDown70B})
+    for (int m : {129, 160, 200, 240}) {
+      INFO(L.name << " m " << m);
+      CHECK(wgmma_pair_tiles(m, L.n, L.k, wgmma_fit_plan(m, L.n, L.k, kSms), kSms));
+    }
+  CHECK_FALSE(wgmma_pair_tiles(392, kQkv8B.n, kQkv8B.k, wgmma_fit_rows(392), kSms));
+  CHECK_FALSE(wgmma_pair_tiles(600, kO8B.n, kO8B.k, wgmma_fit_rows(600), kSms));
+  // Every benchmark layer at every m: where the rule holds on 128-row tiles or Auto's fit tiles, the pair partition.
+  for (int m : {65, 100, 128, 129, 200, 256, 300, 392, 480, 512, 700, 1024, 2048})
+    for (const Layer& L : {kQkv8B, kO8B, kGateUp8B, kDown8B, kQkv70B, kO70B, kGateUp70B, kDown70B, kLarge}) {
+      const int fit = wgmma_fit_plan(m, L.n, L.k, kSms), rows = fit > 0 ? fit : 128;
+      if (!wgmma_pair_tiles(m, L.n, L.k, rows, kSms)) continue;
+      INFO(L.name << " m " << m << " rows " << rows);
+      const int par = (m + rows - 1) / rows, n_tiles = L.n / wgmma_tile_n(rows), k_tiles = L.k / 64;
+      const Partition P = marlin_partition(m, n_tiles, k_tiles, rows, 2 * par * n_tiles);
       CHECK(P.grid <= kSms);
       CHECK(P.grid * 100 >= kSms * kWgmmaPairMinFillPct);
       CHECK(P.iters * 2 == k_tiles);
