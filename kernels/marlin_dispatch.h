@@ -356,9 +356,27 @@ constexpr int64_t wgmma_replaced_work(int m, int n, int k, int sms, int fit) {
   if (n % tn0 != 0 || wgmma_whole_slices(m, n, rows0, sms, tn0) > 0) return 0;
   return wgmma_block_work(m, n, k, rows0, tn0, sms);
 }
+// One chunk of fit rows on a shallow, narrow layer, whose stripes cut every slice into kWgmmaFitDeepParts or more
+// parts (the finisher waits for three or more deposits and adds them after its products), gives way to two 128-row
+// chunks, which cut each slice in about two, where those pad at most kWgmmaFitDeepPadPct % more rows. Only at k up to
+// kWgmmaFitDeepMaxK, where the deposits weigh most beside the products. H200 (docs/PERF.md, thirty-eighth session,
+// calls 2 and 6), 8B o (32 slices of 64 k tiles: one chunk's stripes are 16 tiles), us, Auto's fit tile against 128 x
+// 128 tiles forced: m = 200 (208 rows, 256 with the 128-row chunks) 21.1, 19.6 -> 18.6, 18.5; 240 20.7, 20.8 -> 17.6,
+// 17.4; with more padding it lost (m = 136 and 160: 13.9 and 15.0 -> 17.1-17.3 in pairs), as on the deep 8B down (k =
+// 14336: 49.3 -> 57.2-58.1 at 200). 8B q/k/v (48 slices: three parts) is left out.
+constexpr int kWgmmaFitDeepParts = 4;
+constexpr int kWgmmaFitDeepPadPct = 25;
+constexpr int kWgmmaFitDeepMaxK = 4096;
+constexpr bool wgmma_fit_split_deep(int m, int n, int k, int sms, int rows) {
+  if (rows <= 0 || sms < 1 || k > kWgmmaFitDeepMaxK || (m + rows - 1) / rows != 1) return false;
+  const int64_t kt = k / kWgmmaTileK, iters = (int64_t(n / kWgmmaWideTileN) * kt + sms - 1) / sms;
+  const int64_t pad128 = (int64_t(m) + 127) / 128 * 128;
+  return iters * kWgmmaFitDeepParts <= kt && pad128 * 100 <= int64_t(rows) * (100 + kWgmmaFitDeepPadPct);
+}
 constexpr int wgmma_fit_plan(int m, int n, int k, int sms) {
   const int base = wgmma_fit_rows(m);
   if (m <= 128 || m > kWgmmaFitMaxM || sms < 1 || n % kWgmmaTileN != 0 || k % kWgmmaTileK != 0) return base;
+  if (wgmma_fit_split_deep(m, n, k, sms, base)) return 0;  // the 128-row tiles
   const int64_t work0 = wgmma_replaced_work(m, n, k, sms, base);  // those rows, or the 128-row tiles
   if (work0 == 0) return base;
   const int pad128 = (m + 127) / 128 * 128;

@@ -824,12 +824,16 @@ TEST_CASE("marlin: dequantize + cuBLAS path and the automatic dispatch", "[gpu][
         run_case(L, m, rng, o);
       }
       // Auto's fit tiles (marlin_dispatch.h, wgmma_fit_rows): 1 x 144 (where the two launches below ran before),
-      // 1 x 160, 1 x 208, 2 x 144, 2 x 160 and 3 x 240 rows.
-      for (int64_t m : {int64_t(129), int64_t(150), int64_t(200), int64_t(272), int64_t(300), int64_t(700)}) {
+      // 1 x 160, 1 x 192, 2 x 144, 2 x 160 and 3 x 240 rows.
+      for (int64_t m : {int64_t(129), int64_t(150), int64_t(180), int64_t(272), int64_t(300), int64_t(700)}) {
         REQUIRE(kernels::wgmma_fit_rows(int(m)) > 0);
         REQUIRE(kernels::auto_split_head(int(m)) == 0);
         run_case(L, m, rng, auto_pick(0, 64));
       }
+      // On 64 SMs one chunk of 208 rows would cut each of the 8 slices in 8 parts: two 128-row chunks instead
+      // (wgmma_fit_split_deep).
+      REQUIRE(kernels::wgmma_fit_plan(200, int(L.n), int(L.k), 64) == 0);
+      run_case(L, 200, rng, auto_pick(64, 64));
       // Auto's fit tiles in more chunks where those give each block whole column slices (wgmma_fit_plan): one a
       // block on 33 SMs (4 x 144, 4 x 160, 4 x 176 rows against 3 x 192, 5 x 128 and 3 x 240), two on 16.
       for (auto [m, sms] : {std::pair{560, 33}, std::pair{640, 33}, std::pair{700, 33}, std::pair{700, 16}}) {

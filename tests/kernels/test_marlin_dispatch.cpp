@@ -293,6 +293,25 @@ TEST_CASE("dispatch: Hopper launches give blocks whole column slices where those
 // The Hopper kernel's pair form (wgmma_pair_tiles): the layers timed faster with pairs take them, the 64-row tiles
 // that measured slower do not; and the partition the launcher asks for gives each tile exactly two consecutive
 // blocks (one cluster, rank = block % 2), half the k tiles each.
+// One chunk of fit rows whose stripes cut 8B o's slices into four parts gives way to two 128-row chunks where those
+// pad at most 25% more rows (wgmma_fit_split_deep): 8B o at m = 193-240; not with more padding (m = 192: 33%), not on
+// the deep 8B down nor on 8B q/k/v (three parts).
+TEST_CASE("dispatch: shallow narrow layers take 128-row chunks over one deeply split fit chunk", "[kernels][dispatch]") {
+  constexpr int kSms = 132;
+  for (int m : {193, 200, 208, 224, 240}) {
+    INFO("m " << m);
+    CHECK(wgmma_fit_rows(m) > 0);
+    CHECK(wgmma_fit_plan(m, kO8B.n, kO8B.k, kSms) == 0);
+    CHECK(wgmma_prefer_128x128(m, kO8B.n, kO8B.k, kSms));  // so Auto runs 2 x 32 tiles of 128 x 128
+    CHECK(wgmma_fit_plan(m, kDown8B.n, kDown8B.k, kSms) == wgmma_fit_rows(m));
+    CHECK(wgmma_fit_plan(m, kQkv8B.n, kQkv8B.k, kSms) == wgmma_fit_rows(m));
+  }
+  CHECK(wgmma_fit_plan(192, kO8B.n, kO8B.k, kSms) == 192);
+  CHECK(wgmma_fit_plan(160, kO8B.n, kO8B.k, kSms) == 160);
+  CHECK(wgmma_fit_plan(300, kO8B.n, kO8B.k, kSms) == wgmma_fit_rows(300));  // two chunks: pairs
+  CHECK_FALSE(wgmma_fit_split_deep(200, kO70B.n, kO70B.k, kSms, 208));    // k = 8192, and 64 slices
+}
+
 TEST_CASE("dispatch: Hopper tiles split in two as clusters where pairs fill 90% of the SMs", "[kernels][dispatch]") {
   constexpr int kSms = 132;
   // 64 tiles of 128 rows, 128 blocks: 8B o and down at m = 512, 70B o and down at 256.
@@ -490,7 +509,7 @@ TEST_CASE("dispatch: fit tiles in the fewest row chunks where those pad m no mor
 
 // Auto's rows per layer (wgmma_fit_plan): wgmma_fit_rows's, or a fit tile in more chunks that gives every block one or
 // two whole column slices for at most wgmma_fit_whole_slack_pct(k) % more products per block than the plan it replaces,
-// where that plan has no whole slices of its own.
+// where that plan has no whole slices of its own, or the 128-row tiles where wgmma_fit_split_deep holds.
 TEST_CASE("dispatch: fit tiles in more chunks where those give every block whole slices", "[kernels][dispatch]") {
   constexpr int kSms = 132;  // the H100's SMs, one block each
   const Layer layers[] = {kQkv8B, kO8B, kGateUp8B, kDown8B, kQkv70B, kO70B, kGateUp70B, kDown70B, kLarge,
@@ -503,6 +522,10 @@ TEST_CASE("dispatch: fit tiles in more chunks where those give every block whole
         if (rows == base) continue;
         INFO(L.name << " m " << m << " on " << sms << " SMs: " << base << " -> " << rows);
         ++changed;
+        if (rows == 0) {  // one deeply split chunk of fit rows: the 128-row tiles
+          CHECK(wgmma_fit_split_deep(m, L.n, L.k, sms, base));
+          continue;
+        }
         REQUIRE(wgmma_fit_tile(rows));
         const int each = wgmma_whole_slices(m, L.n, rows, sms, kWgmmaWideTileN);
         CHECK(each >= 1);
