@@ -142,7 +142,7 @@ constexpr bool fit_tiles_listed() {
 }
 static_assert(fit_tiles_listed(), "kWsTiles and kWsTable hold every fit tile");
 // The pair form (kernels/marlin_dispatch.h, wgmma_pair_tiles), [dt][pair_tile_index]: 128 x 256 tiles, the wide tile,
-// then the fit tiles in order.
+// then the fit tiles in order (pair_tile_index is meant for these rows only).
 constexpr int kNumPairTiles = 2 + (kNumWsTiles - kFirstFitTile);
 constexpr int pair_tile_index(int rows) {
   return rows == kWgmmaPairRows ? 0 : rows == kWgmmaWideRows ? 1 : 2 + (rows - kWgmmaFitMinRows) / kWgmmaFitStep;
@@ -564,8 +564,9 @@ MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int 
   // per tile, k_tiles / 2 tiles each.
   int cl = 0;
   Partition P{};
-  const int pi = pair_tile_index(rows);
+  int pi = 0;  // kWsPairTable's index where the pair form runs
   if (pipeline == 2 && bps == 1 && tn == wgmma_tile_n(rows) && wgmma_pair_tiles(g.m, g.n, g.k, rows, max_blocks)) {
+    pi = pair_tile_index(rows);
     const Prepared pc = prepare_once(g_ws_pair_prepared[dev][dt][pi], kWsPairTable[dt][pi].prepare);
     P = partition(g.m, g.n, g.k, rows, t, 2 * ceil_div(g.m, rows) * (g.n / t.tn));
     o.grid = P.grid;

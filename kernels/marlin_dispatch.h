@@ -265,9 +265,9 @@ constexpr int wgmma_whole_slices(int m, int n, int rows, int max_blocks, int til
 // 28.1, 27.4, 480 30.5, 29.7 -> 27.2, 27.9; 8B down at 350 73.8, 76.4 -> 71.4, 72.1, 450 93.7, 96.2 -> 91.3, 89.4;
 // 70B o at 200 58.0, 59.2 -> 52.3, 50.7; 70B down at 200 155.9, 157.0 -> 149.3, 153.5, 240 176.3, 178.1 -> 171.4,
 // 171.4; level within 2 us elsewhere (8B o at 260 18.5, 18.1 -> 17.8, 18.0; 70B down at 160 125.9, 123.7 -> 127.5,
-// 125.6). Where
-// wgmma_prefer_128x128 holds (8B o at m = 512 among them since the thirty-first session), Auto takes 128 x 128
-// tiles instead, which have no pair form.
+// 125.6). Where wgmma_prefer_128x128 holds (8B o at m = 512 among them since the thirty-first session), Auto takes
+// 128 x 128 tiles instead, which have no pair form: built and timed in the thirty-eighth session (call 2), they were
+// level or slower than their stripes (8B down at m = 256 59.3, 57.7 -> 62.4, 62.1 us).
 constexpr int kWgmmaPairRows = 128;
 constexpr int kWgmmaPairMinFillPct = 90;
 constexpr bool wgmma_pair_tiles(int m, int n, int k, int rows, int max_blocks) {

@@ -102,9 +102,8 @@ struct WsShape : WgShape<NT, FEAT> {
   static constexpr int kDepPieces = (kDepTotalRows + kDepRows - 1) / kDepRows;
   static_assert(!CL || kHalfBytes <= kStages * Base::kStage, "the ring holds the partner's half tile");
   static_assert(kDepRows >= 1 && kDepTotalRows * kDepRowBytes == Base::kPart * 4, "a stage holds whole deposit rows");
-  static_assert(!CL || ((NT == kWgmmaPairRows || NT == kWgmmaWideRows || wgmma_fit_tile(NT)) && FEAT == wgmma_tile_n(NT) &&
-                        BPS == 1),
-                "the pair form's tiles (marlin_dispatch.h)");
+  static constexpr bool kPairTile = NT == kWgmmaPairRows || NT == kWgmmaWideRows || wgmma_fit_tile(NT);
+  static_assert(!CL || (kPairTile && FEAT == wgmma_tile_n(NT) && BPS == 1), "the pair form's tiles (marlin_dispatch.h)");
   static_assert(kSmemBytes <= kSmemPerBlock, "the ring fits the block's shared memory");
   static_assert(kConsumerRegs <= 256 && kProducerRegs >= 24, "setmaxnreg bounds");
   static_assert(Base::kABytes % 128 == 0 && Base::kBBytes % 128 == 0,
@@ -534,7 +533,8 @@ cudaError_t wgmma_ws_max_clusters(int size, const LaunchOpts& o, int* clusters) 
                                                               cudaStream_t);
 #define MARLINC_INSTANTIATE_WGMMA_WS(DT, NT, BPS) MARLINC_INSTANTIATE_WGMMA_WS_F(DT, NT, BPS, false, wgmma_tile_n(NT))
 // A fit tile and its pair form.
-#define MARLINC_INSTANTIATE_WGMMA_FIT(DT, NT) MARLINC_INSTANTIATE_WGMMA_WS(DT, NT, 1) MARLINC_INSTANTIATE_WGMMA_WS_PAIR(DT, NT)
+#define MARLINC_INSTANTIATE_WGMMA_FIT(DT, NT) \
+  MARLINC_INSTANTIATE_WGMMA_WS(DT, NT, 1) MARLINC_INSTANTIATE_WGMMA_WS_PAIR(DT, NT)
 // The pair form: 128-row, wide and fit tiles at one block per SM (kernels/marlin_dispatch.h, wgmma_pair_tiles).
 #define MARLINC_INSTANTIATE_WGMMA_WS_PAIR(DT, NT)                   \
   MARLINC_INSTANTIATE_WGMMA_WS_F(DT, NT, 1, true, wgmma_tile_n(NT)) \

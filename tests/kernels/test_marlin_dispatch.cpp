@@ -296,7 +296,7 @@ TEST_CASE("dispatch: Hopper launches give blocks whole column slices where those
 // One chunk of fit rows whose stripes cut 8B o's slices into four parts gives way to two 128-row chunks where those
 // pad at most 25% more rows (wgmma_fit_split_deep): 8B o at m = 193-240; not with more padding (m = 192: 33%), not on
 // the deep 8B down nor on 8B q/k/v (three parts).
-TEST_CASE("dispatch: shallow narrow layers take 128-row chunks over one deeply split fit chunk", "[kernels][dispatch]") {
+TEST_CASE("dispatch: shallow narrow layers take 128-row chunks over one deeply cut fit chunk", "[kernels][dispatch]") {
   constexpr int kSms = 132;
   for (int m : {193, 200, 208, 224, 240}) {
     INFO("m " << m);
