@@ -353,7 +353,7 @@ int main(int argc, char** argv) {
       }
     } else {
       std::fprintf(stderr,
-                   "usage: bench_marlin [--sets llama3-8b,llama3-70b,large,KxN[gG]] [--ms 1,16,...] [--explore]"
+                   "usage: bench_marlin [--sets llama3-8b,llama3-70b,large,llama3.2-1b,llama3.2-3b,qwen2.5-7b,qwen2.5-32b,KxN[gG]] [--ms 1,16,...] [--explore]"
                    " [--wgmma] [--wgmma-rows 8|16|32|64|128|256] [--wgmma-n 128|256] [--wgmma-pipeline 1|2] [--timeline]"
                    " [--timeline-dump DIR] [--host-us] [--sms N] [--auto-only] [--soak SEC] [--floor] [--floor-tail NS] [--json PATH]\n");
       return 2;
@@ -431,6 +431,12 @@ int main(int argc, char** argv) {
       {"llama3-70b", 128, {{8192, 10240}, {8192, 8192}, {8192, 57344}, {28672, 8192}}},
       {"large", 128, {{32768, 32768}}},
       {"large", -1, {{32768, 32768}}},
+      // Other models' layers (not in the issue's table), to check that Auto's per-shape rules, measured on the
+      // Llama-3 layers, hold on other widths: q/k/v fused, o, gate/up fused, down, from each model's config.json.
+      {"llama3.2-1b", 128, {{2048, 3072}, {2048, 2048}, {2048, 16384}, {8192, 2048}}},
+      {"llama3.2-3b", 128, {{3072, 5120}, {3072, 3072}, {3072, 16384}, {8192, 3072}}},
+      {"qwen2.5-7b", 128, {{3584, 4608}, {3584, 3584}, {3584, 37888}, {18944, 3584}}},
+      {"qwen2.5-32b", 128, {{5120, 7168}, {5120, 5120}, {5120, 55296}, {27648, 5120}}},
   };
   // One-layer sets named "KxN" (group 128) or "KxNgG" (G = -1, 32, 64 or 128), for profiling one shape.
   for (const std::string& w : sets_wanted) {
@@ -675,12 +681,12 @@ int main(int argc, char** argv) {
     }
   }
   // serial: fused kernel launched plainly; fused/auto: with overlap_previous (see Row).
-  std::printf("\n%-10s %3s %4s | %8s %8s %8s %8s %8s %8s | %5s %5s %5s | %5s %5s %5s | %5s | %s\n", "set", "g", "m",
+  std::printf("\n%-11s %3s %4s | %8s %8s %8s %8s %8s %8s | %5s %5s %5s | %5s %5s %5s | %5s | %s\n", "set", "g", "m",
               "cuBLAS", "serial", "fused", "dq+cuB", "wgmma", "auto", "x_ser", "x_fus", "x_aut", "GB/s", "%copy", "ideal",
               "sprd", "tiles (k x n)");
   for (const Row& r : rows) {
     const double t_ideal = std::max(r.bytes / copy_bw, r.flops / gemm_flops) * 1e6;
-    std::printf("%-10s %3d %4d | %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f | %5.2f %5.2f %5.2f | %5.0f %5.2f %5.2f | %5.3f | %s\n",
+    std::printf("%-11s %3d %4d | %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f | %5.2f %5.2f %5.2f | %5.0f %5.2f %5.2f | %5.3f | %s\n",
                 r.set.c_str(), r.group, r.m, r.cublas, r.serial, r.fused, r.dq, r.wg, r.autop,
                 ratio(r.cublas, r.serial), ratio(r.cublas, r.fused), r.cublas / r.autop, r.bytes / (r.autop * 1e-6) / 1e9,
                 r.bytes / (r.autop * 1e-6) / copy_bw, t_ideal / r.autop, r.spread, r.configs.c_str());
@@ -693,11 +699,11 @@ int main(int argc, char** argv) {
   if (floor) {
     // The bound: cuBLAS's time over the read-only kernel's. What Auto pays beyond the read is the fixed cost
     // (launch and first tile are in both; skew, split reduction and the write of C are Auto's alone).
-    std::printf("\n%-10s %3s %4s | %8s %8s %8s %8s | %6s %6s %6s | %8s\n", "set", "g", "m", "cuBLAS", "auto", "read",
+    std::printf("\n%-11s %3s %4s | %8s %8s %8s %8s | %6s %6s %6s | %8s\n", "set", "g", "m", "cuBLAS", "auto", "read",
                 "read16", "bound", "x_aut", "of_bnd", "auto-rd");
     for (const Row& r : rows)
       if (r.read > 0 && r.m <= kStreamMaxM)  // above m = 16 the GEMM's arithmetic, not the read, sets the time
-        std::printf("%-10s %3d %4d | %8.1f %8.1f %8.1f %8.1f | %6.2f %6.2f %6.2f | %8.1f\n", r.set.c_str(), r.group, r.m,
+        std::printf("%-11s %3d %4d | %8.1f %8.1f %8.1f %8.1f | %6.2f %6.2f %6.2f | %8.1f\n", r.set.c_str(), r.group, r.m,
                     r.cublas, r.autop, r.read, r.read16, r.cublas / r.read, r.cublas / r.autop, r.read / r.autop,
                     r.autop - r.read);
     std::printf("read: a kernel that only reads the layers' packed weights and scales, the fastest at 1 or 2 blocks "

@@ -37,6 +37,6 @@ for run in ${RUNS:-old new}; do
   t0=$(date +%s)
   env "${envs[@]}" timeout 200 "$(dir_of $tree)/build/cuda/bench/bench_marlin" --sets "${SETS:-llama3-8b,llama3-70b,large}" \
     --ms "${MS:-1,16}" --json "$OUT/bench_$i.json" ${BENCH_EXTRA:-} $(eval echo "\${EXTRA_$i:-}") > "$OUT/bench_$i.log" 2>&1
-  rc=$?; echo "== $i $run $(eval echo "\${EXTRA_$i:-}") (rc=$rc, $(( $(date +%s) - t0 )) s)"; grep -E "^(set|llama|large|explore)" "$OUT/bench_$i.log" | cut -c1-150
+  rc=$?; echo "== $i $run $(eval echo "\${EXTRA_$i:-}") (rc=$rc, $(( $(date +%s) - t0 )) s)"; grep -E "^(set|llama|large|qwen|explore)" "$OUT/bench_$i.log" | cut -c1-150
 done
 tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls *.log *.json 2>/dev/null) && rm -f "$OUT"/*.log "$OUT"/*.json
