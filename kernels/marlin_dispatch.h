@@ -14,7 +14,10 @@
 // - m = 17 to 32 (block-synchronous pipeline, 32-row tiles): faster on layers of 2^25 weights or more
 //   (70B m = 32: 215 vs 271 us; 8B down, 2^25.8: 21.5 vs 24.5), slower on smaller ones (8B o 13.7 vs 10.4).
 // - m = 33 to 64 (producer warpgroup, 64-row tiles): faster on every set, small layers included (8B m = 64:
-//   89 us against 118 for the best mma.sync tiles, 70B 274 vs 428).
+//   89 us against 118 for the best mma.sync tiles, 70B 274 vs 428); since the thirty-ninth session not on layers
+//   below kWgmma64MinLayer weights, narrower than Llama-3's: H200 (docs/PERF.md, thirty-ninth session, call 4), µs at
+//   m = 48 / 64, two runs each, Hopper -> mma.sync: 2048 x 2048 12.4 / 12.6 -> 7.5 / 7.6, 2048 x 3072 11.8 / 11.9 ->
+//   10.2-10.3 / 10.4-10.6; at 3072 x 3072 (2^23.2) they tie (call 3, m = 64: 12.1 against 12.4).
 // - m = 65 to 2048 (producer warpgroup, 128-row tiles; on narrow layers 128 x 128 ones since the thirty-first
 //   session, 64-row ones before: wgmma_prefer_128x128 below; from m = 129 fit tiles of 144-240 rows where they pad
 //   m less, since the thirty-third: wgmma_fit_rows, and per layer where whole slices need more chunks of them, since
@@ -81,8 +84,7 @@ constexpr int kStreamMinFillPct = 75;
 constexpr int stream_tk(int tn) { return 32768 / tn; }
 struct StreamPlan { int tn = 0, split = 0, rounds = 0; };  // tn 0: no width fits n and k
 constexpr int kStreamClusterSplit = 2;  // slices split this many ways run as clusters (kernels/marlin.cu)
-// The short rule: on layers of at least 2^24 weights whose 64-column slices fit one wave (no rounds at any width), a
-// plan whose slices are whole or in halves (no deposit in the workspace: halves run as two-block clusters), wherever
+// The short rule: on layers whose 64-column slices fit one wave (no rounds at any width), a plan whose slices are whole or in halves (no deposit in the workspace: halves run as two-block clusters), wherever
 // one fills 70% of the SMs: the most blocks, the wider slice on ties (half the activation reads; below). Such a plan
 // beats the fill search's deeper splits, whose finisher waits for 3-8 deposits; Auto takes the streaming kernel
 // wherever it applies (stream_auto). Wider layers keep the fill search, whose rounds fill the SMs better.
@@ -99,13 +101,17 @@ constexpr int kStreamClusterSplit = 2;  // slices split this many ways run as cl
 // (no cluster exchange) instead of 48 of 128 in halves. H100, two calls, two runs each (docs/PERF.md,
 // twenty-seventh session), µs at m = 1 / 9 / 16: 7.61-7.64 / 8.13-8.17 / 8.06-8.17 -> 7.34-7.45 / 7.95-8.05 /
 // 7.94-8.04. On 70B o and down (2^26 and more) the narrower lost: 13.45 -> 13.67 and 40.0 -> 40.6 at m = 1.
-constexpr int64_t kStreamShortMinLayer = int64_t(1) << 24;
+// Until the thirty-ninth session the rule began at 2^24 weights, the smallest Llama-3 layer (8B o); below it Auto ran
+// the mma.sync kernel, which the short plans beat on the narrower layers of other models. H200 (docs/PERF.md,
+// thirty-ninth session, call 4), same call, two runs each, µs at m = 1 / 16, mma.sync -> 64-column halves: 3072 x 3072
+// (Llama-3.2-3B o) 8.1 / 8.8 -> 4.0 / 4.7, 3584 x 3584 (Qwen2.5-7B o) 8.5 / 9.2 -> 4.8 / 5.5, 2048 x 3072
+// (Llama-3.2-1B q/k/v) 8.0-8.3 / 8.2-8.3 -> 3.7 / 3.9.
 constexpr int64_t kStreamShortNarrowTieLayer = int64_t(1) << 25;
 constexpr int kStreamShortMinFillPct = 70;
 constexpr StreamPlan stream_short_plan(int n, int k, int sms) {
   StreamPlan best;
   int64_t best_blocks = 0;
-  if (int64_t(n) * k < kStreamShortMinLayer || sms < 1 || n / kStreamTn[0] > sms) return best;
+  if (sms < 1 || n / kStreamTn[0] > sms) return best;
   const bool wider_on_ties = int64_t(n) * k >= kStreamShortNarrowTieLayer;
   for (int tn : kStreamTn) {  // narrowest first
     if (n % tn != 0 || k % stream_tk(tn) != 0) continue;
@@ -115,6 +121,21 @@ constexpr StreamPlan stream_short_plan(int n, int k, int sms) {
       if (blocks > sms || blocks * 100 < int64_t(sms) * kStreamShortMinFillPct) continue;
       if (blocks > best_blocks || (blocks == best_blocks && wider_on_ties)) best_blocks = blocks, best = {tn, split, 0};
     }
+  }
+  return best;
+}
+// A plan without rounds that fills kStreamMinFillPct of the SMs with fewer parts per slice than `best` (the fill
+// search's pick), the fewest; `best` where none does. Each part more gives the slice's finisher one more deposit to
+// wait for and add, which costs more than the better fill gains. H200 (docs/PERF.md, thirty-ninth session, call 2,
+// --explore), µs at m = 1 / 16, 128-column slices against 256-column ones at about the same bytes per block: 3584 x
+// 4608 (3 against 7 parts) 6.1 / 7.5 against 7.4 / 9.6, 3072 x 3072 (5 against 11) 5.6 / 6.8 against 7.3 / 9.6,
+// 18944 x 3584 (4 against 9) 13.0 / 15.9 against 14.2 / 17.5. The Llama-3 layers the fill search plans have one
+// candidate only (70B q/k/v: 80 slices of 128 fill 61%), or rounds.
+constexpr StreamPlan stream_fewest_parts(int n, int k, int sms, StreamPlan best) {
+  for (int tn : kStreamTn) {
+    if (tn == kStreamTn[0] || n % tn != 0 || k % stream_tk(tn) != 0 || n / tn > sms) continue;
+    const int slices = n / tn, deep = k / stream_tk(tn), per = sms / slices, split = per < deep ? per : deep;
+    if (split < best.split && int64_t(slices) * split * 100 >= int64_t(sms) * kStreamMinFillPct) best = {tn, split, 0};
   }
   return best;
 }
@@ -139,6 +160,8 @@ constexpr StreamPlan stream_fill_plan(int n, int k, int sms, int tn_forced) {
   if (best_num * 100 < int64_t(sms) * kStreamMinFillPct * best_den) {
     best.split = 0, best.rounds = 0;
     if (tn_forced == 0 && n % 256 == 0 && k % stream_tk(256) == 0) best.tn = 256;  // stripes: fewer slices
+  } else if (tn_forced == 0 && best.rounds == 0) {
+    best = stream_fewest_parts(n, k, sms, best);
   }
   return best;
 }
@@ -163,8 +186,7 @@ constexpr StreamRanges stream_ranges(int b, int grid, int rounds, int split, int
 }
 
 // Where Auto takes the streaming kernel (H100, docs/PERF.md, eleventh session; per layer, two runs each,
-// against the kernels Auto took before): on layers of at least kStreamSmallMLayer weights at m <= 8 and
-// kStream16Layer at m = 9..16, where stream_plan splits (stripes lost everywhere they were timed, e.g. 70B
+// against the kernels Auto took before): where stream_plan splits (stripes lost everywhere they were timed, e.g. 70B
 // gate/up 89.6 against 85.9 us at m = 1; in rounds it now splits, above). Faster: 8B gate/up at m <= 4
 // (23.4-23.7 against 24.1-24.3 us), 8B down at m = 16 (16.0 against 17.0), 70B o at m = 16 (16.0 against
 // 17.1), 70B down at m = 2..16 (45.9-46.4 against 46.6-49.9), 32768^2 g128 at m = 4..16 (181-187 against
@@ -179,16 +201,19 @@ constexpr StreamRanges stream_ranges(int b, int grid, int rounds, int split, int
 // cluster) level, 19.0-19.1 against 18.9-19.2. Since the thirty-sixth session the threshold is 2^26 whatever the split,
 // which takes in 70B q/k/v too: faster on the H200, whose weight stream the Hopper kernel's plan leaves further behind,
 // 18.7-18.9 -> 15.3 us at m = 1 (docs/PERF.md, thirty-sixth session, call 4, --explore).
-constexpr int kStreamSmallMaxM = 8;
-constexpr int64_t kStreamSmallMLayer = int64_t(1) << 26;  // 2^26 (8B gate/up 2^26.8, 70B q/k/v 2^26.3, 70B o in)
-constexpr int64_t kStream16Layer = int64_t(3) << 24;      // 2^25.6 (8B down 2^25.8 in, 8B q/k/v 2^24.6 out)
+// Since the thirty-ninth session there is no threshold (it was 2^26 weights at m <= 8 and 3 x 2^25 at m = 9..16): the
+// small layers it was set against take the short rule now, and the ones it still kept out, narrower than Llama-3's,
+// stream faster than the kernels Auto gave them. H200 (docs/PERF.md, thirty-ninth session, call 4), same call, two
+// runs each, µs at m = 1 / 16, before -> the fill search's plan (slice width x parts): 3584 x 4608 (mma.sync; 128 x 3)
+// 8.8-8.9 / 9.4 -> 6.2 / 7.6, 3072 x 5120 (mma.sync; 128 x 3) 7.2 / 7.6 -> 6.0 / 7.2, 5120 x 5120 (Hopper kernel,
+// mma.sync; 128 x 3) 9.2 / 11.8 -> 7.4 / 8.9, 2048 x 16384 (Hopper, mma.sync; 128 x 1) 9.4-9.5 / 10.4-10.5 -> 6.6-6.7
+// / 8.5, 3072 x 16384 at m <= 8 (Hopper; 128 x 1) 12.3 -> 8.5, 2048 x 2048 (mma.sync; 128 x 8) 6.0 / 6.8 -> 5.5 /
+// 6.6; one layer lost at m = 9..16: 8192 x 2048 (mma.sync; 128 x 8) 8.5 / 9.3 -> 7.9 / 9.6 (at m = 12 9.2 -> 9.5).
 constexpr bool stream_auto(int m, int n, int k, int sms) {
   if (m < 1 || m > kStreamMaxM) return false;
-  const int64_t weights = int64_t(n) * k;
   if (stream_short_plan(n, k, sms).tn != 0) return true;  // the short rule (above): measured at m = 1-16
   const StreamPlan p = stream_fill_plan(n, k, sms, 0);
-  if (p.tn == 0 || p.split <= 0) return false;
-  return weights >= (m <= kStreamSmallMaxM ? kStreamSmallMLayer : kStream16Layer);
+  return p.tn != 0 && p.split > 0;
 }
 
 // m > 64 on the Hopper kernel: 128 x 256 tiles, or 128 x 128 ones where the 128 x 256 partition leaves so few
@@ -443,6 +468,8 @@ constexpr int kWgmma16MaxM = 16;
 constexpr int64_t kWgmma16MinLayer = int64_t(3) << 25;    // 2^26.6
 constexpr int kWgmmaSmallMaxM = 32;
 constexpr int64_t kWgmma32MinLayer = int64_t(1) << 25;
+constexpr int kWgmma64MaxM = 64;
+constexpr int64_t kWgmma64MinLayer = int64_t(1) << 23;    // Llama-3.2-1B q/k/v (2^22.6) and o (2^22) below
 constexpr int64_t kWgmmaSmallLayer = int64_t(1) << 26;    // below it, dequantize + cuBLAS above 2048
 constexpr int kWgmmaSmallLayerMaxM = 2048;
 constexpr int kWgmmaMaxM = 4096;
@@ -456,6 +483,7 @@ constexpr HopperAutoPick hopper_auto_pick(int m, int64_t weights) {
     return weights >= kWgmma16MinLayer && weights <= kWgmmaMidMaxLayer ? HopperAutoPick::Hopper
                                                                          : HopperAutoPick::MmaSync;
   if (m <= kWgmmaSmallMaxM) return weights >= kWgmma32MinLayer ? HopperAutoPick::Hopper : HopperAutoPick::MmaSync;
+  if (m <= kWgmma64MaxM && weights < kWgmma64MinLayer) return HopperAutoPick::MmaSync;
   if (m > kWgmmaMaxM || (weights < kWgmmaSmallLayer && m > kWgmmaSmallLayerMaxM)) return HopperAutoPick::DequantCublas;
   return HopperAutoPick::Hopper;
 }

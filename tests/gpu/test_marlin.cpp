@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <utility>
@@ -861,19 +862,29 @@ TEST_CASE("marlin: dequantize + cuBLAS path and the automatic dispatch", "[gpu][
     }
 }
 
+namespace {
+// Auto on one layer at each m of `ms`, checked against the packed bytes once (the first m) and the direct float64
+// sum after.
+void run_auto_ms(const Layer& L, std::initializer_list<int64_t> ms, std::mt19937_64& rng) {
+  bool first = true;
+  for (int64_t m : ms) {
+    RunOpts o;
+    o.max_ref_rows = kMaxRefRows;
+    o.packed_reference = first;
+    o.path = MarlinPath::Auto;
+    run_case(L, m, rng, o);
+    first = false;
+  }
+}
+}  // namespace
+
 TEST_CASE("marlin: Llama-3-8B and 70B layer shapes", "[gpu][marlin][llama]") {
   std::mt19937_64 rng(kSeed + 5);
   const int64_t layers[][2] = {{4096, 6144}, {4096, 4096}, {4096, 28672}, {14336, 4096},
                                {8192, 10240}, {8192, 8192}, {8192, 57344}, {28672, 8192}};
   for (auto& kn : layers) {
     const Layer L = make_layer(rng, kn[0], kn[1], 128, ActType::F16);
-    for (int64_t m : {int64_t(1), int64_t(16), int64_t(33), int64_t(64), int64_t(128), int64_t(256), int64_t(1000)}) {
-      RunOpts o;
-      o.max_ref_rows = kMaxRefRows;
-      o.packed_reference = m == 1;  // once per layer from the packed bytes; else the direct float64 sum
-      o.path = MarlinPath::Auto;
-      run_case(L, m, rng, o);
-    }
+    run_auto_ms(L, {1, 16, 33, 64, 128, 256, 1000}, rng);
     // Fused kernel at large m too (row chunks > 1), whatever Auto would pick.
     RunOpts o;
     o.max_ref_rows = kMaxRefRows;
@@ -889,6 +900,21 @@ TEST_CASE("marlin: Llama-3-8B and 70B layer shapes", "[gpu][marlin][llama]") {
       run_case(L, m, rng, o);
     }
   }
+}
+
+// The narrower layers of other models (bench_marlin's llama3.2-1b, llama3.2-3b, qwen2.5-7b and qwen2.5-32b sets),
+// where Auto streams at m <= 16 with plans the Llama-3 layers do not take: 64-column slices in halves below 2^24
+// weights, 128-column slices in three or eight parts (kernels/marlin_dispatch.h, stream_fewest_parts).
+TEST_CASE("marlin: other models' narrow layer shapes", "[gpu][marlin][models]") {
+  std::mt19937_64 rng(kSeed + 21);
+  const int64_t layers[][2] = {{2048, 3072}, {2048, 2048}, {8192, 2048}, {3072, 3072}, {3072, 5120},
+                               {3584, 4608}, {3584, 3584}, {5120, 5120}, {2048, 16384}};
+  for (auto& kn : layers) {
+    const Layer L = make_layer(rng, kn[0], kn[1], 128, ActType::F16);
+    run_auto_ms(L, {1, 8, 9, 16, 64, 200}, rng);
+  }
+  const Layer L = make_layer(rng, 3584, 4608, 64, ActType::BF16);
+  run_auto_ms(L, {3, 12}, rng);
 }
 
 TEST_CASE("marlin: the original packer's golden files", "[gpu][marlin][golden]") {

@@ -18,6 +18,11 @@ struct Layer { const char* name; int k, n; };
 const Layer kQkv8B{"8B q/k/v", 4096, 6144}, kO8B{"8B o", 4096, 4096}, kGateUp8B{"8B gate/up", 4096, 28672},
     kDown8B{"8B down", 14336, 4096}, kQkv70B{"70B q/k/v", 8192, 10240}, kO70B{"70B o", 8192, 8192},
     kGateUp70B{"70B gate/up", 8192, 57344}, kDown70B{"70B down", 28672, 8192}, kLarge{"32768^2", 32768, 32768};
+// Narrower layers of other models (bench_marlin's llama3.2-1b, llama3.2-3b, qwen2.5-7b and qwen2.5-32b sets).
+const Layer kQkv1B{"1B q/k/v", 2048, 3072}, kO1B{"1B o", 2048, 2048}, kGateUp1B{"1B gate/up", 2048, 16384},
+    kDown1B{"1B down", 8192, 2048}, kQkv3B{"3B q/k/v", 3072, 5120}, kO3B{"3B o", 3072, 3072},
+    kGateUp3B{"3B gate/up", 3072, 16384}, kQkvQ7B{"Qwen 7B q/k/v", 3584, 4608}, kOQ7B{"Qwen 7B o", 3584, 3584},
+    kOQ32B{"Qwen 32B o", 5120, 5120};
 
 HopperAutoPick pick(int m, const Layer& L) { return hopper_auto_pick(m, int64_t(L.k) * L.n); }
 
@@ -63,6 +68,23 @@ TEST_CASE("dispatch: m = 17..32 keeps the two smallest 8B layers on mma.sync", "
       CHECK(pick(m, L) == HopperAutoPick::MmaSync);
     }
   }
+}
+
+TEST_CASE("dispatch: m = 33..64 keeps layers below 2^23 weights on mma.sync", "[kernels][dispatch]") {
+  for (int m : {33, 48, 64}) {
+    INFO("m " << m);
+    for (const Layer& L : {kQkv1B, kO1B}) {  // 2^22.6 and 2^22
+      INFO(L.name);
+      CHECK(pick(m, L) == HopperAutoPick::MmaSync);
+    }
+    for (const Layer& L : {kO3B, kDown1B, kGateUp1B}) {  // 2^23.2 (a tie at m = 64), 2^24, 2^25
+      INFO(L.name);
+      CHECK(pick(m, L) == HopperAutoPick::Hopper);
+    }
+  }
+  CHECK(pick(65, kO1B) == HopperAutoPick::Hopper);
+  CHECK(hopper_auto_pick(64, (int64_t(1) << 23) - 1) == HopperAutoPick::MmaSync);
+  CHECK(hopper_auto_pick(64, int64_t(1) << 23) == HopperAutoPick::Hopper);
 }
 
 TEST_CASE("dispatch: above m = 32 never mma.sync, dequantize + cuBLAS only for large m", "[kernels][dispatch]") {
@@ -160,8 +182,9 @@ TEST_CASE("dispatch: the streaming kernel's slice width and k-split per layer", 
   CHECK(stream_short_plan(kQkv70B.n, kQkv70B.k, kSms).tn == 0);      // 80 blocks at most (61%): the search
   CHECK(stream_short_plan(kGateUp70B.n, kGateUp70B.k, kSms).tn == 0);  // more slices than SMs: rounds
   CHECK(stream_short_plan(kGateUp8B.n, kGateUp8B.k, kSms).tn == 0);  // 448 slices of 64: left to the search
-  CHECK(stream_short_plan(4096, 2048, kSms).tn == 0);        // 2^23 weights: below the measured layers
-  CHECK(stream_plan(4096, 2048, kSms, 0).tn == 128);         // the search: 32 x 4 ties 16 x 8, the narrower
+  CHECK(stream_short_plan(4096, 2048, kSms).split == 2);     // 2^23 weights: 64 slices of 64 in halves
+  CHECK(stream_fill_plan(4096, 2048, kSms, 0).tn == 128);    // the search: 32 x 4 ties 16 x 8, the fewer parts
+  CHECK(stream_fill_plan(4096, 2048, kSms, 0).split == 4);
   CHECK(stream_short_plan(4096, 4096, 100).tn == 0);         // 64 blocks of 100 SMs at most (64%)
   CHECK(stream_short_plan(4096, 4096, 128).split == 2);      // 128 of 128
   CHECK(stream_short_plan(4096, 4096, 127).tn == 0);         // 128 blocks do not fit 127 SMs; 64 is 50%
@@ -189,9 +212,10 @@ TEST_CASE("dispatch: Auto takes the streaming kernel on large layers at m <= 16"
     }
     // 70B q/k/v (2^26.3) splits 40 slices of 256 in three: in since kStreamSmallMLayer is 2^26 (faster on the H200).
     CHECK(stream_auto(m, kQkv70B.n, kQkv70B.k, kSms));
-    // Below 2^26 a layer the short rule leaves out stays out (n 16384, k 2048: 2^25, 256 slices of 64).
+    // No size threshold since the thirty-ninth session: 1B gate/up (n 16384, k 2048: 2^25, 256 slices of 64, so no
+    // short plan) takes the search's 128 whole slices of 128.
     CHECK(stream_short_plan(16384, 2048, kSms).tn == 0);
-    CHECK_FALSE(stream_auto(m, 16384, 2048, kSms));
+    CHECK(stream_auto(m, 16384, 2048, kSms));
   }
   for (int m : {9, 12, 16}) {
     INFO("m " << m);
@@ -199,12 +223,39 @@ TEST_CASE("dispatch: Auto takes the streaming kernel on large layers at m <= 16"
       INFO(L.name);
       CHECK(stream_auto(m, L.n, L.k, kSms));
     }
-    CHECK_FALSE(stream_auto(m, 4096, 2048, kSms));  // 2^23 weights, split four ways: not measured
+    CHECK(stream_auto(m, 4096, 2048, kSms));  // 2^23 weights: 64 slices of 64 in halves (the short rule)
   }
+  // Layers too narrow for any plan to fill 75% of the SMs keep the other kernels: 16 slices of 64 or 128 at most.
+  CHECK_FALSE(stream_auto(1, 1024, 1024, kSms));
   CHECK(stream_plan(kO70B.n, kO70B.k, kSms, 0).split == kStreamClusterSplit);
   CHECK(stream_plan(kQkv70B.n, kQkv70B.k, kSms, 0).split == 3);
   CHECK_FALSE(stream_auto(17, kLarge.n, kLarge.k, kSms));
   CHECK_FALSE(stream_auto(0, kLarge.n, kLarge.k, kSms));
+}
+
+TEST_CASE("dispatch: narrower layers than Llama-3's stream at m <= 16, with the fewest parts per slice",
+          "[kernels][dispatch]") {
+  constexpr int kSms = 132;
+  struct Want { Layer L; int tn, split; };
+  const Want wants[] = {
+      {kQkv1B, 64, 2}, {kO3B, 64, 2}, {kOQ7B, 64, 2},  // the short rule below 2^24: 48, 48 and 56 slices in halves
+      {kQkv3B, 128, 3}, {kOQ32B, 128, 3},              // 40 slices of 128 in thirds tie 20 of 256 in sixths
+      {kQkvQ7B, 128, 3},   // 36 x 3 (82%) before 18 of 256 x 7 (95%): fewer parts
+      {kO1B, 128, 8}, {kDown1B, 128, 8},               // 16 x 8 tie 8 x 16
+      {kGateUp1B, 128, 1}, {kGateUp3B, 128, 1}};       // 128 whole slices of 128 (97%), as many as 64 of 256 in halves
+  for (const Want& w : wants) {
+    INFO(w.L.name);
+    const StreamPlan p = stream_plan(w.L.n, w.L.k, kSms, 0);
+    CHECK(p.tn == w.tn);
+    CHECK(p.split == w.split);
+    CHECK(p.rounds == 0);
+    for (int m : {1, 8, 9, 16}) CHECK(stream_auto(m, w.L.n, w.L.k, kSms));
+  }
+  // The fill search's own pick where its widths' parts are compared: 256 columns fill more, 128 cut fewer parts.
+  CHECK(stream_fill_plan(kQkvQ7B.n, kQkvQ7B.k, kSms, 256).split == 7);
+  CHECK(stream_fewest_parts(kQkvQ7B.n, kQkvQ7B.k, kSms, StreamPlan{256, 7, 0}).tn == 128);
+  CHECK(stream_fewest_parts(kQkvQ7B.n, kQkvQ7B.k, kSms, StreamPlan{128, 3, 0}).tn == 128);
+  CHECK(stream_fewest_parts(kQkvQ7B.n, kQkvQ7B.k, 100, StreamPlan{256, 5, 0}).split == 5);  // 36 x 2: 72%, too few
 }
 
 TEST_CASE("dispatch: 128 x 128 Hopper tiles above m = 64 where 128 x 256 tiles leave few output tiles",
