@@ -77,7 +77,8 @@ constexpr int kStreamMaxM = 16;
 // 158.9 us (one stage more than now), with the SM clock under the power cap up by as much as 157 MHz.
 constexpr int kStreamSwapMaxM = 8;
 // The slice widths the kernel is built for. The fill search below takes 128 and 256; 64 only by the short rule
-// (stream_short_plan), or when a caller forces it (MarlinGemm::thread_n).
+// (stream_short_plan), where it cuts slices into fewer parts (stream_fewest_parts), or when a caller forces it
+// (MarlinGemm::thread_n).
 constexpr int kStreamTn[3] = {64, 128, 256};
 constexpr int kStreamMinFillPct = 75;
 // A stage holds 32 packed 16x64 blocks (two per consumer warp): 512 deep at 64 columns, 256 at 128, 128 at 256.
@@ -125,15 +126,17 @@ constexpr StreamPlan stream_short_plan(int n, int k, int sms) {
   return best;
 }
 // A plan without rounds that fills kStreamMinFillPct of the SMs with fewer parts per slice than `best` (the fill
-// search's pick), the fewest; `best` where none does. Each part more gives the slice's finisher one more deposit to
-// wait for and add, which costs more than the better fill gains. H200 (docs/PERF.md, thirty-ninth session, call 2,
+// search's pick), the fewest, 64-column slices included; `best` where none does. Each part more gives the slice's
+// finisher one more deposit to wait for and add, which costs more than the better fill gains. H200 (docs/PERF.md, thirty-ninth session, call 2,
 // --explore), µs at m = 1 / 16, 128-column slices against 256-column ones at about the same bytes per block: 3584 x
 // 4608 (3 against 7 parts) 6.1 / 7.5 against 7.4 / 9.6, 3072 x 3072 (5 against 11) 5.6 / 6.8 against 7.3 / 9.6,
-// 18944 x 3584 (4 against 9) 13.0 / 15.9 against 14.2 / 17.5. The Llama-3 layers the fill search plans have one
-// candidate only (70B q/k/v: 80 slices of 128 fill 61%), or rounds.
+// 18944 x 3584 (4 against 9) 13.0 / 15.9 against 14.2 / 17.5; and 64 against 128 columns (call 5): 2048 x 2048 (4
+// against 8 parts) 4.5 / 4.9 against 5.5 / 6.5, 8192 x 2048 (4 against 8) 6.5 / 7.4 against 7.8 / 9.6. The Llama-3
+// layers the fill search plans have one candidate only (70B q/k/v: 80 slices of 128 fill 61%, 160 of 64 are more
+// than the SMs), or rounds.
 constexpr StreamPlan stream_fewest_parts(int n, int k, int sms, StreamPlan best) {
   for (int tn : kStreamTn) {
-    if (tn == kStreamTn[0] || n % tn != 0 || k % stream_tk(tn) != 0 || n / tn > sms) continue;
+    if (n % tn != 0 || k % stream_tk(tn) != 0 || n / tn > sms) continue;
     const int slices = n / tn, deep = k / stream_tk(tn), per = sms / slices, split = per < deep ? per : deep;
     if (split < best.split && int64_t(slices) * split * 100 >= int64_t(sms) * kStreamMinFillPct) best = {tn, split, 0};
   }

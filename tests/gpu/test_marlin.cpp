@@ -742,12 +742,14 @@ TEST_CASE("marlin: streaming kernel for m <= 16", "[gpu][marlin][stream]") {
   // on three SMs (three rounds, then one slice in three parts), and the loop above on one and three SMs.
   // Stripes: six one-stage slices of 128 on five SMs, where rounds would fill 60%. The slices split in two
   // (on five and four SMs) run as clusters whose partner adds its sums through the finisher's shared memory
-  // (the CLUSTER form, kernels/marlin.cu kStreamClusterSplit); the other splits deposit in the workspace.
+  // (the CLUSTER form, kernels/marlin.cu kStreamClusterSplit); the other splits deposit in the workspace. The plan's
+  // own width on 32 SMs: eight 64-column slices in four parts (stream_fewest_parts, over 128 x 8 and 256 x 16).
   const struct { int64_t k, n; int sms, tn; ActType act; int64_t g; } splits[] = {
       {1024, 768, 3, 256, ActType::F16, 128}, {1024, 512, 5, 256, ActType::F16, -1},
       {2048, 256, 4, 128, ActType::BF16, 32}, {1024, 512, 5, 0, ActType::F16, 64},
       {2048, 1280, 3, 128, ActType::F16, 128}, {256, 768, 5, 128, ActType::F16, 32},
-      {1024, 256, 8, 64, ActType::F16, 128}, {2048, 192, 7, 64, ActType::BF16, 64}};
+      {1024, 256, 8, 64, ActType::F16, 128}, {2048, 192, 7, 64, ActType::BF16, 64},
+      {2048, 512, 32, 0, ActType::F16, 128}, {2048, 512, 32, 0, ActType::BF16, -1}};
   for (const auto& c : splits) {
     const Layer Ls = make_layer(rng, c.k, c.n, c.g, c.act);
     for (int64_t m : {int64_t(1), int64_t(16)}) {

@@ -183,8 +183,9 @@ TEST_CASE("dispatch: the streaming kernel's slice width and k-split per layer", 
   CHECK(stream_short_plan(kGateUp70B.n, kGateUp70B.k, kSms).tn == 0);  // more slices than SMs: rounds
   CHECK(stream_short_plan(kGateUp8B.n, kGateUp8B.k, kSms).tn == 0);  // 448 slices of 64: left to the search
   CHECK(stream_short_plan(4096, 2048, kSms).split == 2);     // 2^23 weights: 64 slices of 64 in halves
-  CHECK(stream_fill_plan(4096, 2048, kSms, 0).tn == 128);    // the search: 32 x 4 ties 16 x 8, the fewer parts
-  CHECK(stream_fill_plan(4096, 2048, kSms, 0).split == 4);
+  CHECK(stream_fill_plan(4096, 2048, kSms, 256).split == 8);  // 16 x 8; 32 x 4 and 64 x 2 cut fewer parts
+  CHECK(stream_fill_plan(4096, 2048, kSms, 0).tn == 64);
+  CHECK(stream_fill_plan(4096, 2048, kSms, 0).split == 2);
   CHECK(stream_short_plan(4096, 4096, 100).tn == 0);         // 64 blocks of 100 SMs at most (64%)
   CHECK(stream_short_plan(4096, 4096, 128).split == 2);      // 128 of 128
   CHECK(stream_short_plan(4096, 4096, 127).tn == 0);         // 128 blocks do not fit 127 SMs; 64 is 50%
@@ -241,7 +242,7 @@ TEST_CASE("dispatch: narrower layers than Llama-3's stream at m <= 16, with the 
       {kQkv1B, 64, 2}, {kO3B, 64, 2}, {kOQ7B, 64, 2},  // the short rule below 2^24: 48, 48 and 56 slices in halves
       {kQkv3B, 128, 3}, {kOQ32B, 128, 3},              // 40 slices of 128 in thirds tie 20 of 256 in sixths
       {kQkvQ7B, 128, 3},   // 36 x 3 (82%) before 18 of 256 x 7 (95%): fewer parts
-      {kO1B, 128, 8}, {kDown1B, 128, 8},               // 16 x 8 tie 8 x 16
+      {kO1B, 64, 4}, {kDown1B, 64, 4},                 // 32 x 4 before 16 x 8 and 8 x 16 (all 97%)
       {kGateUp1B, 128, 1}, {kGateUp3B, 128, 1}};       // 128 whole slices of 128 (97%), as many as 64 of 256 in halves
   for (const Want& w : wants) {
     INFO(w.L.name);
@@ -256,6 +257,9 @@ TEST_CASE("dispatch: narrower layers than Llama-3's stream at m <= 16, with the 
   CHECK(stream_fewest_parts(kQkvQ7B.n, kQkvQ7B.k, kSms, StreamPlan{256, 7, 0}).tn == 128);
   CHECK(stream_fewest_parts(kQkvQ7B.n, kQkvQ7B.k, kSms, StreamPlan{128, 3, 0}).tn == 128);
   CHECK(stream_fewest_parts(kQkvQ7B.n, kQkvQ7B.k, 100, StreamPlan{256, 5, 0}).split == 5);  // 36 x 2: 72%, too few
+  // The GPU test's case ([stream]): 512 x 2048 on 32 SMs, eight 64-column slices in four parts.
+  CHECK(stream_plan(512, 2048, 32, 0).tn == 64);
+  CHECK(stream_plan(512, 2048, 32, 0).split == 4);
 }
 
 TEST_CASE("dispatch: 128 x 128 Hopper tiles above m = 64 where 128 x 256 tiles leave few output tiles",
