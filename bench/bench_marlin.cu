@@ -353,7 +353,8 @@ int main(int argc, char** argv) {
       }
     } else {
       std::fprintf(stderr,
-                   "usage: bench_marlin [--sets llama3-8b,llama3-70b,large,llama3.2-1b,llama3.2-3b,qwen2.5-7b,qwen2.5-32b,KxN[gG]] [--ms 1,16,...] [--explore]"
+                   "usage: bench_marlin [--sets llama3-8b,llama3-70b,large,llama3.2-1b,llama3.2-3b,qwen2.5-7b,"
+                   "qwen2.5-32b,KxN[gG]] [--ms 1,16,...] [--explore]"
                    " [--wgmma] [--wgmma-rows 8|16|32|64|128|256] [--wgmma-n 128|256] [--wgmma-pipeline 1|2] [--timeline]"
                    " [--timeline-dump DIR] [--host-us] [--sms N] [--auto-only] [--soak SEC] [--floor] [--floor-tail NS] [--json PATH]\n");
       return 2;

@@ -85,10 +85,11 @@ constexpr int kStreamMinFillPct = 75;
 constexpr int stream_tk(int tn) { return 32768 / tn; }
 struct StreamPlan { int tn = 0, split = 0, rounds = 0; };  // tn 0: no width fits n and k
 constexpr int kStreamClusterSplit = 2;  // slices split this many ways run as clusters (kernels/marlin.cu)
-// The short rule: on layers whose 64-column slices fit one wave (no rounds at any width), a plan whose slices are whole or in halves (no deposit in the workspace: halves run as two-block clusters), wherever
-// one fills 70% of the SMs: the most blocks, the wider slice on ties (half the activation reads; below). Such a plan
-// beats the fill search's deeper splits, whose finisher waits for 3-8 deposits; Auto takes the streaming kernel
-// wherever it applies (stream_auto). Wider layers keep the fill search, whose rounds fill the SMs better.
+// The short rule: on layers whose 64-column slices fit one wave (no rounds at any width), a plan whose slices are
+// whole or in halves (no deposit in the workspace: halves run as two-block clusters), wherever one fills 70% of the
+// SMs: the most blocks, the wider slice on ties (half the activation reads; below). Such a plan beats the fill
+// search's deeper splits, whose finisher waits for 3-8 deposits; Auto takes the streaming kernel wherever it applies
+// (stream_auto). Wider layers keep the fill search, whose rounds fill the SMs better.
 // H100, same calls (docs/PERF.md, twentieth session), µs at m = 1 / 8 / 16:
 // - 8B o, 64 slices of 64 in halves: 6.6 / 6.5 / 7.1 against Auto's 7.6 / 7.7 / 8.1 before (mma.sync 128 x 64)
 //   and the search's 128-column quarters 8.4 / 8.4 / 9.3;
@@ -127,13 +128,13 @@ constexpr StreamPlan stream_short_plan(int n, int k, int sms) {
 }
 // A plan without rounds that fills kStreamMinFillPct of the SMs with fewer parts per slice than `best` (the fill
 // search's pick), the fewest, 64-column slices included; `best` where none does. Each part more gives the slice's
-// finisher one more deposit to wait for and add, which costs more than the better fill gains. H200 (docs/PERF.md, thirty-ninth session, call 2,
-// --explore), µs at m = 1 / 16, 128-column slices against 256-column ones at about the same bytes per block: 3584 x
-// 4608 (3 against 7 parts) 6.1 / 7.5 against 7.4 / 9.6, 3072 x 3072 (5 against 11) 5.6 / 6.8 against 7.3 / 9.6,
-// 18944 x 3584 (4 against 9) 13.0 / 15.9 against 14.2 / 17.5; and 64 against 128 columns (call 5): 2048 x 2048 (4
-// against 8 parts) 4.5 / 4.9 against 5.5 / 6.5, 8192 x 2048 (4 against 8) 6.5 / 7.4 against 7.8 / 9.6. The Llama-3
-// layers the fill search plans have one candidate only (70B q/k/v: 80 slices of 128 fill 61%, 160 of 64 are more
-// than the SMs), or rounds.
+// finisher one more deposit to wait for and add, which costs more than the better fill gains. H200 (docs/PERF.md,
+// thirty-ninth session, call 2, --explore), µs at m = 1 / 16, 128-column slices against 256-column ones at about the
+// same bytes per block: 3584 x 4608 (3 against 7 parts) 6.1 / 7.5 against 7.4 / 9.6, 3072 x 3072 (5 against 11) 5.6 /
+// 6.8 against 7.3 / 9.6, 18944 x 3584 (4 against 9) 13.0 / 15.9 against 14.2 / 17.5; and 64 against 128 columns (call
+// 5): 2048 x 2048 (4 against 8 parts) 4.5 / 4.9 against 5.5 / 6.5, 8192 x 2048 (4 against 8) 6.5 / 7.4 against 7.8 /
+// 9.6. The Llama-3 layers the fill search plans have one candidate only (70B q/k/v: 80 slices of 128 fill 61%, 160 of
+// 64 are more than the SMs), or rounds.
 constexpr StreamPlan stream_fewest_parts(int n, int k, int sms, StreamPlan best) {
   for (int tn : kStreamTn) {
     if (n % tn != 0 || k % stream_tk(tn) != 0 || n / tn > sms) continue;
@@ -204,14 +205,15 @@ constexpr StreamRanges stream_ranges(int b, int grid, int rounds, int split, int
 // cluster) level, 19.0-19.1 against 18.9-19.2. Since the thirty-sixth session the threshold is 2^26 whatever the split,
 // which takes in 70B q/k/v too: faster on the H200, whose weight stream the Hopper kernel's plan leaves further behind,
 // 18.7-18.9 -> 15.3 us at m = 1 (docs/PERF.md, thirty-sixth session, call 4, --explore).
-// Since the thirty-ninth session there is no threshold (it was 2^26 weights at m <= 8 and 3 x 2^25 at m = 9..16): the
+// Since the thirty-ninth session there is no threshold (it was 2^26 weights at m <= 8 and 3 x 2^24 at m = 9..16): the
 // small layers it was set against take the short rule now, and the ones it still kept out, narrower than Llama-3's,
 // stream faster than the kernels Auto gave them. H200 (docs/PERF.md, thirty-ninth session, call 4), same call, two
 // runs each, µs at m = 1 / 16, before -> the fill search's plan (slice width x parts): 3584 x 4608 (mma.sync; 128 x 3)
 // 8.8-8.9 / 9.4 -> 6.2 / 7.6, 3072 x 5120 (mma.sync; 128 x 3) 7.2 / 7.6 -> 6.0 / 7.2, 5120 x 5120 (Hopper kernel,
 // mma.sync; 128 x 3) 9.2 / 11.8 -> 7.4 / 8.9, 2048 x 16384 (Hopper, mma.sync; 128 x 1) 9.4-9.5 / 10.4-10.5 -> 6.6-6.7
 // / 8.5, 3072 x 16384 at m <= 8 (Hopper; 128 x 1) 12.3 -> 8.5, 2048 x 2048 (mma.sync; 128 x 8) 6.0 / 6.8 -> 5.5 /
-// 6.6; one layer lost at m = 9..16: 8192 x 2048 (mma.sync; 128 x 8) 8.5 / 9.3 -> 7.9 / 9.6 (at m = 12 9.2 -> 9.5).
+// 6.6, 8192 x 2048 (mma.sync; 128 x 8) 8.5 / 9.3 -> 7.9 / 9.6, slower at m = 9..16; both take 64 x 4 since call 5
+// (stream_fewest_parts): 4.5 / 4.9 and 6.9 / 7.3 in call 7.
 constexpr bool stream_auto(int m, int n, int k, int sms) {
   if (m < 1 || m > kStreamMaxM) return false;
   if (stream_short_plan(n, k, sms).tn != 0) return true;  // the short rule (above): measured at m = 1-16

@@ -906,7 +906,7 @@ TEST_CASE("marlin: Llama-3-8B and 70B layer shapes", "[gpu][marlin][llama]") {
 
 // The narrower layers of other models (bench_marlin's llama3.2-1b, llama3.2-3b, qwen2.5-7b and qwen2.5-32b sets),
 // where Auto streams at m <= 16 with plans the Llama-3 layers do not take: 64-column slices in halves below 2^24
-// weights, 128-column slices in three or eight parts (kernels/marlin_dispatch.h, stream_fewest_parts).
+// weights, 128- or 64-column slices in three or four parts (kernels/marlin_dispatch.h, stream_fewest_parts).
 TEST_CASE("marlin: other models' narrow layer shapes", "[gpu][marlin][models]") {
   std::mt19937_64 rng(kSeed + 21);
   const int64_t layers[][2] = {{2048, 3072}, {2048, 2048}, {8192, 2048}, {3072, 3072}, {3072, 5120},
