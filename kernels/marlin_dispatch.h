@@ -83,6 +83,10 @@ constexpr int kStreamTn[3] = {64, 128, 256};
 constexpr int kStreamMinFillPct = 75;
 // A stage holds 32 packed 16x64 blocks (two per consumer warp): 512 deep at 64 columns, 256 at 128, 128 at 256.
 constexpr int stream_tk(int tn) { return 32768 / tn; }
+// Whether slices of `tn` columns and whole stages tile the layer.
+constexpr bool stream_width_fits(int n, int k, int tn) { return n % tn == 0 && k % stream_tk(tn) == 0; }
+// The parts each of `slices` slices of `deep` stages splits into where they share `sms` SMs (one block each).
+constexpr int stream_split(int slices, int deep, int sms) { return sms / slices < deep ? sms / slices : deep; }
 struct StreamPlan { int tn = 0, split = 0, rounds = 0; };  // tn 0: no width fits n and k
 constexpr int kStreamClusterSplit = 2;  // slices split this many ways run as clusters (kernels/marlin.cu)
 // The short rule: on layers whose 64-column slices fit one wave (no rounds at any width), a plan whose slices are
@@ -116,7 +120,7 @@ constexpr StreamPlan stream_short_plan(int n, int k, int sms) {
   if (sms < 1 || n / kStreamTn[0] > sms) return best;
   const bool wider_on_ties = int64_t(n) * k >= kStreamShortNarrowTieLayer;
   for (int tn : kStreamTn) {  // narrowest first
-    if (n % tn != 0 || k % stream_tk(tn) != 0) continue;
+    if (!stream_width_fits(n, k, tn)) continue;
     const int64_t slices = n / tn, deep = k / stream_tk(tn);
     for (int split = 1; split <= kStreamClusterSplit && split <= deep; ++split) {
       const int64_t blocks = slices * split;
@@ -137,8 +141,8 @@ constexpr StreamPlan stream_short_plan(int n, int k, int sms) {
 // 64 are more than the SMs), or rounds.
 constexpr StreamPlan stream_fewest_parts(int n, int k, int sms, StreamPlan best) {
   for (int tn : kStreamTn) {
-    if (n % tn != 0 || k % stream_tk(tn) != 0 || n / tn > sms) continue;
-    const int slices = n / tn, deep = k / stream_tk(tn), per = sms / slices, split = per < deep ? per : deep;
+    if (!stream_width_fits(n, k, tn) || n / tn > sms) continue;
+    const int slices = n / tn, split = stream_split(slices, k / stream_tk(tn), sms);
     if (split < best.split && int64_t(slices) * split * 100 >= int64_t(sms) * kStreamMinFillPct) best = {tn, split, 0};
   }
   return best;
@@ -152,12 +156,12 @@ constexpr StreamPlan stream_fill_plan(int n, int k, int sms, int tn_forced) {
   for (int pass = 0; pass < 2; ++pass)  // plans without rounds first: rounds must beat them strictly
     for (int tn : kStreamTn) {
       if (tn_forced != 0 ? tn != tn_forced : tn == kStreamTn[0]) continue;
-      if (n % tn != 0 || k % stream_tk(tn) != 0 || sms < 1) continue;
+      if (!stream_width_fits(n, k, tn) || sms < 1) continue;
       if (best.tn == 0) best.tn = tn;
       const int slices = n / tn, deep = k / stream_tk(tn);
       if ((slices > sms) != (pass == 1)) continue;
       const int rounds = pass == 1 ? slices / sms : 0, rest = slices - rounds * sms;
-      const int per = rest > 0 ? sms / rest : 1, split = per < deep ? per : deep;
+      const int split = rest > 0 ? stream_split(rest, deep, sms) : (deep < 1 ? deep : 1);
       const int64_t num = int64_t(slices) * split, den = int64_t(rounds) * split + (rest > 0 ? 1 : 0);
       if (num * best_den > best_num * den) best_num = num, best_den = den, best = {tn, split, rounds};
     }
@@ -300,11 +304,13 @@ constexpr int wgmma_whole_slices(int m, int n, int rows, int max_blocks, int til
 // level or slower than their stripes (8B down at m = 256 59.3, 57.7 -> 62.4, 62.1 us).
 constexpr int kWgmmaPairRows = 128;
 constexpr int kWgmmaPairMinFillPct = 90;
+// The token tiles the pair form is built for (kernels/sm90/marlin_wgmma_ws.cuh checks its instantiations against it).
+MARLINC_PART_HD constexpr bool wgmma_pair_tile(int rows) {
+  return rows == kWgmmaPairRows || rows == kWgmmaWideRows || wgmma_fit_tile(rows);
+}
 constexpr bool wgmma_pair_tiles(int m, int n, int k, int rows, int max_blocks) {
   const int tn = wgmma_tile_n(rows);  // the pair form is built for each token tile's own width only
-  if (m <= 64 || (rows != kWgmmaPairRows && rows != kWgmmaWideRows && !wgmma_fit_tile(rows)) || n < tn ||
-      max_blocks < 2 || k % (2 * 64) != 0)
-    return false;
+  if (m <= 64 || !wgmma_pair_tile(rows) || n < tn || max_blocks < 2 || k % (2 * 64) != 0) return false;
   if (wgmma_whole_slices(m, n, rows, max_blocks) != 0) return false;
   const int64_t tiles = int64_t(n / tn) * ((int64_t(m) + rows - 1) / rows);
   return 2 * tiles <= max_blocks && 2 * tiles * 100 >= int64_t(max_blocks) * kWgmmaPairMinFillPct;

@@ -102,8 +102,8 @@ struct WsShape : WgShape<NT, FEAT> {
   static constexpr int kDepPieces = (kDepTotalRows + kDepRows - 1) / kDepRows;
   static_assert(!CL || kHalfBytes <= kStages * Base::kStage, "the ring holds the partner's half tile");
   static_assert(kDepRows >= 1 && kDepTotalRows * kDepRowBytes == Base::kPart * 4, "a stage holds whole deposit rows");
-  static constexpr bool kPairTile = NT == kWgmmaPairRows || NT == kWgmmaWideRows || wgmma_fit_tile(NT);
-  static_assert(!CL || (kPairTile && FEAT == wgmma_tile_n(NT) && BPS == 1), "the pair form's tiles (marlin_dispatch.h)");
+  static_assert(!CL || (wgmma_pair_tile(NT) && FEAT == wgmma_tile_n(NT) && BPS == 1),
+                "the pair form's tiles (marlin_dispatch.h)");
   static_assert(kSmemBytes <= kSmemPerBlock, "the ring fits the block's shared memory");
   static_assert(kConsumerRegs <= 256 && kProducerRegs >= 24, "setmaxnreg bounds");
   static_assert(Base::kABytes % 128 == 0 && Base::kBBytes % 128 == 0,
