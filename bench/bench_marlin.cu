@@ -17,7 +17,8 @@
 // --host-us prints the host time of one eager marlin_gemm call per kernel path (no graph: what a caller
 // that launches layer by layer pays on the CPU), first call on new arguments and repeated calls.
 // --auto-only times only cuBLAS and the kernel Auto picks (A/B runs); --sms N plans and launches our
-// kernels as if the device had N SMs (partition experiments). With --explore, m <= 16 also times the
+// kernels as if the device had N SMs (partition experiments); --no-wgmma-split keeps the Hopper kernel in
+// stripes (MarlinGemm::wgmma_split = false). With --explore, m <= 16 also times the
 // streaming kernel at each slice width its plan accepts. --floor also times, per layer, a kernel that only
 // reads the layer's packed weights and scales (and one that only reads cuBLAS's fp16 weights), launched as
 // ours are (bench/read_floor.cuh), and prints cuBLAS's time over it: the speedup a kernel that did no
@@ -309,6 +310,7 @@ int main(int argc, char** argv) {
   bool explore = false;
   int sms_arg = 0;
   bool auto_only = false;
+  bool wgmma_split = true;  // MarlinGemm::wgmma_split
   bool time_wgmma = false;
   int wgmma_rows = 0;  // 0: the kernel's own pick for m
   int wgmma_n = 0;     // the Hopper kernel's tile columns (MarlinGemm::thread_n on path Wgmma); 0: its own
@@ -331,6 +333,7 @@ int main(int argc, char** argv) {
     else if (a == "--floor-tail" && i + 1 < argc) floor = true, floor_tail_ns = std::atoi(argv[++i]);
     else if (a == "--sms" && i + 1 < argc) sms_arg = std::atoi(argv[++i]);
     else if (a == "--auto-only") auto_only = true;
+    else if (a == "--no-wgmma-split") wgmma_split = false;
     else if (a == "--soak" && i + 1 < argc) g_soak_s = std::atof(argv[++i]);
     else if (a == "--timeline-dump" && i + 1 < argc) timeline = true, timeline_dump = argv[++i];
     else if (a == "--sets" && i + 1 < argc) {
@@ -356,7 +359,8 @@ int main(int argc, char** argv) {
                    "usage: bench_marlin [--sets llama3-8b,llama3-70b,large,llama3.2-1b,llama3.2-3b,qwen2.5-7b,"
                    "qwen2.5-32b,KxN[gG]] [--ms 1,16,...] [--explore]"
                    " [--wgmma] [--wgmma-rows 8|16|32|64|128|256] [--wgmma-n 128|256] [--wgmma-pipeline 1|2] [--timeline]"
-                   " [--timeline-dump DIR] [--host-us] [--sms N] [--auto-only] [--soak SEC] [--floor] [--floor-tail NS] [--json PATH]\n");
+                   " [--timeline-dump DIR] [--host-us] [--sms N] [--auto-only] [--no-wgmma-split] [--soak SEC] [--floor]"
+                   " [--floor-tail NS] [--json PATH]\n");
       return 2;
     }
   }
@@ -551,6 +555,7 @@ int main(int argc, char** argv) {
             g.m = m; g.n = L.n; g.k = L.k; g.group_size = set.group;
             g.workspace = ws; g.workspace_bytes = ws_bytes; g.stream = st; g.cublas = cub; g.num_sms = sms;
             g.path = path; g.thread_k = tk; g.thread_n = tn; g.overlap_previous = overlap;
+            g.wgmma_split = wgmma_split;
             g.thread_m_blocks = mb;
             g.wgmma_rows = wr;
             g.wgmma_pipeline = wr >= 64 || (wr == 0 && m > 32) ? wgmma_pipeline : 0;  // 2 needs 64-row tiles

@@ -41,6 +41,10 @@ MARLINC_DECLARE_WGMMA(1, 64) MARLINC_DECLARE_WGMMA(1, 128)
   extern template cudaError_t wgmma_ws_launch<DT, NT, BPS, CL, F>(const KernelArgs&, const TmaMaps&,        \
                                                                   const LaunchOpts&, cudaStream_t);
 #define MARLINC_DECLARE_WGMMA_WS_CL(DT, NT, BPS, CL) MARLINC_DECLARE_WGMMA_WS_F(DT, NT, BPS, CL, wgmma_tile_n(NT))
+#define MARLINC_DECLARE_WGMMA_WS_SPLIT(DT, NT, F)                                                         \
+  extern template cudaError_t wgmma_ws_prepare<DT, NT, 1, false, F, true>(int*, int*);                      \
+  extern template cudaError_t wgmma_ws_launch<DT, NT, 1, false, F, true>(const KernelArgs&, const TmaMaps&, \
+                                                                         const LaunchOpts&, cudaStream_t);
 #define MARLINC_DECLARE_WGMMA_WS_PAIR(DT, NT)   \
   MARLINC_DECLARE_WGMMA_WS_CL(DT, NT, 1, true) \
   extern template cudaError_t wgmma_ws_max_clusters<DT, NT>(int, const LaunchOpts&, int*);
@@ -50,9 +54,14 @@ MARLINC_DECLARE_WGMMA_WS_CL(1, 128, 1, false) MARLINC_DECLARE_WGMMA_WS_CL(1, kWg
 MARLINC_DECLARE_WGMMA_WS_F(0, 128, 1, false, kWgmmaWideTileN) MARLINC_DECLARE_WGMMA_WS_F(1, 128, 1, false, kWgmmaWideTileN)
 MARLINC_DECLARE_WGMMA_WS_F(0, 128, 1, false, kWgmmaTriTileN)
 MARLINC_DECLARE_WGMMA_WS_F(1, 128, 1, false, kWgmmaTriTileN)
+MARLINC_DECLARE_WGMMA_WS_SPLIT(0, 64, kWgmmaTileN) MARLINC_DECLARE_WGMMA_WS_SPLIT(0, 128, kWgmmaTileN)
+MARLINC_DECLARE_WGMMA_WS_SPLIT(0, 128, kWgmmaWideTileN) MARLINC_DECLARE_WGMMA_WS_SPLIT(1, 64, kWgmmaTileN)
+MARLINC_DECLARE_WGMMA_WS_SPLIT(1, 128, kWgmmaTileN) MARLINC_DECLARE_WGMMA_WS_SPLIT(1, 128, kWgmmaWideTileN)
 // The fit tiles and their pair forms (kernels/sm90/marlin_wgmma_fit_*.cu), in kWsTiles' order (MARLINC_FIT_TILES:
 // marlin_launch.h).
-#define MARLINC_DECLARE_FIT(DT, NT) MARLINC_DECLARE_WGMMA_WS_CL(DT, NT, 1, false) MARLINC_DECLARE_WGMMA_WS_PAIR(DT, NT)
+#define MARLINC_DECLARE_FIT(DT, NT)                                                   \
+  MARLINC_DECLARE_WGMMA_WS_CL(DT, NT, 1, false) MARLINC_DECLARE_WGMMA_WS_PAIR(DT, NT) \
+  MARLINC_DECLARE_WGMMA_WS_SPLIT(DT, NT, kWgmmaWideTileN)
 MARLINC_FIT_TILES(MARLINC_DECLARE_FIT, 0) MARLINC_FIT_TILES(MARLINC_DECLARE_FIT, 1)
 MARLINC_DECLARE_WGMMA_WS_PAIR(0, kWgmmaPairRows) MARLINC_DECLARE_WGMMA_WS_PAIR(0, kWgmmaWideRows)
 MARLINC_DECLARE_WGMMA_WS_PAIR(1, kWgmmaPairRows) MARLINC_DECLARE_WGMMA_WS_PAIR(1, kWgmmaWideRows)
@@ -133,6 +142,16 @@ const TmaEntry kWsTable[2][kNumWsTiles] = {  // kWsTiles' order
      MARLINC_WS_ENTRY_CL(1, kWgmmaWideRows, false), MARLINC_WS_ENTRY_F(1, 128, false, kWgmmaWideTileN),
      MARLINC_WS_ENTRY_F(1, 128, false, kWgmmaTriTileN), MARLINC_FIT_TILES(MARLINC_WS_FIT_ENTRY, 1)},
 };
+// The split forms (marlin_partition.h, wgmma_split_parts), in kWsTiles' order: none for the wide tile (only forced) and
+// the 128 x 192 tiles (Auto takes them where every block owns a whole slice).
+#define MARLINC_WS_SPLIT_ENTRY(DT, NT, F) TmaEntry{&wgmma_ws_prepare<DT, NT, 1, false, F, true>, &wgmma_ws_launch<DT, NT, 1, false, F, true>}
+#define MARLINC_WS_SPLIT_FIT_ENTRY(DT, NT) MARLINC_WS_SPLIT_ENTRY(DT, NT, kWgmmaWideTileN),
+const TmaEntry kWsSplitTable[2][kNumWsTiles] = {
+    {MARLINC_WS_SPLIT_ENTRY(0, 64, kWgmmaTileN), MARLINC_WS_SPLIT_ENTRY(0, 128, kWgmmaTileN), TmaEntry{},
+     MARLINC_WS_SPLIT_ENTRY(0, 128, kWgmmaWideTileN), TmaEntry{}, MARLINC_FIT_TILES(MARLINC_WS_SPLIT_FIT_ENTRY, 0)},
+    {MARLINC_WS_SPLIT_ENTRY(1, 64, kWgmmaTileN), MARLINC_WS_SPLIT_ENTRY(1, 128, kWgmmaTileN), TmaEntry{},
+     MARLINC_WS_SPLIT_ENTRY(1, 128, kWgmmaWideTileN), TmaEntry{}, MARLINC_FIT_TILES(MARLINC_WS_SPLIT_FIT_ENTRY, 1)},
+};
 // kWsTiles from kFirstFitTile on (MARLINC_FIT_TILES): every fit tile of wgmma_fit_tile, in order.
 constexpr bool fit_tiles_listed() {
   int r = kWgmmaFitMinRows;
@@ -191,6 +210,7 @@ Prepared g_prepared[kMaxDevices][2][kMaxMBlocks][kNumShapes];
 Prepared g_wg_prepared[kMaxDevices][2][kNumWgRows];
 Prepared g_ws_prepared[kMaxDevices][2][kNumWsTiles];
 Prepared g_ws_pair_prepared[kMaxDevices][2][kNumPairTiles];
+Prepared g_ws_split_prepared[kMaxDevices][2][kNumWsTiles];
 Prepared g_st_prepared[kMaxDevices][2][3][2][2];
 std::mutex g_prepared_mu;
 
@@ -575,18 +595,28 @@ MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int 
         clusters_fit(g_ws_pair_clusters[dev][dt][pi], kWsPairClusters[dt][pi], 2, o))
       cl = 1;
   }
+  int split = 0;  // the producer form's k-split: parts per slice (marlin_partition.h, wgmma_split_parts)
   if (cl == 0) {
     P = partition(g.m, g.n, g.k, rows, t, max_blocks, whole);
-    o.grid = P.grid;
     o.smem_bytes = pr.smem;
+    if (pipeline == 2 && whole == 0 && g.wgmma_split && kWsSplitTable[dt][wi].prepare != nullptr)
+      split = wgmma_split_parts(P.par, g.n / t.tn, g.k / t.tk, max_blocks, P.iters);
+    if (split > 0) {
+      const Prepared ps = prepare_once(g_ws_split_prepared[dev][dt][wi], kWsSplitTable[dt][wi].prepare);
+      if (ps.err != cudaSuccess || ps.blocks_per_sm < 1) return MarlinStatus::CudaError;
+      P = marlin_split_partition(g.m, g.n / t.tn, g.k / t.tk, rows, split);
+      o.smem_bytes = ps.smem;
+    }
+    o.grid = P.grid;
   }
   o.cluster = cl == 1 ? 2 : 0;
-  const KernelArgs a = kernel_args(g, groups, shift, sms, P);
+  KernelArgs a = kernel_args(g, groups, shift, sms, P);
+  a.split = split;
   if (pipeline == 2) {
     TmaMaps maps;
     const TmaBoxes box{t.tn, t.tk / 16, rows, scale_box_rows(groups, shift, t.tk), tma_tail_rows(g.m, rows)};
     if (!tma_maps(g.A, g.B, g.s, g.m, g.n, g.k, groups, box, &maps)) return MarlinStatus::CudaError;
-    const TmaEntry& e = cl == 1 ? kWsPairTable[dt][pi] : kWsTable[dt][wi];
+    const TmaEntry& e = cl == 1 ? kWsPairTable[dt][pi] : split > 0 ? kWsSplitTable[dt][wi] : kWsTable[dt][wi];
     return e.launch(a, maps, o, g.stream) == cudaSuccess ? MarlinStatus::Ok : MarlinStatus::CudaError;
   }
   return kWgTable[dt][ri].launch(a, o, g.stream) == cudaSuccess ? MarlinStatus::Ok : MarlinStatus::CudaError;

@@ -79,6 +79,10 @@ struct MarlinGemm {
   // writes B or s (inference: weights are constant), never when B/s were just produced on the GPU.
   // Layers of 2^30 weights or more use it only at m <= 2 (measured, see kernels/marlin.cu).
   bool overlap_previous = false;
+  // Hopper kernel: its k-split plan where it applies (kernels/marlin_partition.h, wgmma_split_parts: slices in parts
+  // of one block each, finished by all of them together). false: stripes and the in-order finisher everywhere (the
+  // sums are the same, and the outputs bit for bit where the stripes split k at the same tiles: tests, A/B timings).
+  bool wgmma_split = true;
 };
 
 // Workspace bytes for a device with `num_sms` multiprocessors; `with_dequant_path` adds the 16-bit

@@ -37,8 +37,9 @@ struct KernelArgs {
   int chunk_groups;     // groups of chunk_blocks blocks; grid = chunk_groups * chunk_blocks
   unsigned long long* timeline;  // [grid, kTlRecord] per-block timestamps, or null (MARLINC_TIMELINE builds)
   int prewait;          // streaming kernel: tiles whose weights go out before the wait for the previous kernel
-  int split;            // streaming kernel: 0 stripes of `iters` tiles, else block b owns part b % split of
-                        // slice b / split (k-split, kernels/marlin_dispatch.h stream_plan)
+  int split;            // streaming kernel and the Hopper kernel's producer form: 0 stripes of `iters` tiles, else
+                        // block b owns part b % split of slice b / split (k-split: kernels/marlin_dispatch.h
+                        // stream_plan; marlin_partition.h wgmma_split_parts, whose slices finish spread)
   int rounds;           // streaming kernel: with split > 0, rounds of one whole slice per block before the
                         // split slices (marlin_dispatch.h, stream_ranges)
 };
@@ -76,14 +77,15 @@ struct TmaMaps {
   CUtensorMap b, a, s, a_tail;
 };
 // The warp-specialized form (kernels/sm90/marlin_wgmma_ws.cuh): NT-row tiles at BPS blocks per SM; CL: its form
-// for launches whose tiles are split in two, each pair one cluster (LaunchOpts::cluster = 2).
-// FEAT: the tile's columns (wgmma_tile_n(NT), or 128 beside 128 rows: kernels/marlin_partition.h).
-template <int DT, int NT, int BPS, bool CL, int FEAT>
+// for launches whose tiles are split in two, each pair one cluster (LaunchOpts::cluster = 2); SPLIT: its form for
+// launches whose slices are split in parts finished together (KernelArgs::split; marlin_partition.h,
+// wgmma_split_parts). FEAT: the tile's columns (wgmma_tile_n(NT), or 128 beside 128 rows: kernels/marlin_partition.h).
+template <int DT, int NT, int BPS, bool CL, int FEAT, bool SPLIT = false>
 cudaError_t wgmma_ws_prepare(int* blocks_per_sm, int* smem_bytes);
 // The fit tiles' rows (kernels/marlin_partition.h, wgmma_fit_tile), in order: X(DT, rows) for each, for their
 // instantiations (kernels/sm90/marlin_wgmma_fit_*.cu) and the launcher's table (kernels/marlin.cu, kWsTiles).
 #define MARLINC_FIT_TILES(X, DT) X(DT, 144) X(DT, 160) X(DT, 176) X(DT, 192) X(DT, 208) X(DT, 224) X(DT, 240)
-template <int DT, int NT, int BPS, bool CL, int FEAT>
+template <int DT, int NT, int BPS, bool CL, int FEAT, bool SPLIT = false>
 cudaError_t wgmma_ws_launch(const KernelArgs& a, const TmaMaps& maps, const LaunchOpts& o, cudaStream_t stream);
 // How many clusters of `size` blocks of the CL form (NT = kWgmmaPairRows, kWgmmaWideRows or a fit tile's rows,
 // o.smem_bytes each) the device runs at once.

@@ -112,6 +112,53 @@ MARLINC_PART_HD inline bool slice_early_deposit(int iters, int k_tiles, int rows
   return rows == kEarlyDepositRows && int64_t(iters) * 100 >= int64_t(k_tiles) * kEarlyDepositStripePct;
 }
 
+// The Hopper kernel's k-split (its producer form): every row chunk's slices in `split` parts of k_tiles / split tiles
+// (rounded as the streaming kernel's parts: marlin_dispatch.h, stream_ranges), one block each, and all of a slice's
+// blocks finish it together (the spread finish): each deposits its partial tile, and each adds up and writes a share
+// of the tile's 8-token row groups. In stripes, the slice's first block reads every other block's partial tile alone,
+// at the 90-130 GB/s one SM's L2 reads reach: 5 µs of a 12.5 µs call on 8B o (4096 x 4096, 64 KB partials of eight
+// blocks a slice) at m = 64 (H200, docs/PERF.md, fortieth session, call 1). Stripes that cross slices cannot spread
+// their finish: a block that ends in a slice would wait for its first block, whose stripe starts with a deposit of
+// its own and ends 2-4 µs after the others' (twenty-ninth session).
+// The split's parts may be deeper than the stripes (blocks x parts fit the SMs less well). It is taken where each
+// slice gets kSpreadMinParts parts or more and the extra tiles of its longest part cost less than the partial tiles
+// the stripes' finisher reads beyond one: a tile's products take about kSplitTilePerReadPct % of one partial tile's
+// read (both scale with the tile's area). Call 1's timeline: 0.41 µs per tile and 0.73 µs per 64 KB partial on
+// 4096 x 4096 at m = 64, 0.41 and 0.50 on 3072 x 3072. Calls 3-7: split, 8B q/k/v (parts of 13 tiles against stripes
+// of 12 whose finisher reads five or six partials) 13.6 -> 11.2 µs at m = 33-64 and 5120 x 7168 (20 against 17, four
+// or five partials) 15.9 -> 15.1; 70B q/k/v (three parts of 43 against 39, two or three partials) 0.1-1.5 µs slower,
+// and 70B down (112 against 109, four partials) and 5120 x 27648 (72 against 66, six or seven) level within the runs'
+// spread, which 80% leaves out and 60% took in.
+// Only one row chunk: call 4 timed the two-chunk splits slower where the cuts were the same as the stripes' (Llama-3.2-1B
+// o and down at m = 256 in four parts: 10.1 -> 10.7 and 18.5 -> 20.3 µs), and three parts slower on Llama-3.2-3B's
+// q/k/v (3072 x 5120) at m = 128-200 (12.8 -> 13.8 µs at 128), where four parts or more gained on every layer.
+constexpr int kSpreadMinParts = 4;
+constexpr int kSplitTilePerReadPct = 80;
+MARLINC_PART_HD constexpr int wgmma_split_parts(int par, int n_tiles, int k_tiles, int max_blocks, int stripe_iters) {
+  if (par != 1 || n_tiles > max_blocks || stripe_iters < 1) return 0;
+  const int fit = max_blocks / n_tiles, split = fit < k_tiles ? fit : k_tiles;
+  if (split < kSpreadMinParts) return 0;
+  const int64_t most = (k_tiles + split - 1) / split;  // tiles of the split's longest part
+  // (most - iters) tile costs against (k_tiles / iters - 2) partial reads, both sides times iters x 100
+  const int64_t extra = (most - stripe_iters) * kSplitTilePerReadPct * stripe_iters;
+  return extra < 100 * (int64_t(k_tiles) - 2 * int64_t(stripe_iters)) ? split : 0;
+}
+// The split's partition: each row chunk its own group of n_tiles x split blocks; iters is the longest part.
+inline Partition marlin_split_partition(int m, int n_tiles, int k_tiles, int rows, int split) {
+  Partition P{};
+  P.par = ceil_div_int(m, rows);
+  P.iters = ceil_div_int(k_tiles, split);
+  P.chunk_blocks = n_tiles * split;
+  P.chunk_groups = P.par;
+  P.grid = P.par * P.chunk_blocks;
+  return P;
+}
+// Participant i's share of the `live` row groups (those with a token below m) among `parts` participants:
+// groups [spread_share_begin(i), spread_share_begin(i + 1)). Group g goes to participant g * parts / live, so
+// shares differ by at most one group and min(live, parts) participants own one.
+MARLINC_PART_HD constexpr int spread_share_begin(int i, int live, int parts) { return (i * live + parts - 1) / parts; }
+MARLINC_PART_HD constexpr int spread_owners(int live, int parts) { return live < parts ? live : parts; }
+
 // Rows of the last row chunk where m is not a whole number of `rows`-row chunks, else 0. The Hopper kernel's
 // producer form loads that chunk's activations through a second tensor map whose box holds exactly these rows
 // (TmaMaps::a_tail, kernels/sm90/marlin_wgmma_ws.cuh) instead of a full box that the TMA unit zero-fills past m.

@@ -155,6 +155,17 @@ __device__ __forceinline__ void wg_issue(float (&acc)[2][NT / 2], uint32_t stage
   wg_mma<DT, NT>(acc, stage, kk, a);
 }
 
+// A lane's scaled sums (v0, v1) of output column c, tokens tok and tok + 1 of a wgmma accumulator row, into C as
+// 4-byte pairs of adjacent columns: the lane swaps one value with its neighbour column's lane (lane ^ 4).
+// Every lane of the warp calls it (the shuffle); only tokens below m are stored.
+template <int DT>
+__device__ __forceinline__ void wg_store_pair(const KernelArgs& p, float v0, float v1, int c, int tok, int lane) {
+  const float other = __shfl_xor_sync(0xffffffffu, wl::pair_send_e(lane) ? v1 : v0, 4);
+  if (tok < p.m)
+    *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(p.C) + size_t(tok) * p.n + wl::pair_col(c, lane)) =
+        wl::pair_even(lane) ? pack2<DT>(v0, other) : pack2<DT>(other, v1);
+}
+
 // The warp's share of a finished tile into C: wgmma D layout (per warp 16 rows): acc[j][4i + 2h + e] is column
 // wl::acc_col(.., j, lane, h), token wl::acc_token(i, lane, e). Lanes l and l ^ 4 swap one value so that each
 // writes a 4-byte pair of one token row (wl::pair_*), with per-channel scales applied first. Warp-synchronous
@@ -232,14 +243,9 @@ __device__ __forceinline__ void wg_write_c(const KernelArgs& p, const float (&ac
         const int c = slice * S::kFeat + wl::acc_col(tile, sub0, j, lane, h);
         const float sc = GROUPED ? 1.f : to_float<DT>(s16[wl::channel_scale_pos(c)]);
 #pragma unroll
-        for (int i = 0; i < NT / 8; ++i) {
-          const float v0 = acc[j][4 * i + 2 * h] * sc, v1 = acc[j][4 * i + 2 * h + 1] * sc;
-          const float other = __shfl_xor_sync(0xffffffffu, wl::pair_send_e(lane) ? v1 : v0, 4);
-          const int tok = row0 + wl::pair_token(i, lane);
-          if (tok < p.m)
-            *reinterpret_cast<uint32_t*>(C + size_t(tok) * p.n + wl::pair_col(c, lane)) =
-                even ? pack2<DT>(v0, other) : pack2<DT>(other, v1);
-        }
+        for (int i = 0; i < NT / 8; ++i)
+          wg_store_pair<DT>(p, acc[j][4 * i + 2 * h] * sc, acc[j][4 * i + 2 * h + 1] * sc, c,
+                            row0 + wl::pair_token(i, lane), lane);
       }
   }
 }
@@ -310,6 +316,78 @@ __device__ __forceinline__ void wg_finish_slice(const KernelArgs& p, float (&acc
   }
 
   if (count == 1 || finisher) wg_write_c<DT, GROUPED, NT, STAGED, FEAT>(p, acc, slice, row0, warp, lane, epi);
+}
+
+// The end of a slice split in p.split parts, one block each (marlin_partition.h, wgmma_split_parts), for the
+// kCount threads that hold the tile's accumulators (team barrier kBar, as wg_finish_slice). Every block deposits the
+// live 8-token row groups of its partial tile (wg_finish_slice's [j][q][thread] float4 rows); each block that owns a
+// share (spread_share_begin) waits for all the deposits, adds its groups' rows in block order and writes them to C.
+// That is the in-order finisher's order, so where stripes cut a slice into the same parts the outputs are the same
+// bit for bit. The slice's counter counts the deposits, then the owners past their wait; the last of those re-arms it.
+// Row r = j kQ + q holds group q of both accumulator arrays on 256-column tiles (acc[j]: packed tile 2g + j over all
+// NT tokens), group r on the 128- and 192-column ones (acc[j]: tokens NT / 2 j .. NT / 2 (j + 1) - 1).
+template <int DT, bool GROUPED, int NT, int kBar, int kCount, int FEAT = wgmma_tile_n(NT)>
+__device__ __forceinline__ void wg_spread_finish(const KernelArgs& p, const float (&acc)[2][WgShape<NT, FEAT>::kAcc],
+                                                 int slice, int row0, int base_b, int warp, int lane, int team_tid) {
+  using S = WgShape<NT, FEAT>;
+  constexpr int kQ = S::kAcc / 4;             // float4 rows per accumulator array
+  constexpr int kGroups = NT / 8;             // 8-token row groups of the tile
+  constexpr int kRows = S::kOneTile ? 1 : 2;  // float4 rows per group
+  static_assert(kRows * kGroups == 2 * kQ && kCount == S::kThreads, "every float4 row in one group");
+  auto group_of = [](int r) { return S::kOneTile ? r : r % kQ; };
+  const int parts = p.split, first_b = base_b + slice * parts;
+  const int me = int(blockIdx.x) - first_b;
+  const int live = min(kGroups, (p.m - row0 + 7) / 8);  // groups with a token below m
+  const bool leader = team_tid == 0;
+  tl_mark(p, kTlInfo, leader, unsigned(parts) * 2u + (me == 0 ? 1u : 0u));
+  float4* mine = reinterpret_cast<float4*>(p.red + size_t(blockIdx.x) * S::kPart);
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int q = 0; q < kQ; ++q)
+      if (group_of(j * kQ + q) < live)
+        __stcg(mine + (j * kQ + q) * kCount + team_tid,
+               make_float4(acc[j][4 * q], acc[j][4 * q + 1], acc[j][4 * q + 2], acc[j][4 * q + 3]));
+  __threadfence();  // each thread publishes its own stores before the counter moves
+  int* counter = p.locks + first_b;
+  deposit_done<kBar, kCount>(counter, leader);
+  const int g0 = spread_share_begin(me, live, parts), g1 = spread_share_begin(me + 1, live, parts);
+  if (g0 == g1) return;  // the whole team alike
+  if (leader) {
+    while (ld_acquire(counter) < parts) {
+    }
+    if (atomicAdd(counter, 1) == parts + spread_owners(live, parts) - 1) atomicExch(counter, 0);
+  }
+  team_sync<kBar, kCount>();
+  tl_mark(p, kTlReduced, leader);
+  const uint16_t* s16 = static_cast<const uint16_t*>(p.s);
+  const float4* red = reinterpret_cast<const float4*>(p.red) + team_tid;
+  for (int g = g0; g < g1; ++g) {
+    float4 sum[kRows];
+#pragma unroll
+    for (int x = 0; x < kRows; ++x) sum[x] = __ldcg(red + size_t(first_b) * (S::kPart / 4) + (x * kQ + g) * kCount);
+#pragma unroll 4
+    for (int b = first_b + 1; b < first_b + parts; ++b)
+#pragma unroll
+      for (int x = 0; x < kRows; ++x) {
+        const float4 v = __ldcg(red + size_t(b) * (S::kPart / 4) + (x * kQ + g) * kCount);
+        sum[x].x += v.x, sum[x].y += v.y, sum[x].z += v.z, sum[x].w += v.w;
+      }
+#pragma unroll
+    for (int x = 0; x < kRows; ++x) {
+      // Row x kQ + g: accumulator array j, float4 q of it (8-token row q of that array's tokens).
+      const int j = S::kOneTile ? g / kQ : x, q = S::kOneTile ? g % kQ : g;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int c = slice * S::kFeat + (S::kOneTile
+                                              ? wl::acc_col(wl::warp_tile128(warp), wl::warp_sub128(warp), 0, lane, h)
+                                              : wl::acc_col(wl::warp_tile(warp), wl::warp_sub0(warp), j, lane, h));
+        const float sc = GROUPED ? 1.f : to_float<DT>(s16[wl::channel_scale_pos(c)]);
+        const int tok = row0 + (S::kOneTile ? (NT / 2) * j : 0) + wl::pair_token(q, lane);
+        wg_store_pair<DT>(p, (h ? sum[x].z : sum[x].x) * sc, (h ? sum[x].w : sum[x].y) * sc, c, tok, lane);
+      }
+    }
+  }
 }
 
 template <int DT, bool GROUPED, int NT>

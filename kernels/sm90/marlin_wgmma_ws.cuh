@@ -261,11 +261,14 @@ __device__ __forceinline__ void wg_pair_finish(const KernelArgs& p, float (&acc)
   }
 }
 
-template <int DT, bool GROUPED, int NT, int BPS, bool CL, int FEAT>
+// SPLIT: every slice in p.split parts of one block each, finished together (wg_spread_finish); a kernel of its own, so
+// that the other forms compile exactly as without it.
+template <int DT, bool GROUPED, int NT, int BPS, bool CL, int FEAT, bool SPLIT>
 __global__ void __launch_bounds__(WsShape<NT, BPS, CL, FEAT>::kThreads, BPS)
     marlin_wgmma_ws_kernel(const KernelArgs p, const __grid_constant__ TmaMaps maps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using S = WsShape<NT, BPS, CL, FEAT>;
+  static_assert(!(CL && SPLIT), "a tile split in two, or slices split in parts");
   extern __shared__ __align__(16) unsigned char sh_raw[];
   const uint32_t raw = smem_addr(sh_raw);
   unsigned char* sh = sh_raw + (((raw + S::kAlign - 1) & ~uint32_t(S::kAlign - 1)) - raw);
@@ -310,6 +313,9 @@ __global__ void __launch_bounds__(WsShape<NT, BPS, CL, FEAT>::kThreads, BPS)
   const int nk = n_tiles * k_tiles;
   const int group = blockIdx.x / p.chunk_blocks, local = blockIdx.x % p.chunk_blocks;
   const int base_b = group * p.chunk_blocks;
+  // SPLIT: the block's part of one slice in each row chunk it walks (slice-major tiles [t0, t1)), else its stripe of
+  // p.iters tiles from local * p.iters (written out as before the split form, so that the other forms compile the same).
+  auto part = [&]() { return stream_ranges(local, p.chunk_blocks, 0, p.split, p.iters, n_tiles, k_tiles); };
 
   if (warp < S::kProducerThreads / 32) {
     // Producer: the consumers' tile sequence, one stage per tile, each filled once the consumers have
@@ -338,11 +344,11 @@ __global__ void __launch_bounds__(WsShape<NT, BPS, CL, FEAT>::kThreads, BPS)
       if (what & 2) tma_2d(stage, by_tail(row0) ? &maps.a_tail : &maps.a, kt * S::kTK, row0, bar);
     };
     // The first row chunk's first tiles fill the fresh ring without waiting for a release.
-    const int first_tiles = group < p.par ? min(p.iters, nk - local * p.iters) : 0;
+    const int first_tiles = group < p.par ? (SPLIT ? part().t1 - part().t0 : min(p.iters, nk - local * p.iters)) : 0;
     const int pre = min(S::kStages, first_tiles);
     RingPos w;
     {
-      const int it0 = local * p.iters;
+      const int it0 = SPLIT ? part().t0 : local * p.iters;
       for (int i = 0; i < pre; ++i) {
         const int slice = (it0 + i) / k_tiles;
         mbar_expect_tx(full0 + 8 * w.st, tx_of(group * NT));
@@ -354,8 +360,8 @@ __global__ void __launch_bounds__(WsShape<NT, BPS, CL, FEAT>::kThreads, BPS)
     w = RingPos{};
     for (int pc = group; pc < p.par; pc += p.chunk_groups) {
       const int row0 = pc * NT;
-      int it = local * p.iters;
-      const int it_end = min(it + p.iters, nk);
+      int it = SPLIT ? part().t0 : local * p.iters;
+      const int it_end = SPLIT ? part().t1 : min(it + p.iters, nk);
       int slice = it / k_tiles, kt = it - slice * k_tiles;
       for (int i = 0; it < it_end; ++it, ++i) {
         if (pc == group && i < pre) {
@@ -371,7 +377,7 @@ __global__ void __launch_bounds__(WsShape<NT, BPS, CL, FEAT>::kThreads, BPS)
       // An early finisher's last slice: the next block's deposit into the stages after the slice's last tile.
       // That block made it first thing in its stripe; the counter's acquire orders its stores before the copies.
       const int last_slice = (it_end - 1) / k_tiles;
-      if (!CL && it_end > local * p.iters && wg_early_finisher<NT>(p, last_slice, base_b, k_tiles)) {
+      if (!CL && !SPLIT && it_end > local * p.iters && wg_early_finisher<NT>(p, last_slice, base_b, k_tiles)) {
         const int first_b = int(blockIdx.x);  // an early finisher is its slice's first block, the depositor the next
         int* counter = p.locks + first_b;
         while (ld_acquire(counter) != 1) {
@@ -426,8 +432,8 @@ __global__ void __launch_bounds__(WsShape<NT, BPS, CL, FEAT>::kThreads, BPS)
   const uint32_t cepi = cbase + S::kEpiOffset + cw * wl::kEpiWarpBytes;  // this warp's epilogue buffer
   RingPos r;
   for (int pc = group; pc < p.par; pc += p.chunk_groups) {
-    int it = local * p.iters;
-    const int it_end = min(it + p.iters, nk);
+    int it = SPLIT ? part().t0 : local * p.iters;
+    const int it_end = SPLIT ? part().t1 : min(it + p.iters, nk);
     while (it < it_end) {
       const int slice = it / k_tiles;
       const int cnt = min(it_end, (slice + 1) * k_tiles) - it;
@@ -472,7 +478,7 @@ __global__ void __launch_bounds__(WsShape<NT, BPS, CL, FEAT>::kThreads, BPS)
       tl_first = false;
       // An early finisher adds the deposit the producer put into the ring (one fp32 addition per element, as
       // wg_finish_slice would after its wait).
-      const bool added = !CL && it + cnt == it_end && wg_early_finisher<NT>(p, slice, base_b, k_tiles);
+      const bool added = !CL && !SPLIT && it + cnt == it_end && wg_early_finisher<NT>(p, slice, base_b, k_tiles);
       if (added) {
 #pragma unroll
         for (int i = 0; i < S::kDepPieces; ++i) {
@@ -490,6 +496,8 @@ __global__ void __launch_bounds__(WsShape<NT, BPS, CL, FEAT>::kThreads, BPS)
       if constexpr (CL)
         wg_pair_finish<DT, GROUPED, NT, BPS, FEAT>(p, acc, slice, pc * NT, cbase, cbase + (pair_bar - sbase), cw, lane, ctid,
                                              cepi);
+      else if constexpr (SPLIT)
+        wg_spread_finish<DT, GROUPED, NT, 1, S::kConsumerThreads, FEAT>(p, acc, slice, pc * NT, base_b, cw, lane, ctid);
       else
         wg_finish_slice<DT, GROUPED, NT, 1, S::kConsumerThreads, true, FEAT>(p, acc, slice, pc * NT, base_b, k_tiles,
                                                                              cw, lane, ctid, cepi, added);
@@ -502,18 +510,18 @@ __global__ void __launch_bounds__(WsShape<NT, BPS, CL, FEAT>::kThreads, BPS)
 #endif
 }
 
-template <int DT, int NT, int BPS, bool CL, int FEAT>
+template <int DT, int NT, int BPS, bool CL, int FEAT, bool SPLIT>
 cudaError_t wgmma_ws_prepare(int* blocks_per_sm, int* smem_bytes) {
   using S = WsShape<NT, BPS, CL, FEAT>;
-  return prepare_variants(marlin_wgmma_ws_kernel<DT, false, NT, BPS, CL, FEAT>,
-                          marlin_wgmma_ws_kernel<DT, true, NT, BPS, CL, FEAT>, S::kThreads, S::kSmemBytes, blocks_per_sm,
+  return prepare_variants(marlin_wgmma_ws_kernel<DT, false, NT, BPS, CL, FEAT, SPLIT>,
+                          marlin_wgmma_ws_kernel<DT, true, NT, BPS, CL, FEAT, SPLIT>, S::kThreads, S::kSmemBytes, blocks_per_sm,
                           smem_bytes);
 }
 
-template <int DT, int NT, int BPS, bool CL, int FEAT>
+template <int DT, int NT, int BPS, bool CL, int FEAT, bool SPLIT>
 cudaError_t wgmma_ws_launch(const KernelArgs& a, const TmaMaps& maps, const LaunchOpts& o, cudaStream_t stream) {
-  return launch_variant(marlin_wgmma_ws_kernel<DT, false, NT, BPS, CL, FEAT>,
-                        marlin_wgmma_ws_kernel<DT, true, NT, BPS, CL, FEAT>, WsShape<NT, BPS, CL, FEAT>::kThreads, a, o,
+  return launch_variant(marlin_wgmma_ws_kernel<DT, false, NT, BPS, CL, FEAT, SPLIT>,
+                        marlin_wgmma_ws_kernel<DT, true, NT, BPS, CL, FEAT, SPLIT>, WsShape<NT, BPS, CL, FEAT>::kThreads, a, o,
                         stream, maps);
 }
 
@@ -521,20 +529,25 @@ cudaError_t wgmma_ws_launch(const KernelArgs& a, const TmaMaps& maps, const Laun
 template <int DT, int NT>
 cudaError_t wgmma_ws_max_clusters(int size, const LaunchOpts& o, int* clusters) {
   constexpr int F = wgmma_tile_n(NT);
-  return max_active_clusters(marlin_wgmma_ws_kernel<DT, false, NT, 1, true, F>,
-                             marlin_wgmma_ws_kernel<DT, true, NT, 1, true, F>, WsShape<NT, 1>::kThreads, size, o, clusters);
+  return max_active_clusters(marlin_wgmma_ws_kernel<DT, false, NT, 1, true, F, false>,
+                             marlin_wgmma_ws_kernel<DT, true, NT, 1, true, F, false>, WsShape<NT, 1>::kThreads, size, o,
+                             clusters);
 }
 
 // Instantiations: NT-row tiles of FEAT columns (wgmma_tile_n(NT), or 128 beside 128 rows) at BPS blocks per SM; the
 // fit tiles (marlin_partition.h, wgmma_fit_tile) in marlin_wgmma_fit_{fp16,bf16}.cu, so that they build in parallel.
-#define MARLINC_INSTANTIATE_WGMMA_WS_F(DT, NT, BPS, CL, FEAT)                                                    \
-  template cudaError_t wgmma_ws_prepare<DT, NT, BPS, CL, FEAT>(int*, int*);                                    \
-  template cudaError_t wgmma_ws_launch<DT, NT, BPS, CL, FEAT>(const KernelArgs&, const TmaMaps&, const LaunchOpts&, \
-                                                              cudaStream_t);
+#define MARLINC_INSTANTIATE_WGMMA_WS_FS(DT, NT, BPS, CL, FEAT, SPLIT)                                     \
+  template cudaError_t wgmma_ws_prepare<DT, NT, BPS, CL, FEAT, SPLIT>(int*, int*);                      \
+  template cudaError_t wgmma_ws_launch<DT, NT, BPS, CL, FEAT, SPLIT>(const KernelArgs&, const TmaMaps&, \
+                                                                     const LaunchOpts&, cudaStream_t);
+#define MARLINC_INSTANTIATE_WGMMA_WS_F(DT, NT, BPS, CL, FEAT) MARLINC_INSTANTIATE_WGMMA_WS_FS(DT, NT, BPS, CL, FEAT, false)
 #define MARLINC_INSTANTIATE_WGMMA_WS(DT, NT, BPS) MARLINC_INSTANTIATE_WGMMA_WS_F(DT, NT, BPS, false, wgmma_tile_n(NT))
-// A fit tile and its pair form.
-#define MARLINC_INSTANTIATE_WGMMA_FIT(DT, NT) \
-  MARLINC_INSTANTIATE_WGMMA_WS(DT, NT, 1) MARLINC_INSTANTIATE_WGMMA_WS_PAIR(DT, NT)
+// The split form (slices in parts finished together: marlin_partition.h, wgmma_split_parts) at one block per SM.
+#define MARLINC_INSTANTIATE_WGMMA_WS_SPLIT(DT, NT, FEAT) MARLINC_INSTANTIATE_WGMMA_WS_FS(DT, NT, 1, false, FEAT, true)
+// A fit tile, its pair form and its split form.
+#define MARLINC_INSTANTIATE_WGMMA_FIT(DT, NT)                                    \
+  MARLINC_INSTANTIATE_WGMMA_WS(DT, NT, 1) MARLINC_INSTANTIATE_WGMMA_WS_PAIR(DT, NT) \
+  MARLINC_INSTANTIATE_WGMMA_WS_SPLIT(DT, NT, kWgmmaWideTileN)
 // The pair form: 128-row, wide and fit tiles at one block per SM (kernels/marlin_dispatch.h, wgmma_pair_tiles).
 #define MARLINC_INSTANTIATE_WGMMA_WS_PAIR(DT, NT)                   \
   MARLINC_INSTANTIATE_WGMMA_WS_F(DT, NT, 1, true, wgmma_tile_n(NT)) \

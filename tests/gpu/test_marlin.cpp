@@ -189,12 +189,14 @@ struct RunOpts {
   int num_sms = 0;
   bool packed_reference = true;  // reference_gemm on the packed bytes (else the direct sum from codes)
   int max_ref_rows = 1 << 30;
+  bool wgmma_split = true;
 };
 
-// Uploads the layer (once per call: cheap next to the CPU reference), runs m x k x n, checks.
-double run_case(const Layer& L, int64_t m, std::mt19937_64& rng, const RunOpts& o) {
+// Uploads the layer and A (once per call: cheap next to the CPU reference), runs m x k x n and returns C, checked
+// for NaN (unwritten outputs).
+std::vector<uint16_t> gemm_out(const Layer& L, const std::vector<uint16_t>& A, const RunOpts& o) {
   Ctx& c = ctx();
-  const std::vector<uint16_t> A = random_A(rng, m, L.k, L.act);
+  const int64_t m = int64_t(A.size()) / L.k;
   c.A.resize(A.size());
   c.B.resize(L.B.size());
   c.s.resize(L.s.size());
@@ -220,6 +222,8 @@ double run_case(const Layer& L, int64_t m, std::mt19937_64& rng, const RunOpts& 
   g.thread_m_blocks = o.thread_m_blocks;
   g.wgmma_rows = o.wgmma_rows;
   g.wgmma_pipeline = o.wgmma_pipeline;
+  g.wgmma_split = o.wgmma_split;
+  INFO("wgmma_split " << o.wgmma_split);
   INFO("wgmma_rows " << o.wgmma_rows << " wgmma_pipeline " << o.wgmma_pipeline);
   INFO("m_blocks " << o.thread_m_blocks << " m " << m << " k " << L.k << " n " << L.n << " g " << L.group << " act " << int(L.act) << " tiles ("
             << o.thread_k << "," << o.thread_n << ") sms " << o.num_sms << " path " << int(o.path));
@@ -245,7 +249,16 @@ double run_case(const Layer& L, int64_t m, std::mt19937_64& rng, const RunOpts& 
   for (uint16_t v : C) nans += std::isnan(from_act(v, L.act)) ? 1 : 0;
   INFO("NaN outputs (unwritten or broken): " << nans << " of " << C.size());
   REQUIRE(nans == 0);
+  return C;
+}
 
+// Checks C against the reference: every row, or o.max_ref_rows of them (first, last and random ones).
+double check_rows(const Layer& L, const std::vector<uint16_t>& A, const std::vector<uint16_t>& C,
+                  std::mt19937_64& rng, const RunOpts& o) {
+  const int64_t m = int64_t(A.size()) / L.k;
+  INFO("checked: m " << m << " k " << L.k << " n " << L.n << " g " << L.group << " act " << int(L.act) << " path "
+                     << int(o.path) << " wgmma_rows " << o.wgmma_rows << " thread_n " << o.thread_n << " sms "
+                     << o.num_sms << " wgmma_split " << o.wgmma_split);
   std::vector<int64_t> rows;
   const int64_t want = std::min<int64_t>(m, o.max_ref_rows);
   if (want == m) {
@@ -259,6 +272,12 @@ double run_case(const Layer& L, int64_t m, std::mt19937_64& rng, const RunOpts& 
   INFO("mean rel err " << rel);
   REQUIRE(rel <= (L.act == ActType::F16 ? kTolF16 : kTolBF16));
   return rel;
+}
+
+// Runs m x k x n on fresh random activations and checks the output.
+double run_case(const Layer& L, int64_t m, std::mt19937_64& rng, const RunOpts& o) {
+  const std::vector<uint16_t> A = random_A(rng, m, L.k, L.act);
+  return check_rows(L, A, gemm_out(L, A, o), rng, o);
 }
 
 // The Hopper kernel's producer-warpgroup form on rows-row tiles and `sms` SMs (0: all of them); tn: the tile's
@@ -296,6 +315,24 @@ bool takes_early_deposits(int64_t m, int64_t n, int64_t k, int sms) {
       kernels::marlin_partition(int(m), int(n / kernels::kWgmmaTileN), k_tiles, rows, sms, whole);
   return whole == 0 && !kernels::wgmma_pair_tiles(int(m), int(n), int(k), rows, sms) && P.iters % k_tiles != 0 &&
          kernels::slice_early_deposit(P.iters, k_tiles, rows);
+}
+// The Hopper kernel's k-split on `sms` SMs with rows x tn tiles (tn 0: the token tile's own width) as kernels/marlin.cu
+// takes it (kernels/marlin_partition.h, wgmma_split_parts): its parts per slice, else 0; `same_cuts`: the stripes it
+// replaces cut every slice into the same parts (so the in-order finisher's output is the same bit for bit).
+int split_parts_of(int64_t m, int64_t n, int64_t k, int rows, int sms, int tn = 0, bool* same_cuts = nullptr) {
+  const int tile_n = tn > 0 ? tn : kernels::wgmma_tile_n(rows);
+  const int k_tiles = int(k / kernels::kWgmmaTileK), n_tiles = int(n / tile_n);
+  // The tiles built with a split form: 64 and 128 x 256, 128 x 128 and the fit tiles.
+  if (tile_n == kernels::kWgmmaTileN ? rows != 64 && rows != 128
+                                     : tile_n != kernels::kWgmmaWideTileN || (rows != 128 && !kernels::wgmma_fit_tile(rows)))
+    return 0;
+  const int whole = kernels::wgmma_whole_slices(int(m), int(n), rows, sms, tile_n);
+  if (whole > 0 || (tile_n == kernels::wgmma_tile_n(rows) && kernels::wgmma_pair_tiles(int(m), int(n), int(k), rows, sms)))
+    return 0;
+  const kernels::Partition P = kernels::marlin_partition(int(m), n_tiles, k_tiles, rows, sms);
+  const int split = kernels::wgmma_split_parts(P.par, n_tiles, k_tiles, sms, P.iters);
+  if (same_cuts) *same_cuts = split > 0 && P.iters * split == k_tiles;
+  return split;
 }
 const std::pair<int, int64_t> kEarlyCases[] = {{5, 65}, {5, 100}, {10, 200}};  // (SMs, m): one and two row chunks
 struct PairCase { int64_t m; int sms; };
@@ -611,6 +648,54 @@ TEST_CASE("marlin: Hopper wgmma kernel, tiles split in two as clusters", "[gpu][
     }
 }
 
+// The producer kernel's k-split (kernels/marlin_partition.h, wgmma_split_parts): each slice in 4 to 64 parts of one
+// block each; every block deposits its partial tile and the owner of each share of 8-token row groups
+// adds and writes them. Against the reference within the gate, and where the stripes it replaces cut the same parts
+// (split_parts_of), against the in-order finisher's output (wgmma_split = false, the same activations) bit for bit.
+// Among the cases: one live group (m = 1), fewer live groups than blocks (m = 7, 33, 40), 64 and 128 x 256, 128 x 128
+// and fit (160 and 208 x 128) tiles (those built with a split form), parts of unequal depth (20 SMs: 16 tiles in six
+// parts), and 64 blocks a slice on the whole device (the counter's re-arm after eight owners).
+TEST_CASE("marlin: Hopper wgmma kernel, slices split in parts finished together", "[gpu][marlin][wgmma]") {
+  if (!marlin_wgmma_available()) {
+    WARN("skipped: no compute capability 9.0 device, or no sm_90a code in this build");
+    return;
+  }
+  std::mt19937_64 rng(kSeed + 19);
+  struct SplitCase { int64_t k, n; int rows; int64_t m; int sms; int tn = 0; };  // sms 0: the whole device
+  constexpr int k128 = kernels::kWgmmaWideTileN;
+  const SplitCase cases[] = {{1024, 768, 64, 1, 12},    {1024, 768, 64, 7, 24},    {1024, 768, 64, 40, 24},
+                             {1024, 768, 64, 64, 48},   {1024, 768, 128, 100, 12}, {1024, 768, 128, 128, 48},
+                             {1024, 768, 64, 17, 20},   {1024, 768, 128, 100, 20}, {4096, 512, 64, 33, 0},
+                             {4096, 512, 64, 64, 0},    {1024, 768, 128, 100, 24, k128}, {1024, 768, 128, 65, 48, k128},
+                             {1024, 768, 160, 150, 24}, {1024, 768, 208, 200, 24}};
+  int same_cut_cases = 0;
+  for (ActType act : {ActType::F16, ActType::BF16})
+    for (int64_t g : {int64_t(-1), int64_t(32), int64_t(128)}) {
+      if (act == ActType::BF16 && g != 128) continue;
+      const Layer shallow = make_layer(rng, 1024, 768, g, act), deep = make_layer(rng, 4096, 512, g, act);
+      for (const SplitCase& sc : cases) {
+        const Layer& L = sc.k == shallow.k ? shallow : deep;
+        const int sms = sc.sms > 0 ? sc.sms : ctx().sms;
+        INFO("split case rows " << sc.rows << " tn " << sc.tn << " m " << sc.m << " k " << sc.k << " n " << sc.n << " sms " << sms);
+        bool same_cuts = false;
+        REQUIRE(split_parts_of(sc.m, L.n, L.k, sc.rows, sms, sc.tn, &same_cuts) >= kernels::kSpreadMinParts);
+        RunOpts o = producer(sc.rows, sc.sms, 48, sc.tn);
+        const std::vector<uint16_t> A = random_A(rng, sc.m, L.k, L.act);
+        const std::vector<uint16_t> C = gemm_out(L, A, o);
+        check_rows(L, A, C, rng, o);
+        if (!same_cuts) continue;
+        ++same_cut_cases;
+        o.wgmma_split = false;
+        const std::vector<uint16_t> C_stripes = gemm_out(L, A, o);
+        size_t differ = 0;
+        for (size_t i = 0; i < C.size(); ++i) differ += C[i] == C_stripes[i] ? 0 : 1;
+        INFO(differ << " of " << C.size() << " outputs differ from the in-order finisher's");
+        REQUIRE(differ == 0);
+      }
+    }
+  REQUIRE(same_cut_cases >= 20);
+}
+
 // The operand maps under the Hopper kernel, alone on the device: small integers make every product and
 // sum exact, so D must equal A B^T bit for bit. A failure here (and not in the CPU model) means the
 // PTX-derived model of wgmma's fragments, descriptor or swizzle is wrong; a kernel failure with this
@@ -707,6 +792,15 @@ TEST_CASE("marlin: Hopper wgmma kernel under the sanitizers", "[gpu][marlin][wgm
     for (const auto& [sms, m] : kEarlyCases) {
       REQUIRE(takes_early_deposits(m, wide.n, wide.k, sms));
       run_case(wide, m, rng, producer(kernels::kEarlyDepositRows, sms));
+    }
+    // Slices split in parts finished together (split_parts_of): 2 slices of 8 tiles in eight parts on 16 SMs, 128-row
+    // tiles in four on 8 and in five parts of 1-2 tiles on 10 (m = 30: four live row groups); 4 slices of 128 x 128 in
+    // four parts on 16.
+    for (auto [rows, m, sms, tn] : {std::tuple{64, int64_t(7), 16, 0}, std::tuple{128, int64_t(100), 8, 0},
+                                    std::tuple{128, int64_t(30), 10, 0},
+                                    std::tuple{128, int64_t(100), 16, kernels::kWgmmaWideTileN}}) {
+      REQUIRE(split_parts_of(m, L.n, L.k, rows, sms, tn) >= kernels::kSpreadMinParts);
+      run_case(L, m, rng, producer(rows, sms, 1 << 30, tn));
     }
   }
 }

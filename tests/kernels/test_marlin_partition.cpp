@@ -127,6 +127,32 @@ void replay(const Launch& L, int whole = 0) {
   REQUIRE(stuck == 0);
 }
 
+// The Hopper kernel's k-split (marlin_split_partition, walked as the kernel does with stream_ranges): every tile of
+// every row chunk once, each slice in `split` parts of one block each, consecutive from the slice's first block
+// (the spread finish's base_b + slice x split), no part empty or more than iters deep, and the whole launch
+// co-resident and inside the workspace's locks and slots.
+void replay_split(const Launch& L, int split) {
+  INFO("split " << split << " m " << L.m << " n " << L.n << " k " << L.k << " rows " << L.rows << " sms " << L.sms);
+  const int n_tiles = L.n / L.tn, k_tiles = L.k / L.tk, nk = n_tiles * k_tiles;
+  const Partition P = marlin_split_partition(L.m, n_tiles, k_tiles, L.rows, split);
+  REQUIRE(P.grid <= L.max_blocks);
+  REQUIRE(size_t(P.grid) * L.part_floats <= size_t(L.sms) * L.slot_floats);
+  std::vector<int> covered(size_t(P.par) * nk, 0);
+  size_t wrong = 0;
+  for (int b = 0; b < P.grid; ++b) {
+    const int group = b / P.chunk_blocks, local = b % P.chunk_blocks, base_b = group * P.chunk_blocks;
+    const StreamRanges r = stream_ranges(local, P.chunk_blocks, 0, split, P.iters, n_tiles, k_tiles);
+    const int slice = r.t0 / k_tiles;
+    // One slice per block, its part's place in the slice's blocks, and a part of 1 to iters tiles.
+    wrong += r.t1 > r.t0 && r.t1 - r.t0 <= P.iters && (r.t1 - 1) / k_tiles == slice ? 0 : 1;
+    wrong += base_b + slice * split + local % split == b ? 0 : 1;
+    for (int pc = group; pc < P.par; pc += P.chunk_groups)
+      for (int t = r.t0; t < r.t1; ++t) ++covered[size_t(pc) * nk + size_t(t)];
+  }
+  REQUIRE(wrong == 0);
+  REQUIRE(std::count_if(covered.begin(), covered.end(), [](int c) { return c != 1; }) == 0);
+}
+
 struct Shape2 { int k, n; };
 const Shape2 kLayers[] = {{128, 256}, {1024, 768}, {4096, 6144}, {14336, 4096}, {8192, 10240}, {28672, 8192}};
 const int kSms[] = {1, 2, 3, 7, 16, 132};
@@ -170,6 +196,12 @@ TEST_CASE("partition: Hopper kernel launches stay inside the workspace and finis
             const int64_t par = (m + rows - 1) / rows, slices = s.n / tn;
             for (int each = 1; each <= 3; ++each)
               if (par * ((slices + each - 1) / each) <= L.max_blocks) replay(L, each);
+            // The k-split where the launcher takes it (256-column tiles of 64 rows and more).
+            if (tn == kWgmmaTileN && rows >= 64 && picked == 0) {
+              const Partition P = marlin_partition(m, s.n / tn, s.k / kWgmmaTileK, rows, L.max_blocks);
+              const int split = wgmma_split_parts(P.par, s.n / tn, s.k / kWgmmaTileK, L.max_blocks, P.iters);
+              if (split > 0) replay_split(L, split);
+            }
           }
   }
   // The Llama-3-8B and 70B layers at the benchmark's large m on an H100's 132 SMs, in whole slices where
@@ -206,4 +238,52 @@ TEST_CASE("partition: the last row chunk's activation box holds exactly the rows
       if (m % rows == 0) REQUIRE(tail == 0);
       else REQUIRE((P.par - 1) * rows + tail == m);
     }
+}
+
+// The spread finish's shares (spread_share_begin): for any number of live 8-token row groups (1 to 32: up to the
+// 256-row tiles) and of blocks on a slice, every group has exactly one owner, g * parts / live, the shares are
+// contiguous and differ by at most one group, and spread_owners counts the blocks that own one (the counter's
+// re-arm waits for exactly that many).
+TEST_CASE("partition: the k-split's shares cover every live row group once", "[kernels][partition]") {
+  for (int parts = kSpreadMinParts; parts <= 132; ++parts)
+    for (int live = 1; live <= 32; ++live) {
+      INFO("parts " << parts << " live " << live);
+      REQUIRE(spread_share_begin(0, live, parts) == 0);
+      REQUIRE(spread_share_begin(parts, live, parts) == live);
+      int owners = 0, smallest = live, largest = 0;
+      for (int i = 0; i < parts; ++i) {
+        const int g0 = spread_share_begin(i, live, parts), g1 = spread_share_begin(i + 1, live, parts);
+        REQUIRE(g0 <= g1);
+        for (int g = g0; g < g1; ++g) REQUIRE(g * parts / live == i);
+        owners += g1 > g0 ? 1 : 0;
+        if (g1 > g0) smallest = std::min(smallest, g1 - g0), largest = std::max(largest, g1 - g0);
+      }
+      REQUIRE(owners == spread_owners(live, parts));
+      REQUIRE(largest - smallest <= 1);
+    }
+}
+
+// Which launches take the k-split (wgmma_split_parts; 132 SMs, 64-row tiles, one row chunk): four parts or more a
+// slice, and the longest part's tiles beyond the stripes' cheaper than the partials the stripes' finisher reads.
+TEST_CASE("partition: the Hopper kernel's k-split plan", "[kernels][partition]") {
+  auto split_of = [](int k, int n) {
+    const Partition P = marlin_partition(64, n / kWgmmaTileN, k / kWgmmaTileK, 64, 132);
+    return wgmma_split_parts(P.par, n / kWgmmaTileN, k / kWgmmaTileK, 132, P.iters);
+  };
+  REQUIRE(split_of(4096, 4096) == 8);    // 8B o: 16 slices of 64 tiles; the stripes (8 tiles) cut the same parts
+  REQUIRE(split_of(14336, 4096) == 8);   // 8B down: 28 tiles a part
+  REQUIRE(split_of(4096, 6144) == 5);    // 8B q/k/v: 24 slices; parts of 12-13 tiles against stripes of 12
+  REQUIRE(split_of(3072, 3072) == 11);   // Llama-3.2-3B o: 12 slices of 48 in parts of 4-5, stripes of 5
+  REQUIRE(split_of(28672, 8192) == 0);   // 70B down: 32 slices of 448 in parts of 112 against stripes of 109
+  REQUIRE(split_of(27648, 5120) == 0);   // Qwen2.5-32B down: 20 slices of 432 in parts of 72 against 66
+  REQUIRE(split_of(18944, 3584) == 9);   // Qwen2.5-7B down: 14 slices of 296 in parts of 33 against 32
+  REQUIRE(split_of(5120, 7168) == 4);    // Qwen2.5-32B q/k/v: 28 slices of 80 in parts of 20, stripes of 17
+  REQUIRE(split_of(8192, 10240) == 0);   // 70B q/k/v: parts of 43 against stripes of 39 whose finisher reads 2-3
+  REQUIRE(split_of(4096, 8704) == 0);    // 34 slices of 64 in parts of 22 against stripes of 17
+  REQUIRE(split_of(4096, 28672) == 0);   // 8B gate/up: 112 slices, one block each
+  REQUIRE(split_of(3072, 16384) == 0);   // 64 slices: two parts each
+  // Where the parts are as deep as the stripes: four parts or more, one row chunk.
+  REQUIRE(wgmma_split_parts(1, 16, 64, 64, 16) == 4);
+  REQUIRE(wgmma_split_parts(1, 16, 48, 48, 16) == 0);  // three parts
+  REQUIRE(wgmma_split_parts(2, 16, 64, 128, 16) == 0);  // two row chunks
 }
