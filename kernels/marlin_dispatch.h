@@ -24,6 +24,9 @@
 //   the thirty-fourth: wgmma_fit_plan; 128 x 192 tiles where n % 192 == 0 gives whole slices, since the thirty-fifth:
 //   wgmma_prefer_192): faster on every set, by 1.7-2.1x over mma.sync, and faster
 //   than dequantize + cuBLAS at m = 1024 (70B 2973 vs 4509 us, 8B 782 vs 1024).
+// - m = 33 to 240, one row chunk: where the slices split along k into four or more parts of one block each, the
+//   Hopper kernel's blocks finish each slice together (marlin_partition.h, wgmma_split_parts, since the fortieth
+//   session). kWgmma64MinLayer above was measured before it, against the stripes.
 // - m = 2048: faster than dequantize + cuBLAS on both layers timed (8B qkv 192 vs 200 us, 70B down 1564
 //   vs 2294). m = 4096: on 70B down still faster (3186 vs 3740), on 8B qkv (2^24.6 weights) a tie that
 //   dequantize + cuBLAS wins (366 vs 360): above 2048 small layers take that path, above 4096 all do

@@ -27,6 +27,11 @@
 // next block deposits the finisher's last slice first thing in its stripe, so the producer, once it has issued
 // that slice's last tile, copies the deposit from the workspace into the ring behind it, and the consumers add
 // it from shared memory after their products instead of reading it from L2 at the end.
+//
+// The split form (SPLIT; one row chunk, slices in four or more parts of k: marlin_partition.h, wgmma_split_parts):
+// each block runs its part of one slice, deposits its partial, and adds up and writes a share of the tile's 8-token
+// row groups from every part's deposit (wg_spread_finish), so that no one SM reads all the partials. It is its own
+// kernel so that the other forms' code stays as it was.
 #pragma once
 #include <cstdint>
 
