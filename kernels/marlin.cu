@@ -142,16 +142,22 @@ const TmaEntry kWsTable[2][kNumWsTiles] = {  // kWsTiles' order
      MARLINC_WS_ENTRY_CL(1, kWgmmaWideRows, false), MARLINC_WS_ENTRY_F(1, 128, false, kWgmmaWideTileN),
      MARLINC_WS_ENTRY_F(1, 128, false, kWgmmaTriTileN), MARLINC_FIT_TILES(MARLINC_WS_FIT_ENTRY, 1)},
 };
-// The split forms (marlin_partition.h, wgmma_split_parts), in kWsTiles' order: none for the wide tile (only forced) and
-// the 128 x 192 tiles (Auto takes them where every block owns a whole slice).
+// The split forms (marlin_partition.h, wgmma_split_parts), in kWsTiles' order, for the tiles of wgmma_split_tile.
 #define MARLINC_WS_SPLIT_ENTRY(DT, NT, F) TmaEntry{&wgmma_ws_prepare<DT, NT, 1, false, F, true>, &wgmma_ws_launch<DT, NT, 1, false, F, true>}
 #define MARLINC_WS_SPLIT_FIT_ENTRY(DT, NT) MARLINC_WS_SPLIT_ENTRY(DT, NT, kWgmmaWideTileN),
-const TmaEntry kWsSplitTable[2][kNumWsTiles] = {
+constexpr TmaEntry kWsSplitTable[2][kNumWsTiles] = {
     {MARLINC_WS_SPLIT_ENTRY(0, 64, kWgmmaTileN), MARLINC_WS_SPLIT_ENTRY(0, 128, kWgmmaTileN), TmaEntry{},
      MARLINC_WS_SPLIT_ENTRY(0, 128, kWgmmaWideTileN), TmaEntry{}, MARLINC_FIT_TILES(MARLINC_WS_SPLIT_FIT_ENTRY, 0)},
     {MARLINC_WS_SPLIT_ENTRY(1, 64, kWgmmaTileN), MARLINC_WS_SPLIT_ENTRY(1, 128, kWgmmaTileN), TmaEntry{},
      MARLINC_WS_SPLIT_ENTRY(1, 128, kWgmmaWideTileN), TmaEntry{}, MARLINC_FIT_TILES(MARLINC_WS_SPLIT_FIT_ENTRY, 1)},
 };
+constexpr bool split_table_matches() {
+  for (int dt = 0; dt < 2; ++dt)
+    for (int i = 0; i < kNumWsTiles; ++i)
+      if ((kWsSplitTable[dt][i].prepare != nullptr) != wgmma_split_tile(kWsTiles[i].rows, kWsTiles[i].tn)) return false;
+  return true;
+}
+static_assert(split_table_matches(), "kWsSplitTable holds a split form for exactly the tiles of wgmma_split_tile");
 // kWsTiles from kFirstFitTile on (MARLINC_FIT_TILES): every fit tile of wgmma_fit_tile, in order.
 constexpr bool fit_tiles_listed() {
   int r = kWgmmaFitMinRows;
@@ -599,7 +605,7 @@ MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int 
   if (cl == 0) {
     P = partition(g.m, g.n, g.k, rows, t, max_blocks, whole);
     o.smem_bytes = pr.smem;
-    if (pipeline == 2 && whole == 0 && g.wgmma_split && kWsSplitTable[dt][wi].prepare != nullptr)
+    if (pipeline == 2 && whole == 0 && g.wgmma_split && wgmma_split_tile(rows, tn))
       split = wgmma_split_parts(P.par, g.n / t.tn, g.k / t.tk, max_blocks, P.iters);
     if (split > 0) {
       const Prepared ps = prepare_once(g_ws_split_prepared[dev][dt][wi], kWsSplitTable[dt][wi].prepare);

@@ -322,10 +322,7 @@ bool takes_early_deposits(int64_t m, int64_t n, int64_t k, int sms) {
 int split_parts_of(int64_t m, int64_t n, int64_t k, int rows, int sms, int tn = 0, bool* same_cuts = nullptr) {
   const int tile_n = tn > 0 ? tn : kernels::wgmma_tile_n(rows);
   const int k_tiles = int(k / kernels::kWgmmaTileK), n_tiles = int(n / tile_n);
-  // The tiles built with a split form: 64 and 128 x 256, 128 x 128 and the fit tiles.
-  if (tile_n == kernels::kWgmmaTileN ? rows != 64 && rows != 128
-                                     : tile_n != kernels::kWgmmaWideTileN || (rows != 128 && !kernels::wgmma_fit_tile(rows)))
-    return 0;
+  if (!kernels::wgmma_split_tile(rows, tile_n)) return 0;
   const int whole = kernels::wgmma_whole_slices(int(m), int(n), rows, sms, tile_n);
   if (whole > 0 || (tile_n == kernels::wgmma_tile_n(rows) && kernels::wgmma_pair_tiles(int(m), int(n), int(k), rows, sms)))
     return 0;

@@ -196,9 +196,8 @@ TEST_CASE("partition: Hopper kernel launches stay inside the workspace and finis
             const int64_t par = (m + rows - 1) / rows, slices = s.n / tn;
             for (int each = 1; each <= 3; ++each)
               if (par * ((slices + each - 1) / each) <= L.max_blocks) replay(L, each);
-            // The k-split where the launcher takes it (the tiles with a split form: 64 and 128 x 256, 128 x 128, fit).
-            const bool split_form = tn == kWgmmaTileN ? rows == 64 || rows == 128 : rows == 128 || wgmma_fit_tile(rows);
-            if (split_form && picked == 0) {
+            // The k-split where the launcher takes it (the tiles with a split form).
+            if (wgmma_split_tile(rows, tn) && picked == 0) {
               const Partition P = marlin_partition(m, s.n / tn, s.k / kWgmmaTileK, rows, L.max_blocks);
               const int split = wgmma_split_parts(P.par, s.n / tn, s.k / kWgmmaTileK, L.max_blocks, P.iters);
               if (split > 0) replay_split(L, split);
