@@ -22,7 +22,7 @@ enum class MarlinStatus {
   WorkspaceTooSmall,  // workspace_bytes < marlin_workspace_bytes(...) for the chosen path
   NoConfig,           // a forced tile config that does not fit the shape or device (thread_m_blocks outside
                       // 0..4, wgmma_rows not 0/8/16/32/64/128 or 144-256 by 16, wgmma_pipeline not 0..2, 2 on
-                      // a tile below 64 rows or 1 above 128, path Wgmma or Stream where that kernel cannot run)
+                      // a tile below 32 rows or 1 above 128, path Wgmma or Stream where that kernel cannot run)
   CudaError,          // a CUDA runtime call failed (the sticky error is left for the caller to read)
   CublasError,        // the dequantize + cuBLAS path failed
 };
@@ -71,7 +71,7 @@ struct MarlinGemm {
   // of 128 columns (the fit and the wide tiles, producer warpgroup only)
   int wgmma_rows = 0;
   // Hopper kernel's pipeline: 0 chosen per tile; 1 every warp copies and a block barrier ends each stage;
-  // 2 a producer warpgroup copies and mbarriers hand stages over (tiles of 64 rows and more only).
+  // 2 a producer warpgroup copies and mbarriers hand stages over (tiles of 32 rows and more only).
   int wgmma_pipeline = 0;
   // Programmatic dependent launch (sm_90+): the kernel may start while the previous kernel on `stream`
   // is still running and stream its first weight tiles (B, s) before waiting for that kernel to finish;
