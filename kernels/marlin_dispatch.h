@@ -11,22 +11,27 @@
 //   and 70B down (2^27.8: 50.3-51.0 vs 53.4-53.6), level on 70B q/k/v (2^26.3) and gate/up, slower on 8B
 //   o, q/k/v, down and 70B o (8192^2: 17.9 vs 17.3). Derived from those per-layer times and not timed as
 //   a set: a set's time is the sum of its layers'.
-// - m = 17 to 32 (block-synchronous pipeline, 32-row tiles): faster on layers of 2^25 weights or more
-//   (70B m = 32: 215 vs 271 us; 8B down, 2^25.8: 21.5 vs 24.5), slower on smaller ones (8B o 13.7 vs 10.4).
+// - m = 17 to 32: until the forty-first session the block-synchronous pipeline's 32-row tiles, faster than mma.sync
+//   on layers of 2^25 weights or more only (70B m = 32: 215 vs 271 us; 8B o 13.7 vs 10.4). Since then the producer
+//   warpgroup's 32-row tiles, with its k-split (marlin_partition.h, wgmma_split_parts), from kWgmma64MinLayer weights:
+//   H200 (docs/PERF.md, forty-first session, calls 3 and 4), µs at m = 17 / 32, mma.sync -> 32-row producer tiles:
+//   8B o 10.3 / 10.5 -> 8.6 / 8.7, 3584 x 3584 10.5 / 11.0 -> 7.7 / 7.9, 2048 x 2048 7.1 / 7.6 -> 6.5 / 6.5; block-
+//   synchronous -> producer tiles: 8B down 21.2 / 21.7 -> 15.3 / 15.4, 70B o 20.4 / 21.1 -> 16.3 / 16.9.
 // - m = 33 to 64 (producer warpgroup, 64-row tiles): faster on every set, small layers included (8B m = 64:
-//   89 us against 118 for the best mma.sync tiles, 70B 274 vs 428); since the thirty-ninth session not on layers
-//   below kWgmma64MinLayer weights, narrower than Llama-3's: H200 (docs/PERF.md, thirty-ninth session, call 4), µs at
-//   m = 48 / 64, two runs each, Hopper -> mma.sync: 2048 x 2048 12.4 / 12.6 -> 7.5 / 7.6, 2048 x 3072 11.8 / 11.9 ->
-//   10.2-10.3 / 10.4-10.6; at 3072 x 3072 (2^23.2) they tie (call 3, m = 64: 12.1 against 12.4).
+//   89 us against 118 for the best mma.sync tiles, 70B 274 vs 428). Below kWgmma64MinLayer weights mma.sync: H200
+//   (docs/PERF.md, forty-first session, call 2, the k-split in place), µs at m = 33 / 64, mma.sync against Hopper:
+//   2048 x 1024 7.3 / 7.6 against 8.2 / 8.3, 1536 x 2048 6.6 / 6.9 against 7.3; at 2^22 a tie (2048 x 2048 7.4 / 7.6
+//   against 7.3 / 7.6), above it Hopper (2048 x 3072 10.0 / 10.2 against 7.7 / 7.8). Below 2^22 the 32-row tiles at
+//   m = 17-32 won on some layers and lost on others (1024 x 1024 6.2 -> 5.3, 1536 x 1536 6.4 -> 7.4 at m = 17).
 // - m = 65 to 2048 (producer warpgroup, 128-row tiles; on narrow layers 128 x 128 ones since the thirty-first
 //   session, 64-row ones before: wgmma_prefer_128x128 below; from m = 129 fit tiles of 144-240 rows where they pad
 //   m less, since the thirty-third: wgmma_fit_rows, and per layer where whole slices need more chunks of them, since
 //   the thirty-fourth: wgmma_fit_plan; 128 x 192 tiles where n % 192 == 0 gives whole slices, since the thirty-fifth:
 //   wgmma_prefer_192): faster on every set, by 1.7-2.1x over mma.sync, and faster
 //   than dequantize + cuBLAS at m = 1024 (70B 2973 vs 4509 us, 8B 782 vs 1024).
-// - m = 33 to 240, one row chunk: where the slices split along k into four or more parts of one block each, the
+// - m = 17 to 240, one row chunk: where the slices split along k into four or more parts of one block each, the
 //   Hopper kernel's blocks finish each slice together (marlin_partition.h, wgmma_split_parts, since the fortieth
-//   session). kWgmma64MinLayer above was measured before it, against the stripes.
+//   session; from m = 17 since the forty-first).
 // - m = 2048: faster than dequantize + cuBLAS on both layers timed (8B qkv 192 vs 200 us, 70B down 1564
 //   vs 2294). m = 4096: on 70B down still faster (3186 vs 3740), on 8B qkv (2^24.6 weights) a tie that
 //   dequantize + cuBLAS wins (366 vs 360): above 2048 small layers take that path, above 4096 all do
@@ -480,10 +485,8 @@ constexpr int64_t kWgmmaTinyMinLayer = int64_t(1) << 24;  // exclusive; weights 
 constexpr int64_t kWgmmaMidMaxLayer = int64_t(1) << 28;   // m <= 16
 constexpr int kWgmma16MaxM = 16;
 constexpr int64_t kWgmma16MinLayer = int64_t(3) << 25;    // 2^26.6
-constexpr int kWgmmaSmallMaxM = 32;
-constexpr int64_t kWgmma32MinLayer = int64_t(1) << 25;
-constexpr int kWgmma64MaxM = 64;
-constexpr int64_t kWgmma64MinLayer = int64_t(1) << 23;    // Llama-3.2-1B q/k/v (2^22.6) and o (2^22) below
+constexpr int kWgmma64MaxM = 64;                          // m = 17 to 64
+constexpr int64_t kWgmma64MinLayer = int64_t(1) << 22;    // Llama-3.2-1B o (2^22) and up
 constexpr int64_t kWgmmaSmallLayer = int64_t(1) << 26;    // below it, dequantize + cuBLAS above 2048
 constexpr int kWgmmaSmallLayerMaxM = 2048;
 constexpr int kWgmmaMaxM = 4096;
@@ -496,8 +499,7 @@ constexpr HopperAutoPick hopper_auto_pick(int m, int64_t weights) {
   if (m <= kWgmma16MaxM)
     return weights >= kWgmma16MinLayer && weights <= kWgmmaMidMaxLayer ? HopperAutoPick::Hopper
                                                                          : HopperAutoPick::MmaSync;
-  if (m <= kWgmmaSmallMaxM) return weights >= kWgmma32MinLayer ? HopperAutoPick::Hopper : HopperAutoPick::MmaSync;
-  if (m <= kWgmma64MaxM && weights < kWgmma64MinLayer) return HopperAutoPick::MmaSync;
+  if (m <= kWgmma64MaxM) return weights >= kWgmma64MinLayer ? HopperAutoPick::Hopper : HopperAutoPick::MmaSync;
   if (m > kWgmmaMaxM || (weights < kWgmmaSmallLayer && m > kWgmmaSmallLayerMaxM)) return HopperAutoPick::DequantCublas;
   return HopperAutoPick::Hopper;
 }

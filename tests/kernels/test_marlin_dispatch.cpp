@@ -56,40 +56,31 @@ TEST_CASE("dispatch: m = 9..16 takes the Hopper kernel on 8B gate/up and 70B dow
   }
 }
 
-TEST_CASE("dispatch: m = 17..32 keeps the two smallest 8B layers on mma.sync", "[kernels][dispatch]") {
-  for (int m : {17, 24, 32}) {
+TEST_CASE("dispatch: m = 17..64 takes the Hopper kernel from 2^22 weights", "[kernels][dispatch]") {
+  const Layer k1536{"1536 x 1536", 1536, 1536}, k2048x1024{"2048 x 1024", 2048, 1024};  // 2^21.2 and 2^21
+  for (int m : {17, 24, 32, 33, 48, 64}) {
     INFO("m " << m);
-    for (const Layer& L : {kGateUp8B, kDown8B, kQkv70B, kO70B, kGateUp70B, kDown70B, kLarge}) {
+    for (const Layer& L : {kQkv8B, kO8B, kGateUp8B, kDown8B, kQkv70B, kO70B, kGateUp70B, kDown70B, kLarge, kQkv1B, kO1B,
+                           kDown1B, kO3B, kOQ7B}) {
       INFO(L.name);
       CHECK(pick(m, L) == HopperAutoPick::Hopper);
     }
-    for (const Layer& L : {kQkv8B, kO8B}) {
+    for (const Layer& L : {k1536, k2048x1024}) {  // slower at m = 33-64; at 17-32 1536^2 too, 2048 x 1024 not
       INFO(L.name);
       CHECK(pick(m, L) == HopperAutoPick::MmaSync);
     }
   }
+  CHECK(hopper_auto_pick(17, (int64_t(1) << 22) - 1) == HopperAutoPick::MmaSync);
+  CHECK(hopper_auto_pick(64, (int64_t(1) << 22) - 1) == HopperAutoPick::MmaSync);
+  CHECK(hopper_auto_pick(64, int64_t(1) << 22) == HopperAutoPick::Hopper);
+  CHECK(hopper_auto_pick(65, int64_t(1) << 20) == HopperAutoPick::Hopper);
+  CHECK(hopper_auto_pick(16, int64_t(1) << 22) == HopperAutoPick::MmaSync);
 }
 
-TEST_CASE("dispatch: m = 33..64 keeps layers below 2^23 weights on mma.sync", "[kernels][dispatch]") {
-  for (int m : {33, 48, 64}) {
-    INFO("m " << m);
-    for (const Layer& L : {kQkv1B, kO1B}) {  // 2^22.6 and 2^22
-      INFO(L.name);
-      CHECK(pick(m, L) == HopperAutoPick::MmaSync);
-    }
-    for (const Layer& L : {kO3B, kDown1B, kGateUp1B}) {  // 2^23.2 (a tie at m = 64), 2^24, 2^25
-      INFO(L.name);
-      CHECK(pick(m, L) == HopperAutoPick::Hopper);
-    }
-  }
-  CHECK(pick(65, kO1B) == HopperAutoPick::Hopper);
-  CHECK(hopper_auto_pick(64, (int64_t(1) << 23) - 1) == HopperAutoPick::MmaSync);
-  CHECK(hopper_auto_pick(64, int64_t(1) << 23) == HopperAutoPick::Hopper);
-}
-
-TEST_CASE("dispatch: above m = 32 never mma.sync, dequantize + cuBLAS only for large m", "[kernels][dispatch]") {
+TEST_CASE("dispatch: above m = 16 never mma.sync on Llama-3's layers, dequantize + cuBLAS only for large m",
+          "[kernels][dispatch]") {
   const std::vector<Layer> all{kQkv8B, kO8B, kGateUp8B, kDown8B, kQkv70B, kO70B, kGateUp70B, kDown70B, kLarge};
-  for (int m : {33, 64, 100, 128, 256, 1000, 1024, 2048}) {
+  for (int m : {17, 32, 33, 64, 100, 128, 256, 1000, 1024, 2048}) {
     INFO("m " << m);
     for (const Layer& L : all) {
       INFO(L.name);
