@@ -105,15 +105,16 @@ const Entry kTable[2][kMaxMBlocks][kNumShapes] = {
 // The warp-specialized pipeline (wgmma_pipeline 2) is built for the token tiles from kWsMinRows up, and is the only
 // one of the 128-column tiles.
 constexpr int kWsMinRows = 32;
-// Its tiles (rows, columns): 32, 64 and 128 rows of 256 columns, the wide tile, 128 x 128 (Auto on narrow layers,
-// marlin_dispatch.h, wgmma_prefer_128x128; or MarlinGemm::thread_n), 128 x 192 (wgmma_prefer_192, or thread_n) and
-// the fit tiles (marlin_dispatch.h, wgmma_fit_rows).
+constexpr int kWs48Rows = 48;  // a token tile of this pipeline only
+// Its tiles (rows, columns): 32, 48, 64 and 128 rows of 256 columns (48 only on this pipeline), the wide tile, 128 x
+// 128 (Auto on narrow layers, marlin_dispatch.h, wgmma_prefer_128x128; or MarlinGemm::thread_n), 128 x 192
+// (wgmma_prefer_192, or thread_n) and the fit tiles (marlin_dispatch.h, wgmma_fit_rows).
 struct WsTile { int rows, tn; };
 #define MARLINC_WS_FIT_TILE(DT, NT) {NT, kWgmmaWideTileN},
-constexpr WsTile kWsTiles[] = {{32, kWgmmaTileN},     {64, kWgmmaTileN},     {128, kWgmmaTileN},
+constexpr WsTile kWsTiles[] = {{32, kWgmmaTileN},  {48, kWgmmaTileN}, {64, kWgmmaTileN}, {128, kWgmmaTileN},
                                {kWgmmaWideRows, kWgmmaWideTileN}, {128, kWgmmaWideTileN},
                                {128, kWgmmaTriTileN}, MARLINC_FIT_TILES(MARLINC_WS_FIT_TILE, 0)};
-constexpr int kFirstFitTile = 6;
+constexpr int kFirstFitTile = 7;
 constexpr int kNumWsTiles = int(sizeof(kWsTiles) / sizeof(kWsTiles[0]));
 // The Hopper kernel's token tiles (rows of C per tile), smallest first.
 constexpr int kWgRows[] = {8, 16, 32, 64, 128};
@@ -135,10 +136,12 @@ using ClustersFn = cudaError_t (*)(int, const LaunchOpts&, int*);
 #define MARLINC_WS_ENTRY_CL(DT, NT, CL) MARLINC_WS_ENTRY_F(DT, NT, CL, wgmma_tile_n(NT))
 #define MARLINC_WS_FIT_ENTRY(DT, NT) MARLINC_WS_ENTRY_CL(DT, NT, false),
 const TmaEntry kWsTable[2][kNumWsTiles] = {  // kWsTiles' order
-    {MARLINC_WS_ENTRY_CL(0, 32, false), MARLINC_WS_ENTRY_CL(0, 64, false), MARLINC_WS_ENTRY_CL(0, 128, false),
+    {MARLINC_WS_ENTRY_CL(0, 32, false), MARLINC_WS_ENTRY_CL(0, 48, false), MARLINC_WS_ENTRY_CL(0, 64, false),
+     MARLINC_WS_ENTRY_CL(0, 128, false),
      MARLINC_WS_ENTRY_CL(0, kWgmmaWideRows, false), MARLINC_WS_ENTRY_F(0, 128, false, kWgmmaWideTileN),
      MARLINC_WS_ENTRY_F(0, 128, false, kWgmmaTriTileN), MARLINC_FIT_TILES(MARLINC_WS_FIT_ENTRY, 0)},
-    {MARLINC_WS_ENTRY_CL(1, 32, false), MARLINC_WS_ENTRY_CL(1, 64, false), MARLINC_WS_ENTRY_CL(1, 128, false),
+    {MARLINC_WS_ENTRY_CL(1, 32, false), MARLINC_WS_ENTRY_CL(1, 48, false), MARLINC_WS_ENTRY_CL(1, 64, false),
+     MARLINC_WS_ENTRY_CL(1, 128, false),
      MARLINC_WS_ENTRY_CL(1, kWgmmaWideRows, false), MARLINC_WS_ENTRY_F(1, 128, false, kWgmmaWideTileN),
      MARLINC_WS_ENTRY_F(1, 128, false, kWgmmaTriTileN), MARLINC_FIT_TILES(MARLINC_WS_FIT_ENTRY, 1)},
 };
@@ -146,10 +149,12 @@ const TmaEntry kWsTable[2][kNumWsTiles] = {  // kWsTiles' order
 #define MARLINC_WS_SPLIT_ENTRY(DT, NT, F) TmaEntry{&wgmma_ws_prepare<DT, NT, 1, false, F, true>, &wgmma_ws_launch<DT, NT, 1, false, F, true>}
 #define MARLINC_WS_SPLIT_FIT_ENTRY(DT, NT) MARLINC_WS_SPLIT_ENTRY(DT, NT, kWgmmaWideTileN),
 constexpr TmaEntry kWsSplitTable[2][kNumWsTiles] = {
-    {MARLINC_WS_SPLIT_ENTRY(0, 32, kWgmmaTileN), MARLINC_WS_SPLIT_ENTRY(0, 64, kWgmmaTileN),
+    {MARLINC_WS_SPLIT_ENTRY(0, 32, kWgmmaTileN), MARLINC_WS_SPLIT_ENTRY(0, 48, kWgmmaTileN),
+     MARLINC_WS_SPLIT_ENTRY(0, 64, kWgmmaTileN),
      MARLINC_WS_SPLIT_ENTRY(0, 128, kWgmmaTileN), TmaEntry{},
      MARLINC_WS_SPLIT_ENTRY(0, 128, kWgmmaWideTileN), TmaEntry{}, MARLINC_FIT_TILES(MARLINC_WS_SPLIT_FIT_ENTRY, 0)},
-    {MARLINC_WS_SPLIT_ENTRY(1, 32, kWgmmaTileN), MARLINC_WS_SPLIT_ENTRY(1, 64, kWgmmaTileN),
+    {MARLINC_WS_SPLIT_ENTRY(1, 32, kWgmmaTileN), MARLINC_WS_SPLIT_ENTRY(1, 48, kWgmmaTileN),
+     MARLINC_WS_SPLIT_ENTRY(1, 64, kWgmmaTileN),
      MARLINC_WS_SPLIT_ENTRY(1, 128, kWgmmaTileN), TmaEntry{},
      MARLINC_WS_SPLIT_ENTRY(1, 128, kWgmmaWideTileN), TmaEntry{}, MARLINC_FIT_TILES(MARLINC_WS_SPLIT_FIT_ENTRY, 1)},
 };
@@ -397,7 +402,8 @@ const char* marlin_status_name(MarlinStatus s) {
     case MarlinStatus::WorkspaceTooSmall: return "workspace too small";
     case MarlinStatus::NoConfig:
       return "forced configuration does not fit the shape or device (thread_m_blocks not in 0..4, wgmma_rows not "
-             "0/8/16/32/64/128 or 144-256 by 16, wgmma_pipeline not 0..2, 2 below 32 rows or 1 above 128, path Wgmma "
+             "0/8/16/32/48/64/128 or 144-256 by 16, wgmma_pipeline not 0..2, 2 below 32 rows or 1 on 48 or above 128, "
+             "path Wgmma "
              "with thread_n other than 0, 256 (up to 128 rows), 128 (128 rows or more, pipeline 2) or 192 (128 rows, "
              "pipeline 2, n % 192 == 0), path Wgmma "
              "without a 9.0 device, sm_90a code and n % 256 == 0, or path Stream without those, m <= 16 and a slice "
@@ -459,7 +465,10 @@ MarlinPath auto_path(int dev, int m, int n, int k, int sms, bool cublas_ok) {
   return MarlinPath::Marlin;
 }
 
-int wgmma_rows_for(int m) {
+// The token tile for m: the smallest of kWgRows that holds it, or where the producer pipeline runs (`producer`) the
+// 48-row tile at m = 33-48, which only that pipeline has.
+int wgmma_rows_for(int m, bool producer) {
+  if (producer && m > kWsMinRows && m <= kWs48Rows) return kWs48Rows;
   for (int r : kWgRows)
     if (m <= r) return r;
   return kWgRows[kNumWgRows - 1];
@@ -563,7 +572,7 @@ MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int 
                    : tri            ? kWgmmaTriRows
                    : fit > 0        ? fit
                    : narrow         ? kWgmmaNarrowRows
-                                    : wgmma_rows_for(g.m);
+                                    : wgmma_rows_for(g.m, g.wgmma_pipeline != 1);
   // Columns per tile: the token tile's own width, or on path Wgmma a forced thread_n (128 x 128 or 128 x 192 tiles).
   const int tn = g.path == MarlinPath::Wgmma && g.thread_n != 0 ? g.thread_n
                  : tri                                          ? kWgmmaTriTileN
@@ -796,6 +805,7 @@ MarlinStatus marlin_gemm(const MarlinGemm& g) {
   if (sms > dev_sms || sms > kMaxSms) return MarlinStatus::BadShape;
 
   if (g.wgmma_rows != 0 && std::find(std::begin(kWgRows), std::end(kWgRows), g.wgmma_rows) == std::end(kWgRows) &&
+      g.wgmma_rows != kWs48Rows &&
       g.wgmma_rows != kWgmmaWideRows && !wgmma_fit_tile(g.wgmma_rows))
     return MarlinStatus::NoConfig;
   if (g.wgmma_pipeline < 0 || g.wgmma_pipeline > 2) return MarlinStatus::NoConfig;

@@ -21,8 +21,9 @@ enum class MarlinStatus {
   BadAlignment,       // A, B, s, C or workspace not 16-byte aligned
   WorkspaceTooSmall,  // workspace_bytes < marlin_workspace_bytes(...) for the chosen path
   NoConfig,           // a forced tile config that does not fit the shape or device (thread_m_blocks outside
-                      // 0..4, wgmma_rows not 0/8/16/32/64/128 or 144-256 by 16, wgmma_pipeline not 0..2, 2 on
-                      // a tile below 32 rows or 1 above 128, path Wgmma or Stream where that kernel cannot run)
+                      // 0..4, wgmma_rows not 0/8/16/32/48/64/128 or 144-256 by 16, wgmma_pipeline not 0..2, 2 on
+                      // a tile below 32 rows or 1 on 48 rows or above 128, path Wgmma or Stream where that kernel
+                      // cannot run)
   CudaError,          // a CUDA runtime call failed (the sticky error is left for the caller to read)
   CublasError,        // the dequantize + cuBLAS path failed
 };
@@ -67,11 +68,12 @@ struct MarlinGemm {
   // wgmma_rows = 128 and n % 192 == 0: 128 x 192 tiles).
   int thread_k = 0, thread_n = 0;   // 0: chosen per shape and m; else force (128,128), (64,256) or (128,64)
   int thread_m_blocks = 0;          // 0: chosen per m; else force 1..4 16-row blocks per tile (row chunks of 16x)
-  // Hopper kernel: 0 chosen per m and layer; else force 8/16/32/64/128 rows of 256 columns, or 144-256 rows by 16
-  // of 128 columns (the fit and the wide tiles, producer warpgroup only)
+  // Hopper kernel: 0 chosen per m and layer; else force 8/16/32/48/64/128 rows of 256 columns (48: producer warpgroup
+  // only), or 144-256 rows by 16 of 128 columns (the fit and the wide tiles, producer warpgroup only)
   int wgmma_rows = 0;
   // Hopper kernel's pipeline: 0 chosen per tile; 1 every warp copies and a block barrier ends each stage;
-  // 2 a producer warpgroup copies and mbarriers hand stages over (tiles of 32 rows and more only).
+  // 2 a producer warpgroup copies and mbarriers hand stages over (tiles of 32 rows and more only; the only pipeline
+  // of the 48-row tile, which Auto takes at m = 33-48 unless 1 is forced).
   int wgmma_pipeline = 0;
   // Programmatic dependent launch (sm_90+): the kernel may start while the previous kernel on `stream`
   // is still running and stream its first weight tiles (B, s) before waiting for that kernel to finish;

@@ -17,8 +17,10 @@
 //   H200 (docs/PERF.md, forty-first session, calls 3 and 4), µs at m = 17 / 32, mma.sync -> 32-row producer tiles:
 //   8B o 10.3 / 10.5 -> 8.6 / 8.7, 3584 x 3584 10.5 / 11.0 -> 7.7 / 7.9, 2048 x 2048 7.1 / 7.6 -> 6.5 / 6.5; block-
 //   synchronous -> producer tiles: 8B down 21.2 / 21.7 -> 15.3 / 15.4, 70B o 20.4 / 21.1 -> 16.3 / 16.9.
-// - m = 33 to 64 (producer warpgroup, 64-row tiles): faster on every set, small layers included (8B m = 64:
-//   89 us against 118 for the best mma.sync tiles, 70B 274 vs 428). Below kWgmma64MinLayer weights mma.sync: H200
+// - m = 33 to 64 (producer warpgroup, 64-row tiles; 48-row ones at m = 33-48 since the forty-first session, kernels/
+//   marlin.cu, wgmma_rows_for: 8B set 67.0-68.6 -> 62.4-64.2 us, 70B 217-232 -> 204-216, H200, call 5): faster on every
+//   set, small layers included (8B m = 64: 89 us against 118 for the best mma.sync tiles, 70B 274 vs 428). Below
+//   kWgmma64MinLayer weights mma.sync: H200
 //   (docs/PERF.md, forty-first session, call 2, the k-split in place), µs at m = 33 / 64, mma.sync against Hopper:
 //   2048 x 1024 7.3 / 7.6 against 8.2 / 8.3, 1536 x 2048 6.6 / 6.9 against 7.3; at 2^22 a tie (2048 x 2048 7.4 / 7.6
 //   against 7.3 / 7.6), above it Hopper (2048 x 3072 10.0 / 10.2 against 7.7 / 7.8). Below 2^22 the 32-row tiles at

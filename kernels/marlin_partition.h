@@ -143,11 +143,11 @@ MARLINC_PART_HD constexpr int wgmma_split_parts(int par, int n_tiles, int k_tile
   const int64_t extra = (most - stripe_iters) * kSplitTilePerReadPct * stripe_iters;
   return extra < 100 * (int64_t(k_tiles) - 2 * int64_t(stripe_iters)) ? split : 0;
 }
-// The tiles built with a split form (kernels/marlin.cu, kWsSplitTable, checked against this): 32, 64 and 128 x 256,
+// The tiles built with a split form (kernels/marlin.cu, kWsSplitTable, checked against this): 32, 48, 64 and 128 x 256,
 // 128 x 128 and the fit tiles; not the wide tile (only forced) or 128 x 192 (Auto takes it where every block owns a
 // whole slice).
 MARLINC_PART_HD constexpr bool wgmma_split_tile(int rows, int tn) {
-  return tn == kWgmmaTileN ? rows == 32 || rows == 64 || rows == 128
+  return tn == kWgmmaTileN ? rows == 32 || rows == 48 || rows == 64 || rows == 128
                            : tn == kWgmmaWideTileN && (rows == 128 || wgmma_fit_tile(rows));
 }
 // The split's partition: each row chunk its own group of n_tiles x split blocks; iters is the longest part.

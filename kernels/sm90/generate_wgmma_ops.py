@@ -4,7 +4,7 @@ issues, one per (token count N, element type). Inline PTX needs every accumulato
 out (N/2 of them per thread), hence a generator rather than hand-written operand lists."""
 import os
 
-NS = (8, 16, 32, 64, 128)
+NS = (8, 16, 32, 48, 64, 128)
 SPLIT_NS = tuple(range(128, 257, 16))  # the 128-column tiles: N = NT tokens, accumulators in two halves
 TYPES = (("f16", 0), ("bf16", 1))
 

@@ -10,9 +10,9 @@
 // one wgmma A fragment: the mma.sync B fragment pairs (f0, f1) / (f2, f3) of columns c and c + 8 become
 // the A registers {f0, f2, f1, f3} of rows c and c + 8 (formats.md §1.3-§1.5).
 //
-// Block: two warpgroups over a 256-column x NT-row tile (NT = 8, 16, 32, 64 or 128 tokens); warpgroup g
-// owns packed 64-wide tiles 2g and 2g + 1 (two 64-row wgmmas per k16 step), warp w of it expands tile
-// 2g + (w & 1), 16-column subblocks 2 (w >> 1) and 2 (w >> 1) + 1. Activations land through cp.async in
+// Block: two warpgroups over a 256-column x NT-row tile (NT = 8, 16, 32, 64 or 128 tokens; 48 in the producer-fed
+// form only); warpgroup g owns packed 64-wide tiles 2g and 2g + 1 (two 64-row wgmmas per k16 step), warp w of it
+// expands tile 2g + (w & 1), 16-column subblocks 2 (w >> 1) and 2 (w >> 1) + 1. Activations land through cp.async in
 // 128-byte rows with the 128B swizzle wgmma's descriptor names; weights and scales beside them. Stripes,
 // row-chunk groups, fp32 partial tiles in the workspace and the in-order finisher are those of the
 // mma.sync kernel (KernelArgs), so the host partition code serves both.
@@ -63,7 +63,7 @@ struct WgShape {
   static constexpr int kPart = kFeat * NT;          // floats in one deposited partial tile
   static constexpr bool kHoistCopies = NT <= 64;    // copy addresses once per slice (see the loaders)
 
-  static_assert(FEAT == wl::kFeat    ? (NT == 8 || NT == 16 || NT == 32 || NT == 64 || NT == 128)
+  static_assert(FEAT == wl::kFeat    ? (NT == 8 || NT == 16 || NT == 32 || NT == 48 || NT == 64 || NT == 128)
                 : FEAT == wl::kFeat192 ? NT == 128
                                        : FEAT == wl::kFeat128 && NT >= 128 && NT <= 256 && NT % 16 == 0,
                 "tiles with a wgmma of NT tokens in wgmma_ops.cuh");
@@ -182,15 +182,16 @@ __device__ __forceinline__ void wg_write_c(const KernelArgs& p, const float (&ac
     // Per round, kTokens tokens of the warp's kJ 16-column subblocks into its buffer, then out as 16-byte rows.
     // 256-column tiles: two subblocks, acc[j] subblock j over all NT tokens, buffer map epi_byte. 128-column tiles
     // (only staged): one subblock (warp_sub128 of packed tile warp_tile128), acc[j] tokens NT / 2 j .., epi_byte128.
-    // The fit tiles (NT / 2 not a multiple of kTokens) end each accumulator array with a shorter round.
+    // The fit tiles (NT / 2 not a multiple of kTokens) end each accumulator array with a shorter round, the 48-row
+    // tile (NT not a multiple of kTokens) its one pass over all tokens.
     constexpr bool k128 = S::kOneTile;
     constexpr int kJ = k128 ? 1 : 2;
     constexpr int kTokens = k128 ? wl::kEpiTokens128 : wl::kEpiTokens, kReads = k128 ? wl::kEpiReads128 : wl::kEpiReads;
     constexpr int kI = kTokens / 8;                    // 8-token accumulator rows per (whole) round
     constexpr int kRows = S::kAcc / 4;                 // 8-token accumulator rows in each acc[j]
     constexpr int kHalfRounds = (kRows + kI - 1) / kI;  // rounds per accumulator array (k128), or of all tokens
-    constexpr int kRounds = k128 ? 2 * kHalfRounds : NT / kTokens;
-    static_assert(k128 || (kHalfRounds * kI == kRows && NT % kTokens == 0), "whole staging rounds on 256 columns");
+    constexpr int kRounds = k128 ? 2 * kHalfRounds : kHalfRounds;
+    static_assert(k128 || kReads * (kRows % kI) % kI == 0, "a short round on 256 columns reads whole rows");
     auto byte = [](int lt, int col) { return k128 ? wl::epi_byte128(lt, col) : wl::epi_byte(lt, col); };
     const int wc0 = slice * S::kFeat + (k128 ? wl::acc_col(wl::warp_tile128(warp), wl::warp_sub128(warp), 0, 0, 0)
                                              : wl::acc_col(tile, sub0, 0, 0, 0));  // the warp's first column
@@ -220,7 +221,7 @@ __device__ __forceinline__ void wg_write_c(const KernelArgs& p, const float (&ac
       }
       __syncwarp();  // the round's pairs are in the buffer before any lane reads a row
       // A short round of an odd number of accumulator rows (the fit tiles of 144, 176, 208 and 240 rows) ends with a
-      // read of half the lanes.
+      // read of half the lanes; the 48-row tile's (two rows of four) reads whole rows.
       const int reads = kReads * ni / kI, lanes = (kReads * ni % kI) * 32 / kI;
 #pragma unroll
       for (int s = 0; s < reads + (lanes > 0 ? 1 : 0); ++s) {

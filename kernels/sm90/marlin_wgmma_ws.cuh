@@ -84,7 +84,7 @@ struct WsShape : WgShape<NT, FEAT> {
   // After the wait of the batch from step kRelease on, every wgmma of the previous tile has retired.
   static constexpr int kRelease = (kPending - 1) / kBatch * kBatch;
 
-  static_assert(NT == 32 || NT == 64 || NT == 128 || NT == kWgmmaWideRows || wgmma_fit_tile(NT),
+  static_assert(NT == 32 || NT == 48 || NT == 64 || NT == 128 || NT == kWgmmaWideRows || wgmma_fit_tile(NT),
                 "token tiles the warp-specialized kernel is built for");
   static_assert(FEAT == wgmma_tile_n(NT) || (NT == 128 && (FEAT == kWgmmaWideTileN || FEAT == kWgmmaTriTileN)),
                 "the column widths per token tile");

@@ -565,7 +565,7 @@ TEST_CASE("marlin: Hopper wgmma kernel", "[gpu][marlin][wgmma]") {
 }
 
 // The warp-specialized pipeline (a producer warpgroup and mbarriers) on the same cases as above where
-// it is built (32-, 64- and 128-row tiles, and the wide tile of 256 rows x 128 columns); its refusal of smaller
+// it is built (32-, 48-, 64- and 128-row tiles, and the wide tile of 256 rows x 128 columns); its refusal of smaller
 // tiles is in the argument-check case.
 TEST_CASE("marlin: Hopper wgmma kernel, producer warpgroup", "[gpu][marlin][wgmma]") {
   if (!marlin_wgmma_available()) {
@@ -577,7 +577,7 @@ TEST_CASE("marlin: Hopper wgmma kernel, producer warpgroup", "[gpu][marlin][wgmm
     for (int64_t g : kGroups) {
       const Layer L = make_layer(rng, 1024, 768, g, act);
       // -128: 128 x 128 tiles; fit tiles with a short last epilogue round of 8 rows (144), 32 (192) and 56 (240).
-      for (int rows : {32, 64, 128, kernels::kWgmmaWideRows, -128, 144, 192, 240})
+      for (int rows : {32, 48, 64, 128, kernels::kWgmmaWideRows, -128, 144, 192, 240})
         for (int sms : {0, 3})
           for (int64_t m : kMs) {
             if (act == ActType::BF16 && m != 100 && m != 1000) continue;
@@ -651,9 +651,9 @@ TEST_CASE("marlin: Hopper wgmma kernel, tiles split in two as clusters", "[gpu][
 // block each; every block deposits its partial tile and the owner of each share of 8-token row groups
 // adds and writes them. Against the reference within the gate, and where the stripes it replaces cut the same parts
 // (split_parts_of), against the in-order finisher's output (wgmma_split = false, the same activations) bit for bit.
-// Among the cases: one live group (m = 1), fewer live groups than blocks (m = 7, 33, 40), 32, 64 and 128 x 256, 128 x 128
-// and fit (160 and 208 x 128) tiles (those built with a split form), parts of unequal depth (20 SMs: 16 tiles in six
-// parts), and 64 blocks a slice on the whole device (the counter's re-arm after eight owners).
+// Among the cases: one live group (m = 1), fewer live groups than blocks (m = 7, 33, 40), 32, 48, 64 and 128 x 256,
+// 128 x 128 and fit (160 and 208 x 128) tiles (those built with a split form), parts of unequal depth (20 SMs: 16 tiles
+// in six parts), and 64 blocks a slice on the whole device (the counter's re-arm after eight owners).
 TEST_CASE("marlin: Hopper wgmma kernel, slices split in parts finished together", "[gpu][marlin][wgmma]") {
   if (!marlin_wgmma_available()) {
     WARN("skipped: no compute capability 9.0 device, or no sm_90a code in this build");
@@ -667,7 +667,8 @@ TEST_CASE("marlin: Hopper wgmma kernel, slices split in parts finished together"
                              {1024, 768, 64, 17, 20},   {1024, 768, 128, 100, 20}, {4096, 512, 64, 33, 0},
                              {4096, 512, 64, 64, 0},    {1024, 768, 128, 100, 24, k128}, {1024, 768, 128, 65, 48, k128},
                              {1024, 768, 160, 150, 24}, {1024, 768, 208, 200, 24}, {1024, 768, 32, 17, 24},
-                             {1024, 768, 32, 32, 12},   {4096, 512, 32, 20, 0}};
+                             {1024, 768, 32, 32, 12},   {4096, 512, 32, 20, 0},    {1024, 768, 48, 40, 24},
+                             {4096, 512, 48, 48, 0}};
   int same_cut_cases = 0;
   for (ActType act : {ActType::F16, ActType::BF16})
     for (int64_t g : {int64_t(-1), int64_t(32), int64_t(128)}) {
@@ -745,13 +746,13 @@ TEST_CASE("marlin: Hopper wgmma kernel under the sanitizers", "[gpu][marlin][wgm
   std::mt19937_64 rng(kSeed + 10);
   for (int64_t g : {int64_t(-1), int64_t(32)}) {
     const Layer L = make_layer(rng, 512, 512, g, ActType::F16);
-    for (int rows : {8, 32, 64, 128, kernels::kWgmmaWideRows})
+    for (int rows : {8, 32, 48, 64, 128, kernels::kWgmmaWideRows})
       for (int pipeline : {1, 2})
         for (int sms : {0, 2})
           for (int64_t m : {int64_t(7), int64_t(100), int64_t(300)}) {
-            // 32 rows: both forms; 64 rows: the producer kernel's form; 256: its only one. 300 tokens: two wide
-            // row chunks.
-            if (pipeline == 2 ? rows < 32 : rows == 64 || rows == kernels::kWgmmaWideRows) continue;
+            // 32 rows: both forms; 64 rows: the producer kernel's form; 48 and 256: its only ones. 300 tokens: two
+            // wide row chunks.
+            if (pipeline == 2 ? rows < 32 : rows == 48 || rows == 64 || rows == kernels::kWgmmaWideRows) continue;
             if (m == 300 && rows != kernels::kWgmmaWideRows) continue;
             RunOpts o;
             o.path = MarlinPath::Wgmma;
@@ -794,10 +795,11 @@ TEST_CASE("marlin: Hopper wgmma kernel under the sanitizers", "[gpu][marlin][wgm
       REQUIRE(takes_early_deposits(m, wide.n, wide.k, sms));
       run_case(wide, m, rng, producer(kernels::kEarlyDepositRows, sms));
     }
-    // Slices split in parts finished together (split_parts_of): 2 slices of 8 tiles in eight parts on 16 SMs (64- and
-    // 32-row tiles), 128-row tiles in four on 8 and in five parts of 1-2 tiles on 10 (m = 30: four live row groups); 4
-    // slices of 128 x 128 in four parts on 16.
+    // Slices split in parts finished together (split_parts_of): 2 slices of 8 tiles in eight parts on 16 SMs (64-,
+    // 48- and 32-row tiles), 128-row tiles in four on 8 and in five parts of 1-2 tiles on 10 (m = 30: four live row
+    // groups); 4 slices of 128 x 128 in four parts on 16.
     for (auto [rows, m, sms, tn] : {std::tuple{64, int64_t(7), 16, 0}, std::tuple{32, int64_t(30), 16, 0},
+                                    std::tuple{48, int64_t(40), 16, 0},
                                     std::tuple{128, int64_t(100), 8, 0},
                                     std::tuple{128, int64_t(30), 10, 0},
                                     std::tuple{128, int64_t(100), 16, kernels::kWgmmaWideTileN}}) {
@@ -1093,7 +1095,7 @@ TEST_CASE("marlin: argument checks return a status", "[gpu][marlin]") {
     b.thread_m_blocks = bad_mb;
     REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
   }
-  for (int bad_rows : {-1, 24, 96, 136, 248, 512}) {  // Hopper token tiles: 8-128 in powers of 2, 144-256 by 16
+  for (int bad_rows : {-1, 24, 96, 136, 248, 512}) {  // Hopper token tiles: 8-128 in powers of 2, 48, 144-256 by 16
     b = g;
     b.wgmma_rows = bad_rows;
     REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
@@ -1115,6 +1117,8 @@ TEST_CASE("marlin: argument checks return a status", "[gpu][marlin]") {
     REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
     b.wgmma_rows = kernels::kWgmmaWideRows;  // the wide tile has the producer pipeline only
     b.wgmma_pipeline = 1;
+    REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
+    b.wgmma_rows = 48;  // and so has the 48-row tile
     REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
     b.wgmma_rows = 128;  // 128 x 128 tiles: the producer pipeline only, 128 rows only, widths 128 and 256 only
     b.thread_n = 128;

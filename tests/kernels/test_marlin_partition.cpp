@@ -180,7 +180,7 @@ TEST_CASE("partition: mma.sync launches cover every tile once and finish", "[ker
 TEST_CASE("partition: Hopper kernel launches stay inside the workspace and finish", "[kernels][partition]") {
   for (const Shape2& s : kLayers) {
     if (s.n % kWgmmaTileN != 0 || s.k % kWgmmaTileK != 0) continue;
-    for (int tile : {8, 16, 32, 64, 128, kWgmmaWideRows, -128, 144, 176, 208, 240})  // -128: 128 x 128; fit tiles
+    for (int tile : {8, 16, 32, 48, 64, 128, kWgmmaWideRows, -128, 144, 176, 208, 240})  // -128: 128 x 128; fit tiles
       for (int occ : {1, 2, 3})
         for (int sms : kSms)
           for (int m : kMs) {
@@ -228,7 +228,7 @@ TEST_CASE("partition: Hopper kernel launches stay inside the workspace and finis
 // and the tail box's rows are exactly m, and the box never exceeds a chunk; where m fills its chunks there is no
 // tail box (the kernel then takes the full map everywhere).
 TEST_CASE("partition: the last row chunk's activation box holds exactly the rows before m", "[kernels][partition]") {
-  for (int rows : {8, 16, 32, 64, 128, 144, 160, 176, 192, 208, 224, 240, kWgmmaWideRows})
+  for (int rows : {8, 16, 32, 48, 64, 128, 144, 160, 176, 192, 208, 224, 240, kWgmmaWideRows})
     for (int m = 1; m <= 3 * rows + 1; ++m) {
       const Partition P = marlin_partition(m, 4, 8, rows, 132);
       const int tail = tma_tail_rows(m, rows);
