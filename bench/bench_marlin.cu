@@ -358,7 +358,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: bench_marlin [--sets llama3-8b,llama3-70b,large,llama3.2-1b,llama3.2-3b,qwen2.5-7b,"
                    "qwen2.5-32b,KxN[gG]] [--ms 1,16,...] [--explore]"
-                   " [--wgmma] [--wgmma-rows 8|16|32|64|128|256] [--wgmma-n 128|256] [--wgmma-pipeline 1|2] [--timeline]"
+                   " [--wgmma] [--wgmma-rows 8|16|32|48|64|128|144-256] [--wgmma-n 128|256] [--wgmma-pipeline 1|2] [--timeline]"
                    " [--timeline-dump DIR] [--host-us] [--sms N] [--auto-only] [--no-wgmma-split] [--soak SEC] [--floor]"
                    " [--floor-tail NS] [--json PATH]\n");
       return 2;
@@ -558,7 +558,7 @@ int main(int argc, char** argv) {
             g.wgmma_split = wgmma_split;
             g.thread_m_blocks = mb;
             g.wgmma_rows = wr;
-            g.wgmma_pipeline = wr >= 64 || (wr == 0 && m > 32) ? wgmma_pipeline : 0;  // 2 needs 64-row tiles
+            g.wgmma_pipeline = wr >= 32 || (wr == 0 && m > 16) ? wgmma_pipeline : 0;  // 2 needs 32-row tiles
             const MarlinStatus s = marlin_gemm(g);
             if (s != MarlinStatus::Ok) {
               std::fprintf(stderr, "marlin_gemm(m=%d k=%d n=%d): %s\n", m, L.k, L.n, marlin_status_name(s));

@@ -20,11 +20,11 @@
 // - m = 33 to 64 (producer warpgroup, 64-row tiles; 48-row ones at m = 33-48 since the forty-first session, kernels/
 //   marlin.cu, wgmma_rows_for: 8B set 67.0-68.6 -> 62.4-64.2 us, 70B 217-232 -> 204-216, H200, call 5): faster on every
 //   set, small layers included (8B m = 64: 89 us against 118 for the best mma.sync tiles, 70B 274 vs 428). Below
-//   kWgmma64MinLayer weights mma.sync: H200
-//   (docs/PERF.md, forty-first session, call 2, the k-split in place), µs at m = 33 / 64, mma.sync against Hopper:
-//   2048 x 1024 7.3 / 7.6 against 8.2 / 8.3, 1536 x 2048 6.6 / 6.9 against 7.3; at 2^22 a tie (2048 x 2048 7.4 / 7.6
-//   against 7.3 / 7.6), above it Hopper (2048 x 3072 10.0 / 10.2 against 7.7 / 7.8). Below 2^22 the 32-row tiles at
-//   m = 17-32 won on some layers and lost on others (1024 x 1024 6.2 -> 5.3, 1536 x 1536 6.4 -> 7.4 at m = 17).
+//   kWgmma64MinLayer weights mma.sync: H200 (docs/PERF.md, forty-first session, call 2, the k-split in place), µs at
+//   m = 33 / 64, mma.sync against Hopper: 2048 x 1024 7.3 / 7.6 against 8.2 / 8.3, 1536 x 2048 6.6 / 6.9 against 7.3;
+//   at 2^22 a tie (2048 x 2048 7.4 / 7.6 against 7.3 / 7.6), above it Hopper (2048 x 3072 10.0 / 10.2 against 7.7 /
+//   7.8). Below 2^22 the 32-row tiles at m = 17-32 won on some layers and lost on others (1024 x 1024 6.2 -> 5.3,
+//   1536 x 1536 6.4 -> 7.4 at m = 17).
 // - m = 65 to 2048 (producer warpgroup, 128-row tiles; on narrow layers 128 x 128 ones since the thirty-first
 //   session, 64-row ones before: wgmma_prefer_128x128 below; from m = 129 fit tiles of 144-240 rows where they pad
 //   m less, since the thirty-third: wgmma_fit_rows, and per layer where whole slices need more chunks of them, since
