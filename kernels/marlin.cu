@@ -105,7 +105,6 @@ const Entry kTable[2][kMaxMBlocks][kNumShapes] = {
 // The warp-specialized pipeline (wgmma_pipeline 2) is built for the token tiles from kWsMinRows up, and is the only
 // one of the 128-column tiles.
 constexpr int kWsMinRows = 32;
-constexpr int kWs48Rows = 48;  // a token tile of this pipeline only
 // Its tiles (rows, columns): 32, 48, 64 and 128 rows of 256 columns (48 only on this pipeline), the wide tile, 128 x
 // 128 (Auto on narrow layers, marlin_dispatch.h, wgmma_prefer_128x128; or MarlinGemm::thread_n), 128 x 192
 // (wgmma_prefer_192, or thread_n) and the fit tiles (marlin_dispatch.h, wgmma_fit_rows).
@@ -464,13 +463,21 @@ MarlinPath auto_path(int dev, int m, int n, int k, int sms, bool cublas_ok) {
   return MarlinPath::Marlin;
 }
 
-// The token tile for m: the smallest of kWgRows that holds it, or where the producer pipeline runs (`producer`) the
-// 48-row tile at m = 33-48, which only that pipeline has.
+// The token tile for m: the shortest 256-column tile that holds it (the tallest, 128 rows, beyond), among kWgRows and,
+// where the producer pipeline runs (`producer`), that pipeline's own (kWsTiles: the 48-row tile at m = 33-48).
 int wgmma_rows_for(int m, bool producer) {
-  if (producer && m > kWsMinRows && m <= kWs48Rows) return kWs48Rows;
+  int rows = kWgRows[kNumWgRows - 1];
   for (int r : kWgRows)
-    if (m <= r) return r;
-  return kWgRows[kNumWgRows - 1];
+    if (m <= r && r < rows) rows = r;
+  if (producer)
+    for (const WsTile& t : kWsTiles)
+      if (t.tn == kWgmmaTileN && m <= t.rows && t.rows < rows) rows = t.rows;
+  return rows;
+}
+// Whether either pipeline has a tile of `rows` token rows (MarlinGemm::wgmma_rows).
+bool wgmma_rows_built(int rows) {
+  return std::find(std::begin(kWgRows), std::end(kWgRows), rows) != std::end(kWgRows) ||
+         std::any_of(std::begin(kWsTiles), std::end(kWsTiles), [rows](const WsTile& t) { return t.rows == rows; });
 }
 
 #if MARLINC_HAVE_SM90A
@@ -803,10 +810,7 @@ MarlinStatus marlin_gemm(const MarlinGemm& g) {
   // counts kMaxLockBlocks blocks.
   if (sms > dev_sms || sms > kMaxSms) return MarlinStatus::BadShape;
 
-  if (g.wgmma_rows != 0 && std::find(std::begin(kWgRows), std::end(kWgRows), g.wgmma_rows) == std::end(kWgRows) &&
-      g.wgmma_rows != kWs48Rows &&
-      g.wgmma_rows != kWgmmaWideRows && !wgmma_fit_tile(g.wgmma_rows))
-    return MarlinStatus::NoConfig;
+  if (g.wgmma_rows != 0 && !wgmma_rows_built(g.wgmma_rows)) return MarlinStatus::NoConfig;
   if (g.wgmma_pipeline < 0 || g.wgmma_pipeline > 2) return MarlinStatus::NoConfig;
   const bool cublas_ok = g.cublas && g.workspace_bytes >= marlin_workspace_bytes(sms, true);
   const MarlinPath path = g.path == MarlinPath::Auto ? auto_path(dev, g.m, g.n, g.k, sms, cublas_ok) : g.path;
