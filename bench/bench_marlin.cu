@@ -18,7 +18,8 @@
 // that launches layer by layer pays on the CPU), first call on new arguments and repeated calls.
 // --auto-only times only cuBLAS and the kernel Auto picks (A/B runs); --sms N plans and launches our
 // kernels as if the device had N SMs (partition experiments); --no-wgmma-split keeps the Hopper kernel in
-// stripes (MarlinGemm::wgmma_split = false). With --explore, m <= 16 also times the
+// stripes (MarlinGemm::wgmma_split = false); --mma-parts N caps the blocks sharing an mma.sync column slice
+// (MarlinGemm::mma_parts; 1: whole slices). With --explore, m <= 16 also times the
 // streaming kernel at each slice width its plan accepts. --floor also times, per layer, a kernel that only
 // reads the layer's packed weights and scales (and one that only reads cuBLAS's fp16 weights), launched as
 // ours are (bench/read_floor.cuh), and prints cuBLAS's time over it: the speedup a kernel that did no
@@ -311,6 +312,7 @@ int main(int argc, char** argv) {
   int sms_arg = 0;
   bool auto_only = false;
   bool wgmma_split = true;  // MarlinGemm::wgmma_split
+  int mma_parts = 0;        // MarlinGemm::mma_parts (the mma.sync kernel's calls, Auto's among them)
   bool time_wgmma = false;
   int wgmma_rows = 0;  // 0: the kernel's own pick for m
   int wgmma_n = 0;     // the Hopper kernel's tile columns (MarlinGemm::thread_n on path Wgmma); 0: its own
@@ -334,6 +336,7 @@ int main(int argc, char** argv) {
     else if (a == "--sms" && i + 1 < argc) sms_arg = std::atoi(argv[++i]);
     else if (a == "--auto-only") auto_only = true;
     else if (a == "--no-wgmma-split") wgmma_split = false;
+    else if (a == "--mma-parts" && i + 1 < argc) mma_parts = std::atoi(argv[++i]);
     else if (a == "--soak" && i + 1 < argc) g_soak_s = std::atof(argv[++i]);
     else if (a == "--timeline-dump" && i + 1 < argc) timeline = true, timeline_dump = argv[++i];
     else if (a == "--sets" && i + 1 < argc) {
@@ -357,9 +360,9 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: bench_marlin [--sets llama3-8b,llama3-70b,large,llama3.2-1b,llama3.2-3b,qwen2.5-7b,"
-                   "qwen2.5-32b,KxN[gG]] [--ms 1,16,...] [--explore]"
+                   "qwen2.5-32b,qwen2.5-1.5b,qwen2.5-0.5b,gemma3-1b,KxN[gG]] [--ms 1,16,...] [--explore]"
                    " [--wgmma] [--wgmma-rows 8|16|32|48|64|128|144-256] [--wgmma-n 128|256] [--wgmma-pipeline 1|2] [--timeline]"
-                   " [--timeline-dump DIR] [--host-us] [--sms N] [--auto-only] [--no-wgmma-split] [--soak SEC] [--floor]"
+                   " [--timeline-dump DIR] [--host-us] [--sms N] [--auto-only] [--no-wgmma-split] [--mma-parts N] [--soak SEC] [--floor]"
                    " [--floor-tail NS] [--json PATH]\n");
       return 2;
     }
@@ -442,6 +445,11 @@ int main(int argc, char** argv) {
       {"llama3.2-3b", 128, {{3072, 5120}, {3072, 3072}, {3072, 16384}, {8192, 3072}}},
       {"qwen2.5-7b", 128, {{3584, 4608}, {3584, 3584}, {3584, 37888}, {18944, 3584}}},
       {"qwen2.5-32b", 128, {{5120, 7168}, {5120, 5120}, {5120, 55296}, {27648, 5120}}},
+      // Small models: no layer of 2^22 weights or more but gate/up and down, and Qwen2.5-0.5B's q/k/v and o are not
+      // a whole number of 256-column slices (n = 1152, 896), so the Hopper kernel cannot run them.
+      {"qwen2.5-1.5b", 128, {{1536, 2048}, {1536, 1536}, {1536, 17920}, {8960, 1536}}},
+      {"qwen2.5-0.5b", 128, {{896, 1152}, {896, 896}, {896, 9728}, {4864, 896}}},
+      {"gemma3-1b", 128, {{1152, 1536}, {1024, 1152}, {1152, 13824}, {6912, 1152}}},
   };
   // One-layer sets named "KxN" (group 128) or "KxNgG" (G = -1, 32, 64 or 128), for profiling one shape.
   for (const std::string& w : sets_wanted) {
@@ -556,6 +564,7 @@ int main(int argc, char** argv) {
             g.workspace = ws; g.workspace_bytes = ws_bytes; g.stream = st; g.cublas = cub; g.num_sms = sms;
             g.path = path; g.thread_k = tk; g.thread_n = tn; g.overlap_previous = overlap;
             g.wgmma_split = wgmma_split;
+            g.mma_parts = mma_parts;
             g.thread_m_blocks = mb;
             g.wgmma_rows = wr;
             g.wgmma_pipeline = wr >= 32 || (wr == 0 && m > 16) ? wgmma_pipeline : 0;  // 2 needs 32-row tiles

@@ -463,6 +463,7 @@ MarlinPath auto_path(int dev, int m, int n, int k, int sms, bool cublas_ok) {
       case HopperAutoPick::MmaSync: return MarlinPath::Marlin;
     }
   }
+  if (cublas_ok && wgmma_runs_on(dev) && hopper_mma_only_dq(m, int64_t(n) * k)) return MarlinPath::DequantCublas;
   if (cublas_ok && m >= marlin_cublas_min_m(n, k)) return MarlinPath::DequantCublas;
   return MarlinPath::Marlin;
 }
@@ -826,11 +827,11 @@ MarlinStatus marlin_gemm(const MarlinGemm& g) {
   if (g.workspace_bytes < marlin_workspace_bytes(sms, false)) return MarlinStatus::WorkspaceTooSmall;
   if (path == MarlinPath::Wgmma) return run_wgmma(g, groups, shift, sms, dev);
   if (path == MarlinPath::Stream) return run_stream(g, groups, shift, sms, dev);
-  if (g.thread_m_blocks < 0 || g.thread_m_blocks > kMaxMBlocks) return MarlinStatus::NoConfig;
+  if (g.thread_m_blocks < 0 || g.thread_m_blocks > kMaxMBlocks || g.mma_parts < 0) return MarlinStatus::NoConfig;
   const int mb = g.thread_m_blocks > 0 ? g.thread_m_blocks : m_blocks_for(g.m, g.n, g.k);
   // Tiles left to the launcher: whole-k stripes where kernels/marlin_dispatch.h's rule holds.
-  const bool whole_k = g.thread_k == 0 && g.thread_n == 0 && g.thread_m_blocks == 0 &&
-                       whole_k_stripes(g.m, g.n, g.k, sms * kMaxBlocksPerSm);
+  const bool tiles_free = g.thread_k == 0 && g.thread_n == 0 && g.thread_m_blocks == 0;
+  const bool whole_k = tiles_free && whole_k_stripes(g.m, g.n, g.k, sms * kMaxBlocksPerSm);
   int shape = -1;
   if (g.thread_k != 0 || g.thread_n != 0) {
     for (int i = 0; i < kNumShapes; ++i)
@@ -851,6 +852,10 @@ MarlinStatus marlin_gemm(const MarlinGemm& g) {
     return MarlinStatus::BadShape;
   int max_blocks = sms * std::min(pr.blocks_per_sm, kMaxBlocksPerSm);
   if (whole_k) max_blocks = std::min(max_blocks, g.n / t.tn);  // one block per column slice (one row chunk)
+  // Fewer blocks per slice: forced, or Auto's on shallow layers (marlin_dispatch.h, mma_auto_parts) where the tiles
+  // are the launcher's own.
+  const int parts = g.mma_parts > 0 ? g.mma_parts : tiles_free && !whole_k ? mma_auto_parts(g.m, g.k) : 0;
+  if (parts > 0) max_blocks = mma_parts_blocks(g.m, g.n / t.tn, g.k / t.tk, 16 * mb, max_blocks, parts);
   const Partition P = partition(g.m, g.n, g.k, 16 * mb, t, max_blocks);
 
   LaunchOpts o;

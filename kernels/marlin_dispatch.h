@@ -66,6 +66,27 @@ constexpr bool whole_k_stripes(int m, int n, int k, int slots) {
   return slices <= slots && slices * 100 >= int64_t(slots) * kWholeKMinFillPct;
 }
 
+// The mma.sync kernel's blocks per column slice on shallow layers (m <= 64), where the stripes' partial tiles cost more
+// than the depth they cut: a slice shared by several blocks waits for their fp32 deposits, about 1.5 us plus 0.3 per
+// deposit, while a 128-deep tile streams in about 0.3 us. So whole slices (1) up to kMmaWholeMaxK deep (at m <= 16 up
+// to kMmaWholeMaxK16), kMmaFewParts parts up to kMmaFewPartsMaxK deep at m <= 32; 0 elsewhere (the plain stripes).
+// The grid shrinks to fit (marlin_partition.h, mma_parts_blocks), so a layer with more slices than blocks keeps its
+// stripes. H200 (docs/PERF.md, forty-second session, call 3), us at m = 1 / 16 / 32 / 64, stripes -> this rule:
+// - whole: 896 x 896 5.1 / 5.8 / 6.4 / 6.6 -> 3.2 / 3.4 / 4.5 / 4.5, 896 x 1152 5.1 / 5.8 / 6.3 / 6.7 -> 3.2 / 3.5 /
+//   4.5 / 4.5, 1024 x 1152 5.4 / 6.2 / 6.8 / 6.2 -> 3.5 / 3.6 / 4.9 / 5.0, 1152 x 1536 5.7 / 6.6 / 7.2 / 8.0 -> 3.8 /
+//   3.9 / 5.4 / 5.5; 1536 x 1536 5.3 / 6.0 -> 4.6 / 4.7 (at m = 48 9.4 against 6.7: not past m = 16);
+// - four parts: 2048 x 1024 7.3 / 8.6 / 9.3 -> 5.1 / 5.6 / 6.9, 3072 x 1024 6.7 / 7.7 / 8.7 -> 5.9 / 6.3 / 8.1, 1536 x
+//   1536 at m = 32 6.8 -> 6.5 (at m = 48-64 level or slower: 3072 x 1024 8.0 / 8.1 -> 8.4 / 8.7);
+// - left alone: 4864 and 6912 deep, where the stripes were fastest from m = 32 (4864 x 896 11.2 against 12.0-18.3).
+// Llama-3's layers (4096 deep and more) keep their stripes.
+constexpr int kMmaWholeMaxK = 1152, kMmaWholeMaxK16 = 1536;
+constexpr int kMmaFewParts = 4, kMmaFewPartsMaxK = 3072, kMmaFewPartsMaxM = 32;
+constexpr int mma_auto_parts(int m, int k) {
+  if (m < 1 || m > 64) return 0;
+  if (k <= kMmaWholeMaxK || (m <= 16 && k <= kMmaWholeMaxK16)) return 1;
+  return m <= kMmaFewPartsMaxM && k <= kMmaFewPartsMaxK ? kMmaFewParts : 0;
+}
+
 // m <= 16 on the Hopper device: the streaming kernel (kernels/sm90/marlin_stream.cuh, one block per SM fed
 // by TMA). stream_plan picks its slice width and k-split: blocks = slices x split at most one per SM, the
 // split that keeps the most SMs busy, the narrower slice on ties (fewer partial tiles); split 0 (stripes
@@ -504,6 +525,21 @@ constexpr HopperAutoPick hopper_auto_pick(int m, int64_t weights) {
   if (m <= kWgmma64MaxM) return weights >= kWgmma64MinLayer ? HopperAutoPick::Hopper : HopperAutoPick::MmaSync;
   if (m > kWgmmaMaxM || (weights < kWgmmaSmallLayer && m > kWgmmaSmallLayerMaxM)) return HopperAutoPick::DequantCublas;
   return HopperAutoPick::Hopper;
+}
+
+// m > 64 on a Hopper device, on layers the Hopper kernel cannot run (n % 256 != 0: Qwen2.5-0.5B's q/k/v, o and
+// down, Gemma-3-1B's o and down): dequantize + cuBLAS from m = 65 on layers of up to kMmaOnlyDqMaxLayer weights, from
+// kMmaOnlyDqMinM on every layer, instead of the mma.sync kernel (whose 64-row tiles run these layers at a third of
+// cuBLAS's speed). H200 (docs/PERF.md, forty-second session, call 1), us, mma.sync against dequantize + cuBLAS: 896 x
+// 896 at m = 128 / 256 / 384 19.5 / 17.3 / 18.0 -> 5.6 / 5.8 / 5.8, 896 x 1152 19.9 / 17.9 / 16.2 -> 5.9 / 6.6 / 6.7,
+// 4864 x 896 29.6 / 27.6 / 27.2 -> 14.1 / 14.7 / 16.4; on the Llama-3.2 layers (timed on the mma.sync kernel, which
+// Auto no longer gives them) at m = 128 3072 x 3072 26.7 -> 18.3 and 2048 x 3072 20.1 -> 13.3, but 3072 x 5120 (2^23.9)
+// 29.8 -> 34.5 and 8192 x 2048 29.5 -> 40.8 slower; at m = 256 every layer faster or level (2048 x 16384 77.5 -> 67.6,
+// 8192 x 2048 45.0 -> 44.6) and at 384 every one faster.
+constexpr int kMmaOnlyDqMinM = 256;
+constexpr int64_t kMmaOnlyDqMaxLayer = int64_t(3) << 22;  // 2^23.6, above 3072 x 3072
+constexpr bool hopper_mma_only_dq(int m, int64_t weights) {
+  return m > kWgmma64MaxM && (m >= kMmaOnlyDqMinM || weights <= kMmaOnlyDqMaxLayer);
 }
 
 }  // namespace marlinc::kernels

@@ -86,6 +86,15 @@ inline Partition marlin_partition(int m, int n_tiles, int k_tiles, int rows, int
   return P;
 }
 
+// The mma.sync kernel's grid for stripes of ceil(k_tiles / parts) tiles, so that about `parts` blocks share each column
+// slice of a row chunk (parts = 1: every block owns whole slices and no block deposits a partial tile), at most
+// max_blocks. MarlinGemm::mma_parts forces it; Auto takes it on small layers (kernels/marlin_dispatch.h).
+inline int mma_parts_blocks(int m, int n_tiles, int k_tiles, int rows, int max_blocks, int parts) {
+  const int64_t par = ceil_div_int(m, rows), iters = ceil_div_int(k_tiles, parts);
+  const int64_t blocks = par * ceil_div_int(int64_t(n_tiles) * k_tiles, iters);
+  return blocks < max_blocks ? int(blocks) : max_blocks;
+}
+
 // The first and last block (of the group starting at base_b) whose stripes touch column slice `slice`
 // of a row chunk. The first one reaches the slice at the end of its stripe, so it is the finisher: it
 // waits for the others' fp32 deposits, adds them in block order and writes C.

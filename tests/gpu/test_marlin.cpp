@@ -184,6 +184,7 @@ struct RunOpts {
   MarlinPath path = MarlinPath::Marlin;
   int thread_k = 0, thread_n = 0;
   int thread_m_blocks = 0;
+  int mma_parts = 0;
   int wgmma_rows = 0;
   int wgmma_pipeline = 0;
   int num_sms = 0;
@@ -220,12 +221,13 @@ std::vector<uint16_t> gemm_out(const Layer& L, const std::vector<uint16_t>& A, c
   g.thread_k = o.thread_k;
   g.thread_n = o.thread_n;
   g.thread_m_blocks = o.thread_m_blocks;
+  g.mma_parts = o.mma_parts;
   g.wgmma_rows = o.wgmma_rows;
   g.wgmma_pipeline = o.wgmma_pipeline;
   g.wgmma_split = o.wgmma_split;
   INFO("wgmma_split " << o.wgmma_split);
   INFO("wgmma_rows " << o.wgmma_rows << " wgmma_pipeline " << o.wgmma_pipeline);
-  INFO("m_blocks " << o.thread_m_blocks << " m " << m << " k " << L.k << " n " << L.n << " g " << L.group << " act " << int(L.act) << " tiles ("
+  INFO("m_blocks " << o.thread_m_blocks << " mma_parts " << o.mma_parts << " m " << m << " k " << L.k << " n " << L.n << " g " << L.group << " act " << int(L.act) << " tiles ("
             << o.thread_k << "," << o.thread_n << ") sms " << o.num_sms << " path " << int(o.path));
   const MarlinStatus st = marlin_gemm(g);
   INFO("status: " << marlin_status_name(st));
@@ -428,6 +430,33 @@ TEST_CASE("marlin: whole-k stripes, one block per column slice", "[gpu][marlin][
   o.num_sms = 3;
   o.path = MarlinPath::Auto;
   run_case(Lb, 16, rng, o);
+}
+
+// Fewer blocks on a slice (MarlinGemm::mma_parts, kernels/marlin_partition.h, mma_parts_blocks): whole slices (1), and
+// stripes of ceil(k tiles / parts) that cross slices where the parts do not divide the depth (896 deep: seven 128-deep
+// tiles), on one and several row chunks (m = 100 on 32-row tiles: four), Auto and the forced mma.sync path.
+TEST_CASE("marlin: mma.sync stripes with a forced count of blocks per slice", "[gpu][marlin][sanitize]") {
+  std::mt19937_64 rng(kSeed + 23);
+  REQUIRE(kernels::mma_parts_blocks(1, 14, 7, 16, 264, 1) == 14);
+  REQUIRE(kernels::mma_parts_blocks(100, 14, 7, 32, 264, 2) == 4 * 25);  // stripes of 4 tiles: 25 per chunk
+  REQUIRE(kernels::mma_parts_blocks(100, 14, 7, 32, 64, 2) == 64);
+  for (int64_t g : {int64_t(-1), int64_t(128)}) {
+    const Layer L = make_layer(rng, 896, 896, g, ActType::F16);
+    for (int parts : {1, 2, 3, 7})
+      for (int64_t m : {int64_t(1), int64_t(16), int64_t(33), int64_t(100)}) {
+        RunOpts o;
+        o.mma_parts = parts;
+        o.thread_m_blocks = m == 100 ? 2 : 0;
+        o.path = parts == 2 ? MarlinPath::Auto : MarlinPath::Marlin;
+        run_case(L, m, rng, o);
+      }
+  }
+  const Layer Lb = make_layer(rng, 1152, 384, 64, ActType::BF16);
+  RunOpts o;
+  o.mma_parts = 2;
+  o.thread_k = 128;
+  o.thread_n = 128;
+  run_case(Lb, 40, rng, o);
 }
 
 // marlin_timeline: a MARLINC_TIMELINE=ON build (scripts/experiments/timeline.sh) writes one ordered record
@@ -1015,6 +1044,13 @@ TEST_CASE("marlin: other models' narrow layer shapes", "[gpu][marlin][models]") 
   }
   const Layer L = make_layer(rng, 3584, 4608, 64, ActType::BF16);
   run_auto_ms(L, {3, 12}, rng);
+  // Small models' layers (Qwen2.5-0.5B, Gemma-3-1B, Qwen3-0.6B): the mma.sync kernel with whole slices or four parts
+  // (kernels/marlin_dispatch.h, mma_auto_parts) at m <= 64, dequantize + cuBLAS above where n % 256 != 0.
+  const int64_t small[][2] = {{896, 896}, {896, 1152}, {4864, 896}, {1024, 1152}, {1152, 1536}, {2048, 1024}};
+  for (auto& kn : small) {
+    const Layer Ls = make_layer(rng, kn[0], kn[1], 128, ActType::F16);
+    run_auto_ms(Ls, {1, 16, 32, 64, 100, 300}, rng);
+  }
 }
 
 TEST_CASE("marlin: the original packer's golden files", "[gpu][marlin][golden]") {
@@ -1095,6 +1131,9 @@ TEST_CASE("marlin: argument checks return a status", "[gpu][marlin]") {
     b.thread_m_blocks = bad_mb;
     REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
   }
+  b = g;
+  b.mma_parts = -1;
+  REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
   for (int bad_rows : {-1, 24, 96, 136, 248, 512}) {  // Hopper token tiles: 8-128 in powers of 2, 48, 144-256 by 16
     b = g;
     b.wgmma_rows = bad_rows;

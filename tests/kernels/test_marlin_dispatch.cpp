@@ -104,6 +104,43 @@ TEST_CASE("dispatch: above m = 16 never mma.sync on Llama-3's layers, dequantize
   }
 }
 
+// Small models' shallow layers (Qwen2.5-0.5B, Gemma-3-1B, Qwen3-0.6B, Qwen2.5-1.5B) on the mma.sync kernel: whole
+// slices up to 1152 deep (1536 at m <= 16), four parts up to 3072 deep at m <= 32; Llama-3's layers keep their stripes.
+TEST_CASE("dispatch: the mma.sync kernel's blocks per slice on shallow layers", "[kernels][dispatch]") {
+  for (int m : {1, 16, 17, 33, 64}) {
+    INFO("m " << m);
+    CHECK(mma_auto_parts(m, 896) == 1);
+    CHECK(mma_auto_parts(m, 1152) == 1);
+    CHECK(mma_auto_parts(m, 4864) == 0);
+    for (const Layer& L : {kQkv8B, kO8B, kGateUp8B, kDown8B, kQkv70B, kDown70B, kLarge, kDown1B}) {
+      INFO(L.name);
+      CHECK(mma_auto_parts(m, L.k) == 0);
+    }
+  }
+  CHECK(mma_auto_parts(16, 1536) == 1);
+  CHECK(mma_auto_parts(17, 1536) == kMmaFewParts);  // 1536 x 1536 at m = 48: whole slices 9.4 against 6.7 us
+  CHECK(mma_auto_parts(32, 3072) == kMmaFewParts);
+  CHECK(mma_auto_parts(33, 2048) == 0);  // 3072 x 1024 at m = 48-64: four parts slower
+  CHECK(mma_auto_parts(8, 3200) == 0);
+  CHECK(mma_auto_parts(65, 896) == 0);
+  CHECK(mma_auto_parts(0, 896) == 0);
+}
+
+// Layers the Hopper kernel cannot run (n % 256 != 0) above m = 64 on a Hopper device: dequantize + cuBLAS on small
+// layers (Qwen2.5-0.5B's 896 x 896, 896 x 1152, 4864 x 896; Gemma-3-1B's 6912 x 1152), on every layer from m = 256.
+TEST_CASE("dispatch: dequantize + cuBLAS above m = 64 on small layers the Hopper kernel cannot run",
+          "[kernels][dispatch]") {
+  for (int64_t w : {int64_t(896) * 896, int64_t(896) * 1152, int64_t(4864) * 896, int64_t(6912) * 1152}) {
+    CHECK_FALSE(hopper_mma_only_dq(64, w));
+    CHECK(hopper_mma_only_dq(65, w));
+    CHECK(hopper_mma_only_dq(511, w));
+  }
+  CHECK(hopper_mma_only_dq(100, int64_t(3072) * 3072));
+  CHECK_FALSE(hopper_mma_only_dq(255, int64_t(3072) * 5120));  // mma.sync 29.8 against 34.5 us at m = 128
+  CHECK(hopper_mma_only_dq(256, int64_t(3072) * 5120));
+  CHECK(hopper_mma_only_dq(4096, int64_t(1) << 30));
+}
+
 TEST_CASE("dispatch: whole-k stripes at m <= 16 where 128-wide slices fill 75-100% of the SM slots",
           "[kernels][dispatch]") {
   constexpr int kH100Slots = 132 * 2;  // SMs x blocks per SM of the 16-row mma.sync kernel

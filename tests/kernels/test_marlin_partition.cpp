@@ -177,6 +177,29 @@ TEST_CASE("partition: mma.sync launches cover every tile once and finish", "[ker
     }
 }
 
+// MarlinGemm::mma_parts and Auto's shallow-layer rule (kernels/marlin_dispatch.h, mma_auto_parts): the grid cut to
+// about `parts` blocks a slice still covers every tile once; one part gives every block whole slices.
+TEST_CASE("partition: mma.sync launches with fewer blocks per slice", "[kernels][partition]") {
+  const int shallow[][2] = {{896, 896}, {896, 1152}, {1152, 384}, {1536, 1536}, {2048, 1024}, {3072, 1024}, {4864, 896}};
+  for (auto& kn : shallow)
+    for (int tn : {64, 128})
+      for (int mb : {1, 2, 4})
+        for (int parts : {1, 2, 3, 4, 7})
+          for (int sms : {3, 132})
+            for (int m : {1, 16, 33, 64, 100}) {
+              if (kn[1] % tn != 0) continue;
+              const int k_tiles = kn[0] / 128, n_tiles = kn[1] / tn, rows = 16 * mb, all = sms * 2;
+              const int blocks = mma_parts_blocks(m, n_tiles, k_tiles, rows, all, parts);
+              const Launch L{m, kn[1], kn[0], rows, tn, 128, sms, blocks, size_t(rows) * tn,
+                             kMaxBlocksPerSm * kPartFloatsPerBlock};
+              replay(L);
+              const Partition P = marlin_partition(m, n_tiles, k_tiles, rows, blocks);
+              INFO("parts " << parts << " blocks " << blocks << " of " << all << " iters " << P.iters);
+              if (blocks < all) CHECK(P.iters >= (k_tiles + parts - 1) / parts);  // the cap bound: stripes no shorter
+              if (parts == 1 && blocks < all) CHECK(P.iters % k_tiles == 0);  // whole slices, none shared
+            }
+}
+
 TEST_CASE("partition: Hopper kernel launches stay inside the workspace and finish", "[kernels][partition]") {
   for (const Shape2& s : kLayers) {
     if (s.n % kWgmmaTileN != 0 || s.k % kWgmmaTileK != 0) continue;
