@@ -204,12 +204,28 @@ constexpr StreamPlan stream_fill_plan(int n, int k, int sms, int tn_forced) {
   }
   return best;
 }
+// Small layers that neither the short rule nor the fill search plans (too few slices to fill the SMs): stripes of
+// 64-column slices, one 512-deep stage a block where the stripes are short, up to kStreamSmallMaxLayer weights and
+// kStreamSmallMinK to kStreamSmallMaxK deep (three to six stages: as many deposits per slice as were timed). Against the mma.sync kernel's whole slices or four parts (mma_auto_parts) they cost a deposit
+// per stage but stream each block's one stage by TMA. H200 (docs/PERF.md, forty-second session, calls 2 and 4,
+// --explore), us at m = 1 / 8 / 16, mma.sync -> 64-column stripes: 1536 x 1536 4.7 / 4.7 / 4.7 -> 4.2 / 4.2 / 4.5,
+// 1536 x 2048 4.7 / 4.7 / 4.7 -> 4.2 / 4.2 / 4.6, 2048 x 1024 5.2 / 5.2 / 5.7 -> 4.3 / 4.4 / 4.8, 3072 x 1024 5.9 /
+// 5.9 / 6.4 -> 4.9 / 5.0 / 5.5; 1024 deep (two stages) they lost to whole slices: 1024 x 1152 3.5 / 3.6 / 3.7 against
+// 3.7 / 3.6 / 4.0.
+constexpr int64_t kStreamSmallMaxLayer = int64_t(1) << 22;
+constexpr int kStreamSmallMinK = 3 * 512, kStreamSmallMaxK = 6 * 512;
+constexpr bool stream_small_stripes(int n, int k) {
+  return int64_t(n) * k <= kStreamSmallMaxLayer && k >= kStreamSmallMinK && k <= kStreamSmallMaxK &&
+         stream_width_fits(n, k, kStreamTn[0]);
+}
 constexpr StreamPlan stream_plan(int n, int k, int sms, int tn_forced) {
   if (tn_forced == 0) {
     const StreamPlan s = stream_short_plan(n, k, sms);
     if (s.tn != 0) return s;
   }
-  return stream_fill_plan(n, k, sms, tn_forced);
+  const StreamPlan f = stream_fill_plan(n, k, sms, tn_forced);
+  if (tn_forced == 0 && f.split == 0 && f.rounds == 0 && stream_small_stripes(n, k)) return {kStreamTn[0], 0, 0};
+  return f;
 }
 // A block's tiles in the streaming kernel (slice-major tile index), as ranges: `rounds` whole slices
 // r x grid + b (r < rounds), then [t0, t1): part b % split of slice rounds x grid + b / split (empty where
@@ -253,7 +269,7 @@ constexpr bool stream_auto(int m, int n, int k, int sms) {
   if (m < 1 || m > kStreamMaxM) return false;
   if (stream_short_plan(n, k, sms).tn != 0) return true;  // the short rule (above): measured at m = 1-16
   const StreamPlan p = stream_fill_plan(n, k, sms, 0);
-  return p.tn != 0 && p.split > 0;
+  return p.tn != 0 && (p.split > 0 || (p.rounds == 0 && stream_small_stripes(n, k)));
 }
 
 // m > 64 on the Hopper kernel: 128 x 256 tiles, or 128 x 128 ones where the 128 x 256 partition leaves so few
@@ -513,6 +529,15 @@ constexpr int64_t kWgmma64MinLayer = int64_t(1) << 22;    // Llama-3.2-1B o (2^2
 constexpr int64_t kWgmmaSmallLayer = int64_t(1) << 26;    // below it, dequantize + cuBLAS above 2048
 constexpr int kWgmmaSmallLayerMaxM = 2048;
 constexpr int kWgmmaMaxM = 4096;
+// Tiny layers at m = 129 to 512: dequantize + cuBLAS. Their whole product is a few microseconds of cuBLAS, and the
+// Hopper kernel's 12-24 tiles of 128 x 128 (or fewer fit tiles) leave its fixed cost, deposits and finish exposed. H200
+// (docs/PERF.md, forty-second session, call 5), us at m = 144 / 256 / 384 / 512, 128 x 128 tiles (Auto's at m = 256
+// and 512; the fit tiles Auto takes at 144 and 384 were slower still, call 4) against dequantize + cuBLAS: 1152 x
+// 1536 9.1 / 9.3 / 10.1 / 10.1 -> 7.4 / 7.4 / 7.9 / 8.6, 1536 x 1536 9.9 / 10.1 / 10.6 / 10.8 -> 8.5 / 8.7 / 9.2 / 10.2,
+// 2048 x 1024 10.1 / 10.2 / 10.8 / 10.1 -> 8.8 / 9.2 / 9.1 / 9.4; from 3 x 2^20 weights level or slower (1536 x 2048
+// 9.4 / 9.2 / 10.6 / 10.1 against 9.2 / 9.7 / 10.5 / 11.5, 3072 x 1024, 2048 x 2048), and at m = 1024 slower on all.
+constexpr int64_t kWgmmaTinyDqMaxLayer = int64_t(5) << 19;  // 2.6M, above 1536 x 1536
+constexpr int kWgmmaTinyDqMinM = 129, kWgmmaTinyDqMaxM = 512;
 
 // weights = n * k of the layer.
 constexpr HopperAutoPick hopper_auto_pick(int m, int64_t weights) {
@@ -523,6 +548,8 @@ constexpr HopperAutoPick hopper_auto_pick(int m, int64_t weights) {
     return weights >= kWgmma16MinLayer && weights <= kWgmmaMidMaxLayer ? HopperAutoPick::Hopper
                                                                          : HopperAutoPick::MmaSync;
   if (m <= kWgmma64MaxM) return weights >= kWgmma64MinLayer ? HopperAutoPick::Hopper : HopperAutoPick::MmaSync;
+  if (m >= kWgmmaTinyDqMinM && m <= kWgmmaTinyDqMaxM && weights <= kWgmmaTinyDqMaxLayer)
+    return HopperAutoPick::DequantCublas;
   if (m > kWgmmaMaxM || (weights < kWgmmaSmallLayer && m > kWgmmaSmallLayerMaxM)) return HopperAutoPick::DequantCublas;
   return HopperAutoPick::Hopper;
 }

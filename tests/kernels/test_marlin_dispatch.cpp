@@ -126,6 +126,42 @@ TEST_CASE("dispatch: the mma.sync kernel's blocks per slice on shallow layers", 
   CHECK(mma_auto_parts(0, 896) == 0);
 }
 
+// Small layers that no other streaming plan takes: 64-column stripes from three 512-deep stages, up to 2^22 weights.
+TEST_CASE("dispatch: small layers stream in 64-column stripes at m <= 16", "[kernels][dispatch]") {
+  constexpr int kSms = 132;
+  const int stripes[][2] = {{1536, 1536}, {1536, 2048}, {2048, 1024}, {3072, 1024}};
+  for (auto& kn : stripes) {
+    INFO("k " << kn[0] << " n " << kn[1]);
+    CHECK(stream_small_stripes(kn[1], kn[0]));
+    const StreamPlan p = stream_plan(kn[1], kn[0], kSms, 0);
+    CHECK(p.tn == 64);
+    CHECK(p.split == 0);
+    CHECK(p.rounds == 0);
+    CHECK(stream_auto(16, kn[1], kn[0], kSms));
+    CHECK_FALSE(stream_auto(17, kn[1], kn[0], kSms));
+  }
+  CHECK_FALSE(stream_small_stripes(1152, 1024));  // two stages: the mma.sync kernel's whole slices were faster
+  CHECK_FALSE(stream_small_stripes(896, 4864));   // 4864 is not a whole number of 512-deep stages
+  CHECK_FALSE(stream_small_stripes(2048, 3072));  // above 2^22 weights
+  CHECK_FALSE(stream_small_stripes(192, 4096));   // eight stages: deeper splits than timed
+  CHECK_FALSE(stream_auto(1, 1152, 1024, kSms));
+  // 2048 x 2048 (2^22) keeps the fill search's 64-column quarters.
+  CHECK(stream_plan(2048, 2048, kSms, 0).split == 4);
+}
+
+// Tiny layers the Hopper kernel runs (Gemma-3-1B q/k/v 1152 x 1536, Qwen2.5-1.5B o 1536 x 1536, Qwen3-0.6B o 2048 x
+// 1024): dequantize + cuBLAS at m = 129-512; 1536 x 2048 (3 x 2^20) and Llama-3.2-1B o (2^22) keep the Hopper kernel.
+TEST_CASE("dispatch: dequantize + cuBLAS on tiny layers at m = 129-512", "[kernels][dispatch]") {
+  for (int64_t w : {int64_t(1152) * 1536, int64_t(1536) * 1536, int64_t(2048) * 1024}) {
+    CHECK(hopper_auto_pick(128, w) == HopperAutoPick::Hopper);
+    CHECK(hopper_auto_pick(129, w) == HopperAutoPick::DequantCublas);
+    CHECK(hopper_auto_pick(512, w) == HopperAutoPick::DequantCublas);
+    CHECK(hopper_auto_pick(513, w) == HopperAutoPick::Hopper);
+  }
+  for (int64_t w : {int64_t(1536) * 2048, int64_t(2048) * 2048, int64_t(1024) * 4096})
+    for (int m : {129, 256, 512}) CHECK(hopper_auto_pick(m, w) == HopperAutoPick::Hopper);
+}
+
 // Layers the Hopper kernel cannot run (n % 256 != 0) above m = 64 on a Hopper device: dequantize + cuBLAS on small
 // layers (Qwen2.5-0.5B's 896 x 896, 896 x 1152, 4864 x 896; Gemma-3-1B's 6912 x 1152), on every layer from m = 256.
 TEST_CASE("dispatch: dequantize + cuBLAS above m = 64 on small layers the Hopper kernel cannot run",
