@@ -362,7 +362,8 @@ int main(int argc, char** argv) {
                    "usage: bench_marlin [--sets llama3-8b,llama3-70b,large,llama3.2-1b,llama3.2-3b,qwen2.5-7b,"
                    "qwen2.5-32b,qwen2.5-1.5b,qwen2.5-0.5b,gemma3-1b,KxN[gG]] [--ms 1,16,...] [--explore]"
                    " [--wgmma] [--wgmma-rows 8|16|32|48|64|128|144-256] [--wgmma-n 128|256] [--wgmma-pipeline 1|2] [--timeline]"
-                   " [--timeline-dump DIR] [--host-us] [--sms N] [--auto-only] [--no-wgmma-split] [--mma-parts N] [--soak SEC] [--floor]"
+                   " [--timeline-dump DIR] [--host-us] [--sms N] [--auto-only] [--no-wgmma-split] [--mma-parts N]"
+                   " [--soak SEC] [--floor]"
                    " [--floor-tail NS] [--json PATH]\n");
       return 2;
     }

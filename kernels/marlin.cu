@@ -404,7 +404,8 @@ const char* marlin_status_name(MarlinStatus s) {
     case MarlinStatus::BadAlignment: return "pointer not 16-byte aligned";
     case MarlinStatus::WorkspaceTooSmall: return "workspace too small";
     case MarlinStatus::NoConfig:
-      return "forced configuration does not fit the shape or device (thread_m_blocks not in 0..4, wgmma_rows not "
+      return "forced configuration does not fit the shape or device (thread_m_blocks not in 0..4, mma_parts below 0, "
+             "wgmma_rows not "
              "0/8/16/32/48/64/128 or 144-256 by 16, wgmma_pipeline not 0..2, 2 below 32 rows or 1 on 48 or above 128, "
              "path Wgmma with thread_n other than 0, 256 (up to 128 rows), 128 (128 rows or more, pipeline 2) or 192 (128 rows, "
              "pipeline 2, n % 192 == 0), path Wgmma "

@@ -206,12 +206,13 @@ constexpr StreamPlan stream_fill_plan(int n, int k, int sms, int tn_forced) {
 }
 // Small layers that neither the short rule nor the fill search plans (too few slices to fill the SMs): stripes of
 // 64-column slices, one 512-deep stage a block where the stripes are short, up to kStreamSmallMaxLayer weights and
-// kStreamSmallMinK to kStreamSmallMaxK deep (three to six stages: as many deposits per slice as were timed). Against the mma.sync kernel's whole slices or four parts (mma_auto_parts) they cost a deposit
-// per stage but stream each block's one stage by TMA. H200 (docs/PERF.md, forty-second session, calls 2 and 4,
-// --explore), us at m = 1 / 8 / 16, mma.sync -> 64-column stripes: 1536 x 1536 4.7 / 4.7 / 4.7 -> 4.2 / 4.2 / 4.5,
-// 1536 x 2048 4.7 / 4.7 / 4.7 -> 4.2 / 4.2 / 4.6, 2048 x 1024 5.2 / 5.2 / 5.7 -> 4.3 / 4.4 / 4.8, 3072 x 1024 5.9 /
-// 5.9 / 6.4 -> 4.9 / 5.0 / 5.5; 1024 deep (two stages) they lost to whole slices: 1024 x 1152 3.5 / 3.6 / 3.7 against
-// 3.7 / 3.6 / 4.0.
+// kStreamSmallMinK to kStreamSmallMaxK deep (three to six stages: as many deposits per slice as were timed). Against
+// the mma.sync kernel's whole slices or four parts (mma_auto_parts) they cost a deposit per stage but stream each
+// block's one stage by TMA. H200 (docs/PERF.md, forty-second session; call 5, Auto before and after, two runs each:
+// 1536 x 1536 5.3 -> 4.1 us at m = 1, 2048 x 1024 7.3 -> 4.3, 3072 x 1024 6.6-6.7 -> 4.9; call 4, --explore), us at m =
+// 1 / 8 / 16, mma.sync -> 64-column stripes: 1536 x 1536 4.7 / 4.7 / 4.7 -> 4.2 / 4.2 / 4.5, 1536 x 2048 4.7 / 4.7 /
+// 4.7 -> 4.2 / 4.2 / 4.6, 2048 x 1024 5.2 / 5.2 / 5.7 -> 4.3 / 4.4 / 4.8, 3072 x 1024 5.9 / 5.9 / 6.4 -> 4.9 / 5.0 /
+// 5.5; 1024 deep (two stages) they lost to whole slices: 1024 x 1152 3.5 / 3.6 / 3.7 against 3.7 / 3.6 / 4.0.
 constexpr int64_t kStreamSmallMaxLayer = int64_t(1) << 22;
 constexpr int kStreamSmallMinK = 3 * 512, kStreamSmallMaxK = 6 * 512;
 constexpr bool stream_small_stripes(int n, int k) {
@@ -531,11 +532,11 @@ constexpr int kWgmmaSmallLayerMaxM = 2048;
 constexpr int kWgmmaMaxM = 4096;
 // Tiny layers at m = 129 to 512: dequantize + cuBLAS. Their whole product is a few microseconds of cuBLAS, and the
 // Hopper kernel's 12-24 tiles of 128 x 128 (or fewer fit tiles) leave its fixed cost, deposits and finish exposed. H200
-// (docs/PERF.md, forty-second session, call 5), us at m = 144 / 256 / 384 / 512, 128 x 128 tiles (Auto's at m = 256
-// and 512; the fit tiles Auto takes at 144 and 384 were slower still, call 4) against dequantize + cuBLAS: 1152 x
-// 1536 9.1 / 9.3 / 10.1 / 10.1 -> 7.4 / 7.4 / 7.9 / 8.6, 1536 x 1536 9.9 / 10.1 / 10.6 / 10.8 -> 8.5 / 8.7 / 9.2 / 10.2,
-// 2048 x 1024 10.1 / 10.2 / 10.8 / 10.1 -> 8.8 / 9.2 / 9.1 / 9.4; from 3 x 2^20 weights level or slower (1536 x 2048
-// 9.4 / 9.2 / 10.6 / 10.1 against 9.2 / 9.7 / 10.5 / 11.5, 3072 x 1024, 2048 x 2048), and at m = 1024 slower on all.
+// (docs/PERF.md, forty-second session, call 5), us at m = 144 / 256 / 384 / 512, 128 x 128 tiles (Auto's at m = 256 and
+// 512; the fit tiles Auto takes at 144 and 384 were slower still, call 4) against dequantize + cuBLAS: 1152 x 1536 9.1
+// / 9.3 / 10.1 / 10.1 -> 7.4 / 7.4 / 7.9 / 8.6, 1536 x 1536 9.9 / 10.1 / 10.6 / 10.8 -> 8.5 / 8.7 / 9.2 / 10.2, 2048 x
+// 1024 10.1 / 10.2 / 10.8 / 10.1 -> 8.8 / 9.2 / 9.1 / 9.4; from 3 x 2^20 weights level or slower (1536 x 2048 9.4 / 9.2
+// / 10.6 / 10.1 against 9.2 / 9.7 / 10.5 / 11.5, 3072 x 1024, 2048 x 2048), and at m = 1024 slower on all.
 constexpr int64_t kWgmmaTinyDqMaxLayer = int64_t(5) << 19;  // 2.6M, above 1536 x 1536
 constexpr int kWgmmaTinyDqMinM = 129, kWgmmaTinyDqMaxM = 512;
 
@@ -554,15 +555,15 @@ constexpr HopperAutoPick hopper_auto_pick(int m, int64_t weights) {
   return HopperAutoPick::Hopper;
 }
 
-// m > 64 on a Hopper device, on layers the Hopper kernel cannot run (n % 256 != 0: Qwen2.5-0.5B's q/k/v, o and
-// down, Gemma-3-1B's o and down): dequantize + cuBLAS from m = 65 on layers of up to kMmaOnlyDqMaxLayer weights, from
-// kMmaOnlyDqMinM on every layer, instead of the mma.sync kernel (whose 64-row tiles run these layers at a third of
-// cuBLAS's speed). H200 (docs/PERF.md, forty-second session, call 1), us, mma.sync against dequantize + cuBLAS: 896 x
-// 896 at m = 128 / 256 / 384 19.5 / 17.3 / 18.0 -> 5.6 / 5.8 / 5.8, 896 x 1152 19.9 / 17.9 / 16.2 -> 5.9 / 6.6 / 6.7,
-// 4864 x 896 29.6 / 27.6 / 27.2 -> 14.1 / 14.7 / 16.4; on the Llama-3.2 layers (timed on the mma.sync kernel, which
-// Auto no longer gives them) at m = 128 3072 x 3072 26.7 -> 18.3 and 2048 x 3072 20.1 -> 13.3, but 3072 x 5120 (2^23.9)
-// 29.8 -> 34.5 and 8192 x 2048 29.5 -> 40.8 slower; at m = 256 every layer faster or level (2048 x 16384 77.5 -> 67.6,
-// 8192 x 2048 45.0 -> 44.6) and at 384 every one faster.
+// m > 64 on a Hopper device, on layers the Hopper kernel cannot run (n % 256 != 0: Qwen2.5-0.5B's q/k/v, o and down,
+// Gemma-3-1B's o and down): dequantize + cuBLAS from m = 65 on layers of up to kMmaOnlyDqMaxLayer weights, from
+// kMmaOnlyDqMinM on every layer, instead of the mma.sync kernel (whose 64-row tiles ran these layers at a fifth to a
+// third of cuBLAS's speed). H200 (docs/PERF.md, forty-second session, call 1), us, mma.sync against dequantize +
+// cuBLAS: 896 x 896 at m = 128 / 256 / 384 19.5 / 17.3 / 18.0 -> 5.6 / 5.8 / 5.8, 896 x 1152 19.9 / 17.9 / 16.2 -> 5.9
+// / 6.6 / 6.7, 4864 x 896 29.6 / 27.6 / 27.2 -> 14.1 / 14.7 / 16.4; on the Llama-3.2 layers (timed on the mma.sync
+// kernel, which Auto no longer gives them) at m = 128 3072 x 3072 26.7 -> 18.3 and 2048 x 3072 20.1 -> 13.3, but 3072 x
+// 5120 (2^23.9) 29.8 -> 34.5 and 8192 x 2048 29.5 -> 40.8 slower; at m = 256 every layer faster or level (2048 x 16384
+// 77.5 -> 67.6, 8192 x 2048 45.0 -> 44.6) and at 384 every one faster.
 constexpr int kMmaOnlyDqMinM = 256;
 constexpr int64_t kMmaOnlyDqMaxLayer = int64_t(3) << 22;  // 2^23.6, above 3072 x 3072
 constexpr bool hopper_mma_only_dq(int m, int64_t weights) {

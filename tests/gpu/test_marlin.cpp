@@ -227,7 +227,8 @@ std::vector<uint16_t> gemm_out(const Layer& L, const std::vector<uint16_t>& A, c
   g.wgmma_split = o.wgmma_split;
   INFO("wgmma_split " << o.wgmma_split);
   INFO("wgmma_rows " << o.wgmma_rows << " wgmma_pipeline " << o.wgmma_pipeline);
-  INFO("m_blocks " << o.thread_m_blocks << " mma_parts " << o.mma_parts << " m " << m << " k " << L.k << " n " << L.n << " g " << L.group << " act " << int(L.act) << " tiles ("
+  INFO("mma_parts " << o.mma_parts);
+  INFO("m_blocks " << o.thread_m_blocks << " m " << m << " k " << L.k << " n " << L.n << " g " << L.group << " act " << int(L.act) << " tiles ("
             << o.thread_k << "," << o.thread_n << ") sms " << o.num_sms << " path " << int(o.path));
   const MarlinStatus st = marlin_gemm(g);
   INFO("status: " << marlin_status_name(st));
@@ -1044,9 +1045,10 @@ TEST_CASE("marlin: other models' narrow layer shapes", "[gpu][marlin][models]") 
   }
   const Layer L = make_layer(rng, 3584, 4608, 64, ActType::BF16);
   run_auto_ms(L, {3, 12}, rng);
-  // Small models' layers (Qwen2.5-0.5B, Gemma-3-1B, Qwen3-0.6B, Qwen2.5-1.5B): the mma.sync kernel with whole slices
-  // or four parts (kernels/marlin_dispatch.h, mma_auto_parts) at m <= 64, or at m <= 16 the streaming kernel's 64-column
-  // stripes from 1536 deep (stream_small_stripes); dequantize + cuBLAS above m = 64 where n % 256 != 0.
+  // Small models' layers (Qwen2.5-0.5B, Gemma-3-1B, Qwen3-0.6B, Qwen2.5-1.5B): the mma.sync kernel with whole
+  // slices or four parts (kernels/marlin_dispatch.h, mma_auto_parts) at m <= 64, or at m <= 16 the streaming kernel's
+  // 64-column stripes from 1536 deep (stream_small_stripes); dequantize + cuBLAS above m = 64 where n % 256 != 0, and
+  // on the three smallest Hopper-capable ones at m = 129-512 (kWgmmaTinyDqMaxLayer).
   const int64_t small[][2] = {{896, 896}, {896, 1152}, {4864, 896}, {1024, 1152}, {1152, 1536}, {2048, 1024},
                               {1536, 1536}};
   for (auto& kn : small) {

@@ -180,7 +180,8 @@ TEST_CASE("partition: mma.sync launches cover every tile once and finish", "[ker
 // MarlinGemm::mma_parts and Auto's shallow-layer rule (kernels/marlin_dispatch.h, mma_auto_parts): the grid cut to
 // about `parts` blocks a slice still covers every tile once; one part gives every block whole slices.
 TEST_CASE("partition: mma.sync launches with fewer blocks per slice", "[kernels][partition]") {
-  const int shallow[][2] = {{896, 896}, {896, 1152}, {1152, 384}, {1536, 1536}, {2048, 1024}, {3072, 1024}, {4864, 896}};
+  const int shallow[][2] = {{896, 896},   {896, 1152},  {1152, 384}, {1536, 1536},
+                             {2048, 1024}, {3072, 1024}, {4864, 896}};
   for (auto& kn : shallow)
     for (int tn : {64, 128})
       for (int mb : {1, 2, 4})
