@@ -30,7 +30,8 @@
 //   m less, since the thirty-third: wgmma_fit_rows, and per layer where whole slices need more chunks of them, since
 //   the thirty-fourth: wgmma_fit_plan; 128 x 192 tiles where n % 192 == 0 gives whole slices, since the thirty-fifth:
 //   wgmma_prefer_192): faster on every set, by 1.7-2.1x over mma.sync, and faster
-//   than dequantize + cuBLAS at m = 1024 (70B 2973 vs 4509 us, 8B 782 vs 1024).
+//   than dequantize + cuBLAS at m = 1024 (70B 2973 vs 4509 us, 8B 782 vs 1024). Tiny layers (up to 2.6 M weights)
+//   take dequantize + cuBLAS at m = 129-512 since the forty-second session (kWgmmaTinyDqMaxLayer below).
 // - m = 17 to 240, one row chunk: where the slices split along k into four or more parts of one block each, the
 //   Hopper kernel's blocks finish each slice together (marlin_partition.h, wgmma_split_parts, since the fortieth
 //   session; from m = 17 since the forty-first).
@@ -78,7 +79,8 @@ constexpr bool whole_k_stripes(int m, int n, int k, int slots) {
 // - four parts: 2048 x 1024 7.3 / 8.6 / 9.3 -> 5.1 / 5.6 / 6.9, 3072 x 1024 6.7 / 7.7 / 8.7 -> 5.9 / 6.3 / 8.1, 1536 x
 //   1536 at m = 32 6.8 -> 6.5 (at m = 48-64 level or slower: 3072 x 1024 8.0 / 8.1 -> 8.4 / 8.7);
 // - left alone: 4864 and 6912 deep, where the stripes were fastest from m = 32 (4864 x 896 11.2 against 12.0-18.3).
-// Llama-3's layers (4096 deep and more) keep their stripes.
+// Llama-3's layers (4096 deep and more) keep their stripes. On a Hopper device the streaming kernel takes most layers
+// 1536-3072 deep at m <= 16 before this rule applies (stream_small_stripes, below).
 constexpr int kMmaWholeMaxK = 1152, kMmaWholeMaxK16 = 1536;
 constexpr int kMmaFewParts = 4, kMmaFewPartsMaxK = 3072, kMmaFewPartsMaxM = 32;
 constexpr int mma_auto_parts(int m, int k) {
