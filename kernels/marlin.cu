@@ -293,9 +293,20 @@ int ceil_div(int64_t a, int64_t b) { return ceil_div_int(a, b); }
 // chunks side by side (two blocks per SM, 16 rows per warp) beat one 64-row tile for 32 < m <= 64:
 // measured on the H100 at m = 64 (docs/PERF.md), Llama-3-8B qkv 20.5 vs 25.5 us and o_proj 15.5 vs
 // 18.4; from 4096 x 14336 (58.7M weights) up the 64-row tile wins or ties.
+// Above m = 64 the 32-row tiles win on smaller layers only, up to kSmallLayerTallWeights: H200 (docs/PERF.md,
+// forty-second session, call 8), us at m = 96 / 128 / 256 / 384, 64-row -> 32-row tiles: 896 x 896 19.3 / 19.4 / 17.4 /
+// 18.0 -> 7.6 / 7.6 / 8.2 / 9.3, 1536 x 1536 20.7 / 20.7 / 28.2 / 27.0 -> 7.1 / 9.5 / 11.9 / 20.3, 2048 x 2048 15.7 /
+// 16.2 / 23.6 / 28.4 -> 10.2 / 10.1 / 19.0 / 23.8, 4864 x 896 28.2 / 28.3 / 27.4 / 27.1 -> 11.9 / 13.0 / 18.6 / 24.3;
+// from 2^24 slower but at m = 96 (4096 x 4096 24.3 / 38.6 / 58.4 -> 24.3 / 44.6 / 62.9 at m = 128 / 256 / 384, 4096 x
+// 6144 and 2048 x 16384 4-17% slower, 14336 x 4096 level). On a Hopper device Auto gives these layers above m = 64 to
+// the Hopper kernel or dequantize + cuBLAS (kernels/marlin_dispatch.h): this is for other GPUs (timed here on the
+// H200's mma.sync kernel, not on them), calls without a cuBLAS handle, and path Marlin.
 constexpr int64_t kSmallLayerWeights = int64_t(32) << 20;
+constexpr int64_t kSmallLayerTallWeights = int64_t(9) << 19;  // 4.7 M: 4864 x 896 and below
 int m_blocks_for(int m, int n, int k) {
-  if (m > 32 && m <= 64 && int64_t(n) * k <= kSmallLayerWeights) return 2;
+  const int64_t weights = int64_t(n) * k;
+  if (m > 32 && m <= 64 && weights <= kSmallLayerWeights) return 2;
+  if (m > 64 && weights <= kSmallLayerTallWeights) return 2;
   return std::min(kMaxMBlocks, ceil_div(m, 16));
 }
 
