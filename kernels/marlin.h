@@ -69,7 +69,7 @@ struct MarlinGemm {
   int thread_k = 0, thread_n = 0;   // 0: chosen per shape and m; else force (128,128), (64,256) or (128,64)
   int thread_m_blocks = 0;          // 0: chosen per m; else force 1..4 16-row blocks per tile (row chunks of 16x)
   // mma.sync kernel: 0 chosen per layer; else at most this many blocks share a column slice (1: every block owns
-  // whole slices, no partial tiles), by launching fewer blocks
+  // whole slices, no partial tiles), by launching fewer blocks; as many as the k tiles or more: the plain stripes
   int mma_parts = 0;
   // Hopper kernel: 0 chosen per m and layer; else force 8/16/32/48/64/128 rows of 256 columns (48: producer warpgroup
   // only), or 144-256 rows by 16 of 128 columns (the fit and the wide tiles, producer warpgroup only)

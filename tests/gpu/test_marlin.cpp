@@ -306,6 +306,9 @@ RunOpts auto_pick(int sms, int ref_rows) {
 }
 
 const int64_t kMs[] = {1, 2, 7, 16, 17, 33, 64, 100, 128, 256, 1000};
+// MarlinGemm::mma_parts at least the k tiles: the mma.sync kernel's plain stripes (kernels/marlin_partition.h,
+// mma_parts_blocks leaves the grid as it is).
+constexpr int kPlainStripes = 1 << 16;
 const int64_t kGroups[] = {-1, 32, 64, 128};
 
 // Whether the producer kernel's launch on `sms` SMs has stripes of one and a half slices or more that cut
@@ -392,6 +395,8 @@ TEST_CASE("marlin: row chunks side by side (forced m tile)", "[gpu][marlin][sani
   }
 }
 
+// mma_parts above the k tiles keeps the plain stripes, which Auto replaces by whole slices on this 1024-deep layer at
+// m <= 64 (kernels/marlin_dispatch.h, mma_auto_parts).
 TEST_CASE("marlin: stripes crossing slices on few SMs (lock + fp32 partial reduction)", "[gpu][marlin][sanitize]") {
   std::mt19937_64 rng(kSeed + 2);
   for (int64_t g : {int64_t(-1), int64_t(64)}) {
@@ -400,6 +405,7 @@ TEST_CASE("marlin: stripes crossing slices on few SMs (lock + fp32 partial reduc
       for (int64_t m : {int64_t(1), int64_t(33), int64_t(100)}) {
         RunOpts o;
         o.num_sms = sms;
+        o.mma_parts = kPlainStripes;
         run_case(L, m, rng, o);
       }
   }

@@ -198,6 +198,13 @@ TEST_CASE("partition: mma.sync launches with fewer blocks per slice", "[kernels]
               INFO("parts " << parts << " blocks " << blocks << " of " << all << " iters " << P.iters);
               if (blocks < all) CHECK(P.iters >= (k_tiles + parts - 1) / parts);  // the cap bound: stripes no shorter
               if (parts == 1 && blocks < all) CHECK(P.iters % k_tiles == 0);  // whole slices, none shared
+              // As many parts as k tiles or more: the plain stripes (the GPU tests' kPlainStripes).
+              const Partition plain = marlin_partition(m, n_tiles, k_tiles, rows, all);
+              const Partition wide = marlin_partition(m, n_tiles, k_tiles, rows,
+                                                      mma_parts_blocks(m, n_tiles, k_tiles, rows, all, k_tiles + parts));
+              CHECK(wide.iters == plain.iters);
+              CHECK(wide.grid == plain.grid);
+              CHECK(wide.chunk_blocks == plain.chunk_blocks);
             }
 }
 
