@@ -528,42 +528,46 @@ TEST_CASE("marlin: overlap_previous on a chain of dependent calls", "[gpu][marli
     CUDA_OK(cudaMemcpy(B[size_t(i)].p, Ls[size_t(i)].B.data(), Ls[size_t(i)].B.size() * 4, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(S[size_t(i)].p, Ls[size_t(i)].s.data(), Ls[size_t(i)].s.size() * 2, cudaMemcpyHostToDevice));
   }
-  for (int sms : {0, 5})
-    for (int64_t m : {int64_t(1), int64_t(33), int64_t(100)}) {
-      for (int i = 0; i < 4; ++i) X[size_t(i)].resize(size_t(m * dims[i]));
-      const std::vector<uint16_t> A0 = random_A(rng, m, dims[0], ActType::F16);
-      CUDA_OK(cudaMemcpy(X[0].p, A0.data(), A0.size() * 2, cudaMemcpyHostToDevice));
-      for (int i = 1; i < 4; ++i) CUDA_OK(cudaMemsetAsync(X[size_t(i)].p, 0xff, size_t(m * dims[i]) * 2, c.stream));
-      for (int i = 0; i < 3; ++i) {
-        MarlinGemm g;
-        g.A = X[size_t(i)].p; g.B = B[size_t(i)].p; g.s = S[size_t(i)].p; g.C = X[size_t(i) + 1].p;
-        g.m = int(m); g.n = int(dims[i + 1]); g.k = int(dims[i]);
-        g.group_size = int(Ls[size_t(i)].group);
-        g.workspace = c.ws.p;
-        g.workspace_bytes = c.ws.n;
-        g.stream = c.stream;
-        g.num_sms = sms;
-        g.path = MarlinPath::Marlin;
-        g.overlap_previous = i > 0;
-        REQUIRE(marlin_gemm(g) == MarlinStatus::Ok);
+  // Auto's plan (whole slices on these shallow layers at m <= 64: no deposits) and the plain stripes (deposits and
+  // locks in the workspace that the next call shares).
+  for (int parts : {0, kPlainStripes})
+    for (int sms : {0, 5})
+      for (int64_t m : {int64_t(1), int64_t(33), int64_t(100)}) {
+        for (int i = 0; i < 4; ++i) X[size_t(i)].resize(size_t(m * dims[i]));
+        const std::vector<uint16_t> A0 = random_A(rng, m, dims[0], ActType::F16);
+        CUDA_OK(cudaMemcpy(X[0].p, A0.data(), A0.size() * 2, cudaMemcpyHostToDevice));
+        for (int i = 1; i < 4; ++i) CUDA_OK(cudaMemsetAsync(X[size_t(i)].p, 0xff, size_t(m * dims[i]) * 2, c.stream));
+        for (int i = 0; i < 3; ++i) {
+          MarlinGemm g;
+          g.A = X[size_t(i)].p; g.B = B[size_t(i)].p; g.s = S[size_t(i)].p; g.C = X[size_t(i) + 1].p;
+          g.m = int(m); g.n = int(dims[i + 1]); g.k = int(dims[i]);
+          g.group_size = int(Ls[size_t(i)].group);
+          g.workspace = c.ws.p;
+          g.workspace_bytes = c.ws.n;
+          g.stream = c.stream;
+          g.num_sms = sms;
+          g.path = MarlinPath::Marlin;
+          g.mma_parts = parts;
+          g.overlap_previous = i > 0;
+          REQUIRE(marlin_gemm(g) == MarlinStatus::Ok);
+        }
+        CUDA_OK(cudaStreamSynchronize(c.stream));
+        std::vector<std::vector<uint16_t>> H(4);
+        for (int i = 0; i < 4; ++i) {
+          H[size_t(i)].resize(size_t(m * dims[i]));
+          CUDA_OK(cudaMemcpy(H[size_t(i)].data(), X[size_t(i)].p, H[size_t(i)].size() * 2, cudaMemcpyDeviceToHost));
+        }
+        std::vector<int64_t> rows;
+        for (int64_t r = 0; r < m; ++r) rows.push_back(r);
+        for (int i = 0; i < 3; ++i) {
+          size_t nans = 0;
+          for (uint16_t v : H[size_t(i) + 1]) nans += std::isnan(half_to_float(v)) ? 1 : 0;
+          INFO("mma_parts " << parts << " sms " << sms << " m " << m << " call " << i << ": NaN outputs " << nans);
+          REQUIRE(nans == 0);
+          // Each call against the reference on the input it actually had (the previous call's output).
+          REQUIRE(mean_rel_err(Ls[size_t(i)], H[size_t(i)], H[size_t(i) + 1], rows, true) <= kTolF16);
+        }
       }
-      CUDA_OK(cudaStreamSynchronize(c.stream));
-      std::vector<std::vector<uint16_t>> H(4);
-      for (int i = 0; i < 4; ++i) {
-        H[size_t(i)].resize(size_t(m * dims[i]));
-        CUDA_OK(cudaMemcpy(H[size_t(i)].data(), X[size_t(i)].p, H[size_t(i)].size() * 2, cudaMemcpyDeviceToHost));
-      }
-      std::vector<int64_t> rows;
-      for (int64_t r = 0; r < m; ++r) rows.push_back(r);
-      for (int i = 0; i < 3; ++i) {
-        size_t nans = 0;
-        for (uint16_t v : H[size_t(i) + 1]) nans += std::isnan(half_to_float(v)) ? 1 : 0;
-        INFO("sms " << sms << " m " << m << " call " << i << ": NaN outputs " << nans);
-        REQUIRE(nans == 0);
-        // Each call against the reference on the input it actually had (the previous call's output).
-        REQUIRE(mean_rel_err(Ls[size_t(i)], H[size_t(i)], H[size_t(i) + 1], rows, true) <= kTolF16);
-      }
-    }
 }
 
 // The Hopper kernel (warpgroup MMA, sm_90a): every token tile, group size and m, stripes that cross
