@@ -982,13 +982,16 @@ TEST_CASE("marlin: dequantize + cuBLAS path and the automatic dispatch", "[gpu][
         REQUIRE(kernels::wgmma_fit_plan(m, int(L.n), int(L.k), sms) != kernels::wgmma_fit_rows(m));
         run_case(L, m, rng, auto_pick(sms, 64));
       }
-      // Auto's 128 x 192 tiles (wgmma_prefer_192) on 8 slices of 192: one whole slice a block, the last row chunk
-      // 22, 128, 1 and 116 rows.
+      // The Hopper kernel's own 128 x 192 tiles (wgmma_prefer_192) on 8 slices of 192: one whole slice a block, the
+      // last row chunk 22, 128, 1 and 116 rows. Path Wgmma where it runs: Auto gives this 1.6 M-weight layer to
+      // dequantize + cuBLAS at m = 129-512 (kWgmmaTinyDqMaxLayer), and the launcher picks the tiles the same way.
       const Layer T = make_layer(rng, 1024, 1536, g, act);
       for (auto [m, sms] : {std::pair{150, 17}, std::pair{256, 17}, std::pair{385, 34}, std::pair{500, 33}}) {
         INFO("m " << m << " on " << sms << " SMs");
         REQUIRE(kernels::wgmma_prefer_192(m, int(T.n), int(T.k), sms));
-        run_case(T, m, rng, auto_pick(sms, 64));
+        RunOpts o = auto_pick(sms, 64);
+        if (marlin_wgmma_available()) o.path = MarlinPath::Wgmma;
+        run_case(T, m, rng, o);
       }
       // m just past whole 128-row chunks beyond the fit tiles: Auto's two launches (marlin_dispatch.h,
       // auto_split_head), every row checked, on a smaller layer.
