@@ -459,6 +459,29 @@ constexpr bool wgmma_fit_split_deep(int m, int n, int k, int sms, int rows) {
   const int64_t pad128 = (int64_t(m) + 127) / 128 * 128;
   return iters * kWgmmaFitDeepParts <= kt && pad128 * 100 <= int64_t(rows) * (100 + kWgmmaFitDeepPadPct);
 }
+// Two or more chunks of fit rows on a shallow, narrow layer, whose stripes still cut every slice into
+// kWgmmaFitShallowParts2 / 2 or more parts, give way to the 128 x 128 tiles (wgmma_prefer_128x128) where those cost at
+// most kWgmmaFitShallowSlackPct % more products per block: their three to five chunks of 128 rows give each chunk fewer
+// blocks, so fewer parts per slice and fewer deposits to wait for, which on these layers weigh more than the fit tiles'
+// cheaper products. Only at k up to kWgmmaFitDeepMaxK. H200 (docs/PERF.md, forty-second session call 7, forty-third
+// session), us, Auto's fit tiles against 128 x 128 forced, two runs each: 1536 x 2048 at m = 384 (2 x 192 rows, four
+// parts a slice) 12.4, 12.5 -> 10.6, 448 14.0, 14.1 -> 10.3, 576 (3 x 192, 2.7 parts) 14.0, 14.1 -> 12.2; 2048 x 2048
+// at 384 / 448 / 576 13.4 / 15.0 / 15.1 -> 11.3 / 11.4 / 13.6; 2048 x 3072 at 384 / 448 (2.7 parts) 15.3 / 17.2 ->
+// 13.2 / 14.5. With two parts or fewer the fit tiles won (8B o at 384 26.1, 26.4 against 27.0, 29.2; 1024 x 4096 at
+// 320 8.7 against 10.8; every layer at m = 768), as with 20% or more products (m = 288: up to 43% slower on 8B o).
+constexpr int kWgmmaFitShallowParts2 = 5;  // twice the parts: 2.5
+constexpr int kWgmmaFitShallowSlackPct = 15;
+constexpr bool wgmma_fit_split_shallow(int m, int n, int k, int sms, int rows) {
+  if (rows <= 0 || sms < 1 || k > kWgmmaFitDeepMaxK || n % kWgmmaWideTileN != 0) return false;
+  const int64_t par = (int64_t(m) + rows - 1) / rows;
+  if (par < 2 || par > sms || wgmma_whole_slices(m, n, rows, sms, kWgmmaWideTileN) > 0) return false;
+  if (!wgmma_prefer_128x128(m, n, k, sms)) return false;
+  const int64_t kt = k / kWgmmaTileK, per_chunk = sms / par;
+  const int64_t iters = (int64_t(n / kWgmmaWideTileN) * kt + per_chunk - 1) / per_chunk;
+  if (iters * kWgmmaFitShallowParts2 > kt * 2) return false;
+  const int64_t w128 = wgmma_block_work(m, n, k, kWgmmaNarrowRows, kWgmmaNarrowCols, sms);
+  return w128 * 100 <= wgmma_block_work(m, n, k, rows, kWgmmaWideTileN, sms) * (100 + kWgmmaFitShallowSlackPct);
+}
 constexpr int wgmma_fit_plan(int m, int n, int k, int sms) {
   const int base = wgmma_fit_rows(m);
   if (m <= 128 || m > kWgmmaFitMaxM || sms < 1 || n % kWgmmaTileN != 0 || k % kWgmmaTileK != 0) return base;
@@ -474,7 +497,8 @@ constexpr int wgmma_fit_plan(int m, int n, int k, int sms) {
     const int64_t w = wgmma_block_work(m, n, k, rows, kWgmmaWideTileN, sms);
     if (best == 0 || w < best_work) best = rows, best_work = w;
   }
-  return best > 0 && best_work * 100 <= work0 * (100 + wgmma_fit_whole_slack_pct(k)) ? best : base;
+  if (best > 0 && best_work * 100 <= work0 * (100 + wgmma_fit_whole_slack_pct(k))) return best;
+  return wgmma_fit_split_shallow(m, n, k, sms, base) ? 0 : base;  // 0: the 128-row tiles
 }
 
 // 128 x 192 tiles (three consumer warpgroups; kernels/marlin_partition.h, kWgmmaTriTileN) on layers with n % 192 == 0,

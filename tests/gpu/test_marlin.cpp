@@ -1054,19 +1054,21 @@ TEST_CASE("marlin: other models' narrow layer shapes", "[gpu][marlin][models]") 
                                {3584, 4608}, {3584, 3584}, {5120, 5120}, {2048, 16384}};
   for (auto& kn : layers) {
     const Layer L = make_layer(rng, kn[0], kn[1], 128, ActType::F16);
-    run_auto_ms(L, {1, 8, 9, 16, 64, 200}, rng);
+    // m = 432: 128 x 128 tiles on the four shallowest (marlin_dispatch.h, wgmma_fit_split_shallow).
+    run_auto_ms(L, {1, 8, 9, 16, 64, 200, 432}, rng);
   }
   const Layer L = make_layer(rng, 3584, 4608, 64, ActType::BF16);
   run_auto_ms(L, {3, 12}, rng);
   // Small models' layers (Qwen2.5-0.5B, Gemma-3-1B, Qwen3-0.6B, Qwen2.5-1.5B): the mma.sync kernel with whole
   // slices or four parts (kernels/marlin_dispatch.h, mma_auto_parts) at m <= 64, or at m <= 16 the streaming kernel's
   // 64-column stripes from 1536 deep (stream_small_stripes); dequantize + cuBLAS above m = 64 where n % 256 != 0, and
-  // on the three smallest Hopper-capable ones at m = 129-512 (kWgmmaTinyDqMaxLayer).
+  // on the three smallest Hopper-capable ones at m = 129-512 (kWgmmaTinyDqMaxLayer); 128 x 128 tiles on those at m =
+  // 600 (wgmma_fit_split_shallow).
   const int64_t small[][2] = {{896, 896}, {896, 1152}, {4864, 896}, {1024, 1152}, {1152, 1536}, {2048, 1024},
                               {1536, 1536}};
   for (auto& kn : small) {
     const Layer Ls = make_layer(rng, kn[0], kn[1], 128, ActType::F16);
-    run_auto_ms(Ls, {1, 16, 32, 64, 100, 300}, rng);
+    run_auto_ms(Ls, {1, 16, 32, 64, 100, 300, 600}, rng);
   }
 }
 

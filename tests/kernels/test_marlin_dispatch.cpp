@@ -431,6 +431,52 @@ TEST_CASE("dispatch: shallow narrow layers take 128-row chunks over one deeply c
   CHECK_FALSE(wgmma_fit_split_deep(200, kO70B.n, kO70B.k, kSms, 208));    // k = 8192, and 64 slices
 }
 
+// Two or more chunks of fit rows whose stripes cut every slice into 2.5 parts or more give way to the 128 x 128 tiles
+// where those cost at most 15% more products per block (wgmma_fit_split_shallow): the small layers timed faster on them
+// (1536 x 2048, 2048 x 2048, 2048 x 3072 at m = 384 and 448; 1536 x 2048 and 2048 x 2048 at 576), not the layers whose
+// fit stripes cut slices in two or fewer (8B o, 1024 x 4096, 3072 x 5120: slower), not at m = 288 (33% more products)
+// nor at 768 (two parts), and no Llama-3 layer at any m.
+TEST_CASE("dispatch: small shallow layers take 128 x 128 tiles over fit chunks cut in many parts",
+          "[kernels][dispatch]") {
+  constexpr int kSms = 132;
+  const Layer kQkvQ15B{"Qwen 1.5B q/k/v", 1536, 2048};
+  for (int m : {336, 384, 432, 480}) {
+    INFO("m " << m);
+    for (const Layer& L : {kQkvQ15B, kO1B, kQkv1B, kO3B}) {
+      INFO(L.name);
+      CHECK(wgmma_fit_rows(m) > 0);
+      CHECK(wgmma_fit_split_shallow(m, L.n, L.k, kSms, wgmma_fit_rows(m)));
+      CHECK(wgmma_fit_plan(m, L.n, L.k, kSms) == 0);
+      CHECK(wgmma_prefer_128x128(m, L.n, L.k, kSms));  // so Auto runs 128 x 128 tiles
+      CHECK_FALSE(wgmma_prefer_192(m, L.n, L.k, kSms));
+    }
+  }
+  for (const Layer& L : {kQkvQ15B, kO1B}) CHECK(wgmma_fit_plan(576, L.n, L.k, kSms) == 0);
+  for (const Layer& L : {kQkvQ15B, kO1B, kQkv1B, kO3B}) {
+    INFO(L.name);
+    CHECK(wgmma_fit_plan(288, L.n, L.k, kSms) == wgmma_fit_rows(288));
+    CHECK(wgmma_fit_plan(768, L.n, L.k, kSms) == wgmma_fit_rows(768));
+  }
+  const Layer kWide{"1024 x 4096", 1024, 4096};
+  for (int m : {320, 384, 400, 448})
+    for (const Layer& L : {kO8B, kWide, kQkv3B}) {
+      INFO(L.name << " m " << m);
+      CHECK(wgmma_fit_plan(m, L.n, L.k, kSms) != 0);  // fit tiles: the fewest chunks, or whole slices in more
+      CHECK_FALSE(wgmma_fit_split_shallow(m, L.n, L.k, kSms, wgmma_fit_rows(m)));
+    }
+  // Above 4096 deep the rule does not apply; nor with one chunk (wgmma_fit_split_deep's case).
+  CHECK_FALSE(wgmma_fit_split_shallow(432, kO1B.n, 4096 + 512, kSms, wgmma_fit_rows(432)));
+  CHECK_FALSE(wgmma_fit_split_shallow(400, kO1B.n, kO1B.k, kSms, wgmma_fit_rows(400)));  // 4 x 128 rows pad 23% more
+  CHECK_FALSE(wgmma_fit_split_shallow(200, kO1B.n, kO1B.k, kSms, 208));
+  for (const Layer& L : {kQkv8B, kO8B, kGateUp8B, kDown8B, kQkv70B, kO70B, kGateUp70B, kDown70B, kLarge})
+    for (int m = 129; m <= kWgmmaFitMaxM; ++m) {
+      const int base = wgmma_fit_rows(m);
+      if (base == 0) continue;
+      INFO(L.name << " m " << m);
+      CHECK_FALSE(wgmma_fit_split_shallow(m, L.n, L.k, kSms, base));
+    }
+}
+
 TEST_CASE("dispatch: Hopper tiles split in two as clusters where pairs fill 90% of the SMs", "[kernels][dispatch]") {
   constexpr int kSms = 132;
   // 64 tiles of 128 rows, 128 blocks: 8B o and down at m = 512, 70B o and down at 256.
@@ -641,8 +687,8 @@ TEST_CASE("dispatch: fit tiles in more chunks where those give every block whole
         if (rows == base) continue;
         INFO(L.name << " m " << m << " on " << sms << " SMs: " << base << " -> " << rows);
         ++changed;
-        if (rows == 0) {  // one deeply split chunk of fit rows: the 128-row tiles
-          CHECK(wgmma_fit_split_deep(m, L.n, L.k, sms, base));
+        if (rows == 0) {  // fit rows whose stripes cut the slices deeply: the 128-row tiles
+          CHECK((wgmma_fit_split_deep(m, L.n, L.k, sms, base) || wgmma_fit_split_shallow(m, L.n, L.k, sms, base)));
           continue;
         }
         REQUIRE(wgmma_fit_tile(rows));
