@@ -29,7 +29,8 @@
 //   session, 64-row ones before: wgmma_prefer_128x128 below; from m = 129 fit tiles of 144-240 rows where they pad
 //   m less, since the thirty-third: wgmma_fit_rows, and per layer where whole slices need more chunks of them, since
 //   the thirty-fourth: wgmma_fit_plan; 128 x 192 tiles where n % 192 == 0 gives whole slices, since the thirty-fifth:
-//   wgmma_prefer_192): faster on every set, by 1.7-2.1x over mma.sync, and faster
+//   wgmma_prefer_192; 128 x 128 tiles over fit stripes cut in many parts on small shallow layers since the forty-
+//   third: wgmma_fit_split_shallow): faster on every set, by 1.7-2.1x over mma.sync, and faster
 //   than dequantize + cuBLAS at m = 1024 (70B 2973 vs 4509 us, 8B 782 vs 1024). Tiny layers (up to 2.6 M weights)
 //   take dequantize + cuBLAS at m = 129-512 since the forty-second session (kWgmmaTinyDqMaxLayer below).
 // - m = 17 to 240, one row chunk: where the slices split along k into four or more parts of one block each, the
@@ -463,12 +464,13 @@ constexpr bool wgmma_fit_split_deep(int m, int n, int k, int sms, int rows) {
 // kWgmmaFitShallowParts2 / 2 or more parts, give way to the 128 x 128 tiles (wgmma_prefer_128x128) where those cost at
 // most kWgmmaFitShallowSlackPct % more products per block: their three to five chunks of 128 rows give each chunk fewer
 // blocks, so fewer parts per slice and fewer deposits to wait for, which on these layers weigh more than the fit tiles'
-// cheaper products. Only at k up to kWgmmaFitDeepMaxK. H200 (docs/PERF.md, forty-second session call 7, forty-third
-// session), us, Auto's fit tiles against 128 x 128 forced, two runs each: 1536 x 2048 at m = 384 (2 x 192 rows, four
-// parts a slice) 12.4, 12.5 -> 10.6, 448 14.0, 14.1 -> 10.3, 576 (3 x 192, 2.7 parts) 14.0, 14.1 -> 12.2; 2048 x 2048
-// at 384 / 448 / 576 13.4 / 15.0 / 15.1 -> 11.3 / 11.4 / 13.6; 2048 x 3072 at 384 / 448 (2.7 parts) 15.3 / 17.2 ->
-// 13.2 / 14.5. With two parts or fewer the fit tiles won (8B o at 384 26.1, 26.4 against 27.0, 29.2; 1024 x 4096 at
-// 320 8.7 against 10.8; every layer at m = 768), as with 20% or more products (m = 288: up to 43% slower on 8B o).
+// cheaper products. Only at k up to kWgmmaFitDeepMaxK. Set on the H200's forced tiles (docs/PERF.md, forty-second
+// session, call 7: with two parts or fewer the fit tiles won, 8B o at m = 384 26.1, 26.4 against 27.0, 29.2, 1024 x
+// 4096 at 320 8.7 against 10.8, every layer at m = 768; so did they with 20% more products or more, m = 288: up to 43%
+// on 8B o). Auto before -> after (forty-third session, call 2), us, two runs each, level within 3%: 1536 x 2048 at m =
+// 432 14.0, 14.1 -> 10.4, at 704 16.1, 16.2 -> 12.6; 2048 x 2048 at 480 15.1, 15.2 -> 11.4; 2048 x 3072 at 480 17.6 ->
+// 14.6; 3072 x 3072 at 384 17.9, 18.0 -> 16.3, 16.2; 3072 x 1024 at 432 18.1, 18.2 -> 11.5, 11.8; 1536 x 1536 at 608
+// 15.1 -> 10.2, 10.1; 4096 x 2048 at 480 20.1, 20.0 -> 17.6, 17.3, at 544-576 level (21.0-22.1 -> 21.0-22.3).
 constexpr int kWgmmaFitShallowParts2 = 5;  // twice the parts: 2.5
 constexpr int kWgmmaFitShallowSlackPct = 15;
 constexpr bool wgmma_fit_split_shallow(int m, int n, int k, int sms, int rows) {
