@@ -363,43 +363,62 @@ int choose_shape(int m, int n, int k, int sms, int mb) {
 
 // ---- dequantize to 16-bit [k, nc] (row-major) for the cuBLAS path ----------------------------------
 
+// One warp per 16x64 packed block (§1.4): lane i loads its four words, one per 16-column tile j, as one 16-byte read,
+// multiplies each of its 32 codes by its column's scale (all 16 rows of a block lie in one group, since groups are 32
+// deep or more: 8 scale reads a lane), and the warp writes the block's 16 rows of 64 halves through shared memory as
+// 16-byte stores. Before the forty-third session one 128-thread block per packed block read a word a thread and a scale
+// per code; this form reads a quarter of the scales and launches an eighth of the blocks.
+constexpr int kDqWarps = 8;
 template <int DT>
-__global__ void __launch_bounds__(128) dequant_kernel(const int32_t* __restrict__ B, const uint16_t* __restrict__ s,
-                                                      uint16_t* __restrict__ W, int n, int groups, int group_shift,
-                                                      int c0, int nc) {
-  // One 16x64 packed block per thread block; word w = 4*i + j belongs to lane i, 16-column tile j (§1.4).
-  __shared__ __align__(16) uint16_t tile[16][72];  // [16, 64] + 8 padding halves per row
-  const int R = blockIdx.y, nt = c0 / 64 + blockIdx.x, w = threadIdx.x;
-  const uint32_t q = uint32_t(B[size_t(R) * 2 * n + 128 * nt + w]);
-  const int i = w / 4, j = w % 4;
+__global__ void __launch_bounds__(32 * kDqWarps) dequant_kernel(const int32_t* __restrict__ B,
+                                                                const uint16_t* __restrict__ s,
+                                                                uint16_t* __restrict__ W, int n, int k, int groups,
+                                                                int group_shift, int c0, int nc) {
+  __shared__ __align__(16) uint16_t tile[kDqWarps][16][72];  // [16, 64] + 8 padding halves per row, a warp each
+  const int warp = threadIdx.x / 32, i = threadIdx.x % 32;
+  const int tiles_x = nc / 64, t = blockIdx.x * kDqWarps + warp;
+  if (t >= tiles_x * (k / 16)) return;  // no block-wide barrier below
+  const int R = t / tiles_x, tx = t % tiles_x, nt = c0 / 64 + tx;
+  const int4 q4 = reinterpret_cast<const int4*>(B + size_t(R) * 2 * n + 128 * nt)[i];
+  const uint32_t q[4] = {uint32_t(q4.x), uint32_t(q4.y), uint32_t(q4.z), uint32_t(q4.w)};  // word 4 i + j
+  const size_t srow = groups > 1 ? size_t((16 * R) >> group_shift) * n : 0;
+  uint16_t(*out)[72] = tile[warp];
 #pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    const int kk = 8 * (e % 2) + 2 * (i % 4) + e / 4;          // §1.5 inverse
-    const int nn = 16 * j + 8 * ((e / 2) % 2) + i / 4;
-    const int col = 64 * nt + nn;
-    int pos, g;
-    if (groups > 1) {  // grouped perm: 8x8 transpose inside each 64-chunk
-      pos = 64 * (col / 64) + 8 * (col % 8) + (col % 64) / 8;
-      g = (16 * R + kk) >> group_shift;
-    } else {  // per-channel perm inside each 32-chunk
-      const int u = col % 32;
-      pos = 32 * (col / 32) + 8 * ((u % 8) / 2) + 2 * (u / 8) + (u % 2);
-      g = 0;
+  for (int j = 0; j < 4; ++j) {
+    uint16_t sv[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // the lane's columns 16 j + 8 h + i / 4 of the block
+      const int col = 64 * nt + 16 * j + 8 * h + i / 4;
+      int pos;
+      if (groups > 1) {  // grouped perm: 8x8 transpose inside each 64-chunk
+        pos = 64 * (col / 64) + 8 * (col % 8) + (col % 64) / 8;
+      } else {  // per-channel perm inside each 32-chunk
+        const int u = col % 32;
+        pos = 32 * (col / 32) + 8 * ((u % 8) / 2) + 2 * (u / 8) + (u % 2);
+      }
+      sv[h] = s[srow + pos];
     }
-    const uint16_t sv = s[size_t(g) * n + pos];
-    const float code = float(int((q >> (4 * e)) & 0xF) - 8);
-    uint16_t out;
-    if constexpr (DT == 0) {
-      out = __half_as_ushort(__hmul(__float2half_rn(code), __ushort_as_half(sv)));
-    } else {
-      out = __bfloat16_as_ushort(__hmul(__float2bfloat16_rn(code), __ushort_as_bfloat16(sv)));
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const int kk = 8 * (e % 2) + 2 * (i % 4) + e / 4;  // §1.5 inverse
+      const int h = (e / 2) % 2, nn = 16 * j + 8 * h + i / 4;
+      const float code = float(int((q[j] >> (4 * e)) & 0xF) - 8);
+      uint16_t v;
+      if constexpr (DT == 0) {
+        v = __half_as_ushort(__hmul(__float2half_rn(code), __ushort_as_half(sv[h])));
+      } else {
+        v = __bfloat16_as_ushort(__hmul(__float2bfloat16_rn(code), __ushort_as_bfloat16(sv[h])));
+      }
+      out[kk][nn] = v;
     }
-    tile[kk][nn] = out;
   }
-  __syncthreads();
-  const int r = w / 8, ch = w % 8;
-  *reinterpret_cast<int4*>(W + size_t(16 * R + r) * nc + 64 * blockIdx.x + 8 * ch) =
-      *reinterpret_cast<const int4*>(&tile[r][8 * ch]);
+  __syncwarp();
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {  // 16 rows x 8 chunks of 8 halves
+    const int r = (32 * c + i) / 8, ch = i % 8;
+    *reinterpret_cast<int4*>(W + size_t(16 * R + r) * nc + 64 * tx + 8 * ch) =
+        *reinterpret_cast<const int4*>(&out[r][8 * ch]);
+  }
 }
 
 }  // namespace
@@ -737,12 +756,12 @@ MarlinStatus run_dequant_cublas(const MarlinGemm& g, int groups, int shift, int 
   const cudaDataType_t dt = g.act == ActType::F16 ? CUDA_R_16F : CUDA_R_16BF;
   for (int c0 = 0; c0 < g.n; c0 += nc_max) {
     const int nc = std::min(nc_max, g.n - c0);
-    const dim3 grid(nc / 64, g.k / 16);
+    const int grid = ceil_div(int64_t(nc / 64) * (g.k / 16), kDqWarps);
     const auto* s16 = static_cast<const uint16_t*>(g.s);
     if (g.act == ActType::F16)
-      dequant_kernel<0><<<grid, 128, 0, g.stream>>>(g.B, s16, W, g.n, groups, shift, c0, nc);
+      dequant_kernel<0><<<grid, 32 * kDqWarps, 0, g.stream>>>(g.B, s16, W, g.n, g.k, groups, shift, c0, nc);
     else
-      dequant_kernel<1><<<grid, 128, 0, g.stream>>>(g.B, s16, W, g.n, groups, shift, c0, nc);
+      dequant_kernel<1><<<grid, 32 * kDqWarps, 0, g.stream>>>(g.B, s16, W, g.n, g.k, groups, shift, c0, nc);
     if (cudaGetLastError() != cudaSuccess) return MarlinStatus::CudaError;
     // Row-major C[m, n] is column-major C^T [n, m]: C^T[c0:c0+nc, :] = W^T (col-major [nc, k]) · A^T.
     void* Cc = static_cast<char*>(g.C) + size_t(c0) * 2;

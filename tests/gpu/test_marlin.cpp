@@ -951,6 +951,23 @@ TEST_CASE("marlin: bf16 activations and scales", "[gpu][marlin]") {
   }
 }
 
+// The dequantize kernel (one warp per 16 x 64 packed block) on every group size and both types, from a single 64-column
+// tile up; small enough for the sanitizers.
+TEST_CASE("marlin: dequantize kernel, every group size", "[gpu][marlin][sanitize]") {
+  std::mt19937_64 rng(kSeed + 22);
+  for (ActType act : {ActType::F16, ActType::BF16})
+    for (int64_t g : kGroups)
+      for (auto kn : {std::pair<int64_t, int64_t>{128, 64}, std::pair<int64_t, int64_t>{384, 192},
+                      std::pair<int64_t, int64_t>{128, 320}, std::pair<int64_t, int64_t>{1024, 512}}) {
+        if (g != -1 && kn.first % g != 0) continue;
+        INFO("k " << kn.first << " n " << kn.second << " group " << g);
+        const Layer L = make_layer(rng, kn.first, kn.second, g, act);
+        RunOpts o;
+        o.path = MarlinPath::DequantCublas;
+        for (int64_t m : {int64_t(1), int64_t(37)}) run_case(L, m, rng, o);
+      }
+}
+
 TEST_CASE("marlin: dequantize + cuBLAS path and the automatic dispatch", "[gpu][marlin]") {
   std::mt19937_64 rng(kSeed + 4);
   for (ActType act : {ActType::F16, ActType::BF16})
