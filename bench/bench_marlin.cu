@@ -446,8 +446,9 @@ int main(int argc, char** argv) {
       {"llama3.2-3b", 128, {{3072, 5120}, {3072, 3072}, {3072, 16384}, {8192, 3072}}},
       {"qwen2.5-7b", 128, {{3584, 4608}, {3584, 3584}, {3584, 37888}, {18944, 3584}}},
       {"qwen2.5-32b", 128, {{5120, 7168}, {5120, 5120}, {5120, 55296}, {27648, 5120}}},
-      // Small models: no layer of 2^22 weights or more but gate/up and down, and Qwen2.5-0.5B's q/k/v and o are not
-      // a whole number of 256-column slices (n = 1152, 896), so the Hopper kernel cannot run them.
+      // Small models: no layer of 2^22 weights or more but gate/up and down, and Qwen2.5-0.5B's q/k/v, o and down
+      // and Gemma-3-1B's o and down are not a whole number of 256-column slices (n = 1152, 896), so the Hopper kernel
+      // runs them above m = 64 only, on its tiles 128 columns wide.
       {"qwen2.5-1.5b", 128, {{1536, 2048}, {1536, 1536}, {1536, 17920}, {8960, 1536}}},
       {"qwen2.5-0.5b", 128, {{896, 1152}, {896, 896}, {896, 9728}, {4864, 896}}},
       {"gemma3-1b", 128, {{1152, 1536}, {1024, 1152}, {1152, 13824}, {6912, 1152}}},
@@ -588,7 +589,7 @@ int main(int argc, char** argv) {
         double dq = 0, wg = 0;
         if (m >= 64 && (all || ap == MarlinPath::DequantCublas))
           dq = time_graph(st, marlin_call(MarlinPath::DequantCublas, 0, 0), soak_if(MarlinPath::DequantCublas)).us;
-        const bool wg_runs = marlin_wgmma_available() && L.n % 256 == 0;
+        const bool wg_runs = marlin_wgmma_available() && (L.n % 256 == 0 || (L.n % 128 == 0 && m > 64));
         // Where Auto takes the Hopper kernel, the auto column times Auto itself (its own launches: two where m is
         // just past whole row chunks, marlin_dispatch.h auto_split_head), unless --wgmma-rows / --wgmma-n force
         // tiles, which only path Wgmma honours; the wgmma column times path Wgmma (--wgmma, or forced tiles).

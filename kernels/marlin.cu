@@ -435,12 +435,11 @@ const char* marlin_status_name(MarlinStatus s) {
     case MarlinStatus::WorkspaceTooSmall: return "workspace too small";
     case MarlinStatus::NoConfig:
       return "forced configuration does not fit the shape or device (thread_m_blocks not in 0..4, mma_parts below 0, "
-             "wgmma_rows not "
-             "0/8/16/32/48/64/128 or 144-256 by 16, wgmma_pipeline not 0..2, 2 below 32 rows or 1 on 48 or above 128, "
-             "path Wgmma with thread_n other than 0, 256 (up to 128 rows), 128 (128 rows or more, pipeline 2) or 192 (128 rows, "
-             "pipeline 2, n % 192 == 0), path Wgmma "
-             "without a 9.0 device, sm_90a code and n % 256 == 0, or path Stream without those, m <= 16 and a slice "
-             "width (thread_n 0/128/256) dividing n with k % (32768 / width) == 0)";
+             "wgmma_rows not 0/8/16/32/48/64/128 or 144-256 by 16, wgmma_pipeline not 0..2, 2 below 32 rows or 1 on 48 "
+             "or above 128, path Wgmma with thread_n other than 0, 256 (up to 128 rows), 128 (128 rows or more, "
+             "pipeline 2) or 192 (128 rows, pipeline 2, n % 192 == 0), path Wgmma without a 9.0 device, sm_90a code and "
+             "n % 256 == 0 (n % 128 == 0 with m > 64 on 128-column tiles), or path Stream without those, m <= 16 and a "
+             "slice width (thread_n 0/128/256) dividing n with k % (32768 / width) == 0)";
     case MarlinStatus::CudaError: return "CUDA error";
     case MarlinStatus::CublasError: return "cuBLAS error";
   }
@@ -492,6 +491,13 @@ MarlinPath auto_path(int dev, int m, int n, int k, int sms, bool cublas_ok) {
       case HopperAutoPick::Hopper: return MarlinPath::Wgmma;
       case HopperAutoPick::DequantCublas: return cublas_ok ? MarlinPath::DequantCublas : MarlinPath::Wgmma;
       case HopperAutoPick::MmaSync: return MarlinPath::Marlin;
+    }
+  }
+  if (wgmma_runs_on(dev) && n % kWgmmaWideTileN == 0 && wgmma_offsets_fit(n, k)) {  // n % 256 != 0 here
+    switch (hopper_n128_pick(m, int64_t(n) * k)) {
+      case HopperAutoPick::Hopper: return MarlinPath::Wgmma;
+      case HopperAutoPick::DequantCublas: return cublas_ok ? MarlinPath::DequantCublas : MarlinPath::Wgmma;
+      case HopperAutoPick::MmaSync: break;
     }
   }
   if (cublas_ok && wgmma_runs_on(dev) && hopper_mma_only_dq(m, int64_t(n) * k)) return MarlinPath::DequantCublas;
@@ -597,7 +603,11 @@ int g_ws_pair_clusters[kMaxDevices][2][kNumPairTiles];  // clusters_fit's cache 
 
 MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int dev) {
 #if MARLINC_HAVE_SM90A
-  if (!wgmma_runs_on(dev) || g.n % kWgmmaTileN != 0) return MarlinStatus::NoConfig;
+  // Layers with n % 256 != 0 (n % 128 == 0) run above m = 64 only, on the tiles 128 columns wide (128 x 128, the fit
+  // tiles, 128 x 192 where n % 192 == 0): the narrower row tiles are all 256 wide.
+  const bool n128 = g.n % kWgmmaTileN != 0;
+  if (!wgmma_runs_on(dev) || g.n % kWgmmaWideTileN != 0 || (n128 && g.m <= kWgmma64MaxM))
+    return MarlinStatus::NoConfig;
   if (!wgmma_offsets_fit(g.n, g.k)) return MarlinStatus::BadShape;
   // Narrow layers at m > 64 take 128 x 128 tiles (marlin_dispatch.h, wgmma_prefer_128x128) unless the rows or the
   // block-barrier pipeline (which has no 128-column tiles) are forced.
@@ -609,7 +619,7 @@ MarlinStatus run_wgmma(const MarlinGemm& g, int groups, int shift, int sms, int 
   const int fit_plan = cols_free ? wgmma_fit_plan(g.m, g.n, g.k, sms) : 0;
   const bool tri = cols_free && wgmma_prefer_192(g.m, g.n, g.k, sms, fit_plan);
   const int fit = tri ? 0 : fit_plan;
-  const bool narrow = pick && !tri && fit == 0 && wgmma_prefer_128x128(g.m, g.n, g.k, sms);
+  const bool narrow = pick && !tri && fit == 0 && (n128 || wgmma_prefer_128x128(g.m, g.n, g.k, sms));
   const int rows = g.wgmma_rows > 0 ? g.wgmma_rows
                    : tri            ? kWgmmaTriRows
                    : fit > 0        ? fit

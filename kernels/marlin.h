@@ -40,7 +40,8 @@ enum class MarlinPath {
   Marlin,         // always the fused mma.sync kernel (any CUDA GPU of sm_80 or later)
   DequantCublas,  // always dequantize to a 16-bit scratch and call cuBLAS (needs `cublas`)
   Wgmma,          // always the fused Hopper kernel (warpgroup MMA): NoConfig unless the device is
-                  // compute capability 9.0, the build has sm_90a code and n % 256 == 0
+                  // compute capability 9.0, the build has sm_90a code and n % 256 == 0 (n % 128 == 0
+                  // with m > 64: its tiles 128 columns wide)
   Stream,         // always the streaming m <= 16 kernel (one block per SM, TMA ring): NoConfig unless
                   // m <= 16, the device is 9.0 with sm_90a code, and a slice width (thread_n: 0 = chosen,
                   // 128 or 256) divides n with k a multiple of its stage depth (256 and 128 respectively)

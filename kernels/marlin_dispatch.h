@@ -32,7 +32,9 @@
 //   wgmma_prefer_192; 128 x 128 tiles over fit stripes cut in many parts on small shallow layers since the forty-
 //   third: wgmma_fit_split_shallow): faster on every set, by 1.7-2.1x over mma.sync, and faster
 //   than dequantize + cuBLAS at m = 1024 (70B 2973 vs 4509 us, 8B 782 vs 1024). Tiny layers (up to 2.6 M weights)
-//   take dequantize + cuBLAS at m = 129-512 since the forty-second session (kWgmmaTinyDqMaxLayer below).
+//   take dequantize + cuBLAS at m = 129-512 since the forty-second session (kWgmmaTinyDqMaxLayer below). Layers
+//   with n % 256 != 0 but n % 128 == 0 take the Hopper kernel's 128-column tiles above m = 64 since the forty-third,
+//   where hopper_n128_pick (below) says.
 // - m = 17 to 240, one row chunk: where the slices split along k into four or more parts of one block each, the
 //   Hopper kernel's blocks finish each slice together (marlin_partition.h, wgmma_split_parts, since the fortieth
 //   session; from m = 17 since the forty-first).
@@ -484,8 +486,17 @@ constexpr bool wgmma_fit_split_shallow(int m, int n, int k, int sms, int rows) {
   const int64_t w128 = wgmma_block_work(m, n, k, kWgmmaNarrowRows, kWgmmaNarrowCols, sms);
   return w128 * 100 <= wgmma_block_work(m, n, k, rows, kWgmmaWideTileN, sms) * (100 + kWgmmaFitShallowSlackPct);
 }
+// On layers with n % 256 != 0 (n % 128 == 0; hopper_n128_pick below) fit rows in two or more chunks give way to the
+// 128 x 128 tiles. H200 (docs/PERF.md, forty-third session, call 5), us, fit tiles against 128 x 128 forced, two runs
+// each: 4864 x 896 at m = 384 (2 x 192 rows, eight parts a slice) 18.9, 18.8 -> 13.1, 13.1, at 768 (4 x 192) 19.8 ->
+// 16.2; 6912 x 1152 at 384 20.5 -> 16.2, 16.1, at 768 25.6, 26.6 -> 25.1, 25.3; one chunk kept its fit tile (m = 192:
+// 4864 x 896 11.4, 11.3 against 12.8, 6912 x 1152 13.0 against 14.6).
+constexpr bool wgmma_fit_n128_chunks(int m, int n, int rows) {
+  return n % kWgmmaTileN != 0 && rows > 0 && (m + rows - 1) / rows > 1;
+}
 constexpr int wgmma_fit_plan(int m, int n, int k, int sms) {
   const int base = wgmma_fit_rows(m);
+  if (wgmma_fit_n128_chunks(m, n, base)) return 0;  // the 128 x 128 tiles
   if (m <= 128 || m > kWgmmaFitMaxM || sms < 1 || n % kWgmmaTileN != 0 || k % kWgmmaTileK != 0) return base;
   if (wgmma_fit_split_deep(m, n, k, sms, base)) return 0;  // the 128-row tiles
   const int64_t work0 = wgmma_replaced_work(m, n, k, sms, base);  // those rows, or the 128-row tiles
@@ -583,8 +594,24 @@ constexpr HopperAutoPick hopper_auto_pick(int m, int64_t weights) {
   return HopperAutoPick::Hopper;
 }
 
-// m > 64 on a Hopper device, on layers the Hopper kernel cannot run (n % 256 != 0: Qwen2.5-0.5B's q/k/v, o and down,
-// Gemma-3-1B's o and down): dequantize + cuBLAS from m = 65 on layers of up to kMmaOnlyDqMaxLayer weights, from
+// m > 64 on a Hopper device, on layers with n % 256 != 0 but n % 128 == 0 (Qwen2.5-0.5B's q/k/v, o and down,
+// Gemma-3-1B's o and down), which the Hopper kernel runs on its tiles 128 columns wide only (128 x 128, the fit tiles,
+// 128 x 192) since the forty-third session: dequantize + cuBLAS on layers of up to kWgmmaTinyDqMaxLayer weights, as on
+// the tiny layers above, at every m; on larger ones hopper_auto_pick's choice. H200 (docs/PERF.md, forty-third session,
+// call 4), us, dequantize + cuBLAS (Auto before) against path Wgmma, two runs each, at m = 65 / 128 / 256 / 512 / 1024:
+// 4864 x 896 11.6, 11.4 / 12.7, 12.6 / 13.8, 13.9 / 14.9, 15.0 / 18.9, 19.1 -> 8.2, 8.1 / 8.0 / 13.1, 13.0 / 14.2 /
+// 18.6, 18.7 (slower at 384, 15.8 -> 18.8, and 768, 17.5 -> 19.6, on fit tiles in two and four row chunks, which such
+// layers no longer take: wgmma_fit_n128_chunks, 13.1 and 16.2 on 128 x 128); 6912 x 1152 16.0, 15.6 / 15.7, 15.6 /
+// 18.9, 18.8 / 22.3, 22.2 / 38.5, 38.2 -> 9.1 / 9.8 / 14.5, 14.4 / 18.2 / 28.0, 28.4, faster at every m timed; 896 x
+// 896, 896 x 1152 and 1024 x 1152 level at m = 65 and slower above (896 x 896 at 128 5.7 -> 7.0, at 384 6.0 -> 12.4).
+constexpr HopperAutoPick hopper_n128_pick(int m, int64_t weights) {
+  if (m <= kWgmma64MaxM) return HopperAutoPick::MmaSync;
+  return weights <= kWgmmaTinyDqMaxLayer ? HopperAutoPick::DequantCublas : hopper_auto_pick(m, weights);
+}
+
+// m > 64 on a Hopper device, on layers the Hopper kernel cannot run (n % 128 != 0; before the forty-third session
+// every n % 256 != 0, the layers above among them): dequantize + cuBLAS from m = 65 on layers of up to
+// kMmaOnlyDqMaxLayer weights, from
 // kMmaOnlyDqMinM on every layer, instead of the mma.sync kernel (whose 64-row tiles ran these layers at a fifth to a
 // third of cuBLAS's speed). H200 (docs/PERF.md, forty-second session, call 1), us, mma.sync against dequantize +
 // cuBLAS: 896 x 896 at m = 128 / 256 / 384 19.5 / 17.3 / 18.0 -> 5.6 / 5.8 / 5.8, 896 x 1152 19.9 / 17.9 / 16.2 -> 5.9

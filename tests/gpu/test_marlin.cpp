@@ -656,6 +656,58 @@ TEST_CASE("marlin: Hopper wgmma kernel, producer warpgroup", "[gpu][marlin][wgmm
 // The producer kernel's pair form (kernels/marlin_dispatch.h, wgmma_pair_tiles): on num_sms SMs chosen so that the
 // rule holds, every tile is split in two along k and each pair of blocks is one cluster that adds its halves
 // through distributed shared memory. Tokens past m in the last row chunk, every group size, both activation types.
+// Layers with n % 256 != 0 (n % 128 == 0) on the Hopper kernel above m = 64, on its tiles 128 columns wide: 128 x 128
+// (the k-split at one row chunk), the fit tiles from m = 129 and 128 x 192 where n % 192 == 0 (384 and 1152 wide). A
+// small layer on every group size, both types and few SMs; then Qwen2.5-0.5B's and Gemma-3-1B's narrow layers.
+TEST_CASE("marlin: Hopper wgmma kernel on layers 128 columns wide", "[gpu][marlin][wgmma]") {
+  if (!marlin_wgmma_available()) {
+    WARN("skipped: no compute capability 9.0 device, or no sm_90a code in this build");
+    return;
+  }
+  std::mt19937_64 rng(kSeed + 24);
+  for (ActType act : {ActType::F16, ActType::BF16})
+    for (int64_t g : kGroups) {
+      const Layer L = make_layer(rng, 512, 384, g, act);
+      for (int sms : {0, 5})
+        for (int64_t m : {int64_t(65), int64_t(100), int64_t(129), int64_t(200), int64_t(300), int64_t(513),
+                          int64_t(1000)}) {
+          RunOpts o;
+          o.path = MarlinPath::Wgmma;
+          o.num_sms = sms;
+          o.max_ref_rows = 48;
+          run_case(L, m, rng, o);
+        }
+    }
+  const int64_t layers[][2] = {{896, 896}, {896, 1152}, {4864, 896}, {1152, 1152}, {6912, 1152}};
+  for (auto& kn : layers) {
+    const Layer L = make_layer(rng, kn[0], kn[1], 128, ActType::F16);
+    for (int64_t m : {int64_t(65), int64_t(128), int64_t(200), int64_t(384), int64_t(1000)}) {
+      RunOpts o;
+      o.path = MarlinPath::Wgmma;
+      o.max_ref_rows = 32;
+      run_case(L, m, rng, o);
+    }
+  }
+}
+
+// The same 128-column tiles on a layer with n % 256 != 0 under the sanitizers: the k-split, fit tiles and 128 x 192.
+TEST_CASE("marlin: Hopper wgmma kernel on a 384-wide layer under the sanitizers", "[gpu][marlin][wgmma][sanitize]") {
+  if (!marlin_wgmma_available()) {
+    WARN("skipped: no compute capability 9.0 device, or no sm_90a code in this build");
+    return;
+  }
+  std::mt19937_64 rng(kSeed + 25);
+  const Layer L = make_layer(rng, 512, 384, 64, ActType::F16);
+  for (int sms : {0, 5})
+    for (int64_t m : {int64_t(100), int64_t(200), int64_t(300)}) {
+      RunOpts o;
+      o.path = MarlinPath::Wgmma;
+      o.num_sms = sms;
+      o.max_ref_rows = 16;
+      run_case(L, m, rng, o);
+    }
+}
+
 TEST_CASE("marlin: Hopper wgmma kernel, tiles split in two as clusters", "[gpu][marlin][wgmma]") {
   if (!marlin_wgmma_available()) {
     WARN("skipped: no compute capability 9.0 device, or no sm_90a code in this build");
@@ -953,7 +1005,7 @@ TEST_CASE("marlin: bf16 activations and scales", "[gpu][marlin]") {
 
 // The dequantize kernel (one warp per 16 x 64 packed block) on every group size and both types, from a single 64-column
 // tile up; small enough for the sanitizers.
-TEST_CASE("marlin: dequantize kernel, every group size", "[gpu][marlin][sanitize]") {
+TEST_CASE("marlin: dequantize kernel on every group size", "[gpu][marlin][sanitize]") {
   std::mt19937_64 rng(kSeed + 22);
   for (ActType act : {ActType::F16, ActType::BF16})
     for (int64_t g : kGroups)
@@ -1182,6 +1234,9 @@ TEST_CASE("marlin: argument checks return a status", "[gpu][marlin]") {
   }
   b = g;
   b.path = MarlinPath::Wgmma;  // n = 64 is not a multiple of 256 (and elsewhere than 9.0 nothing runs)
+  REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
+  b.n = 384;  // n % 256 != 0: only above m = 64, on the tiles 128 columns wide
+  b.m = 64;
   REQUIRE(marlin_gemm(b) == MarlinStatus::NoConfig);
   if (marlin_wgmma_available()) {  // the producer pipeline is built for the tiles of 32 rows and more only
     b = g;

@@ -162,8 +162,37 @@ TEST_CASE("dispatch: dequantize + cuBLAS on tiny layers at m = 129-512", "[kerne
     for (int m : {129, 256, 512}) CHECK(hopper_auto_pick(m, w) == HopperAutoPick::Hopper);
 }
 
-// Layers the Hopper kernel cannot run (n % 256 != 0) above m = 64 on a Hopper device: dequantize + cuBLAS on small
-// layers (Qwen2.5-0.5B's 896 x 896, 896 x 1152, 4864 x 896; Gemma-3-1B's 6912 x 1152), on every layer from m = 256.
+// Layers with n % 256 != 0 but n % 128 == 0 above m = 64 (hopper_n128_pick): the Hopper kernel's 128-column tiles on
+// Qwen2.5-0.5B's 4864 x 896 and Gemma-3-1B's 6912 x 1152 (up to m = 2048, as for other layers below 2^26 weights),
+// dequantize + cuBLAS on the tiny 896 x 896, 896 x 1152 and 1024 x 1152 at every m; nothing of it at m <= 64.
+TEST_CASE("dispatch: Hopper kernel or dequantize + cuBLAS above m = 64 on layers 128 columns wide",
+          "[kernels][dispatch]") {
+  for (int64_t w : {int64_t(4864) * 896, int64_t(6912) * 1152}) {
+    CHECK(hopper_n128_pick(64, w) == HopperAutoPick::MmaSync);
+    for (int m : {65, 128, 129, 384, 512, 1024, 2048}) CHECK(hopper_n128_pick(m, w) == HopperAutoPick::Hopper);
+    CHECK(hopper_n128_pick(2049, w) == HopperAutoPick::DequantCublas);
+  }
+  // Their fit tiles in one row chunk only; in more the 128 x 128 tiles (wgmma_fit_n128_chunks).
+  const Layer narrow[] = {{"4864 x 896", 4864, 896}, {"6912 x 1152", 6912, 1152}, {"512 x 384", 512, 384}};
+  for (const Layer& L : narrow)
+    for (int m = 129; m <= 1024; ++m) {
+      INFO(L.name << " m " << m);
+      const int base = wgmma_fit_rows(m);
+      CHECK(wgmma_fit_plan(m, L.n, L.k, 132) == (base > 0 && m <= base ? base : 0));
+    }
+  CHECK(wgmma_fit_plan(192, 896, 4864, 132) == 192);
+  CHECK(wgmma_fit_plan(384, 896, 4864, 132) == 0);
+  CHECK(wgmma_fit_plan(384, 1024, 4864, 132) == 192);  // n % 256 == 0: the rules above
+  for (int64_t w : {int64_t(896) * 896, int64_t(896) * 1152, int64_t(1024) * 1152}) {
+    CHECK(hopper_n128_pick(1, w) == HopperAutoPick::MmaSync);
+    CHECK(hopper_n128_pick(64, w) == HopperAutoPick::MmaSync);
+    for (int m : {65, 128, 512, 513, 4096}) CHECK(hopper_n128_pick(m, w) == HopperAutoPick::DequantCublas);
+  }
+}
+
+// Layers the Hopper kernel cannot run (n % 128 != 0) above m = 64 on a Hopper device: dequantize + cuBLAS on small
+// layers, on every layer from m = 256 (set on Qwen2.5-0.5B's and Gemma-3-1B's layers before the Hopper kernel ran
+// layers 128 columns wide).
 TEST_CASE("dispatch: dequantize + cuBLAS above m = 64 on small layers the Hopper kernel cannot run",
           "[kernels][dispatch]") {
   for (int64_t w : {int64_t(896) * 896, int64_t(896) * 1152, int64_t(4864) * 896, int64_t(6912) * 1152}) {
