@@ -609,16 +609,15 @@ constexpr HopperAutoPick hopper_n128_pick(int m, int64_t weights) {
   return weights <= kWgmmaTinyDqMaxLayer ? HopperAutoPick::DequantCublas : hopper_auto_pick(m, weights);
 }
 
-// m > 64 on a Hopper device, on layers the Hopper kernel cannot run (n % 128 != 0; before the forty-third session
-// every n % 256 != 0, the layers above among them): dequantize + cuBLAS from m = 65 on layers of up to
-// kMmaOnlyDqMaxLayer weights, from
-// kMmaOnlyDqMinM on every layer, instead of the mma.sync kernel (whose 64-row tiles ran these layers at a fifth to a
-// third of cuBLAS's speed). H200 (docs/PERF.md, forty-second session, call 1), us, mma.sync against dequantize +
-// cuBLAS: 896 x 896 at m = 128 / 256 / 384 19.5 / 17.3 / 18.0 -> 5.6 / 5.8 / 5.8, 896 x 1152 19.9 / 17.9 / 16.2 -> 5.9
-// / 6.6 / 6.7, 4864 x 896 29.6 / 27.6 / 27.2 -> 14.1 / 14.7 / 16.4; on the Llama-3.2 layers (timed on the mma.sync
-// kernel, which Auto no longer gives them) at m = 128 3072 x 3072 26.7 -> 18.3 and 2048 x 3072 20.1 -> 13.3, but 3072 x
-// 5120 (2^23.9) 29.8 -> 34.5 and 8192 x 2048 29.5 -> 40.8 slower; at m = 256 every layer faster or level (2048 x 16384
-// 77.5 -> 67.6, 8192 x 2048 45.0 -> 44.6) and at 384 every one faster.
+// m > 64 on a Hopper device, on layers the Hopper kernel cannot run (n % 128 != 0; before the forty-third session every
+// n % 256 != 0, the layers above among them): dequantize + cuBLAS from m = 65 on layers of up to kMmaOnlyDqMaxLayer
+// weights, from kMmaOnlyDqMinM on every layer, instead of the mma.sync kernel (whose 64-row tiles ran these layers at a
+// fifth to a third of cuBLAS's speed). H200 (docs/PERF.md, forty-second session, call 1), us, mma.sync against
+// dequantize + cuBLAS: 896 x 896 at m = 128 / 256 / 384 19.5 / 17.3 / 18.0 -> 5.6 / 5.8 / 5.8, 896 x 1152 19.9 / 17.9 /
+// 16.2 -> 5.9 / 6.6 / 6.7, 4864 x 896 29.6 / 27.6 / 27.2 -> 14.1 / 14.7 / 16.4; on the Llama-3.2 layers (timed on the
+// mma.sync kernel, which Auto no longer gives them) at m = 128 3072 x 3072 26.7 -> 18.3 and 2048 x 3072 20.1 -> 13.3,
+// but 3072 x 5120 (2^23.9) 29.8 -> 34.5 and 8192 x 2048 29.5 -> 40.8 slower; at m = 256 every layer faster or level
+// (2048 x 16384 77.5 -> 67.6, 8192 x 2048 45.0 -> 44.6) and at 384 every one faster.
 constexpr int kMmaOnlyDqMinM = 256;
 constexpr int64_t kMmaOnlyDqMaxLayer = int64_t(3) << 22;  // 2^23.6, above 3072 x 3072
 constexpr bool hopper_mma_only_dq(int m, int64_t weights) {

@@ -283,8 +283,8 @@ double run_case(const Layer& L, int64_t m, std::mt19937_64& rng, const RunOpts& 
   return check_rows(L, A, gemm_out(L, A, o), rng, o);
 }
 
-// The Hopper kernel's producer-warpgroup form on rows-row tiles and `sms` SMs (0: all of them); tn: the tile's
-// columns (0: the token tile's own width; 128 with 128 rows: 128 x 128 tiles).
+// The Hopper kernel's producer-warpgroup form on rows-row tiles (0: the launcher's pick) and `sms` SMs (0: all of
+// them); tn: the tile's columns (0: the token tile's own width; 128 with 128 rows: 128 x 128 tiles).
 RunOpts producer(int rows, int sms, int ref_rows = 1 << 30, int tn = 0) {
   RunOpts o;
   o.path = MarlinPath::Wgmma;
@@ -670,23 +670,14 @@ TEST_CASE("marlin: Hopper wgmma kernel on layers 128 columns wide", "[gpu][marli
       const Layer L = make_layer(rng, 512, 384, g, act);
       for (int sms : {0, 5})
         for (int64_t m : {int64_t(65), int64_t(100), int64_t(129), int64_t(200), int64_t(300), int64_t(513),
-                          int64_t(1000)}) {
-          RunOpts o;
-          o.path = MarlinPath::Wgmma;
-          o.num_sms = sms;
-          o.max_ref_rows = 48;
-          run_case(L, m, rng, o);
-        }
+                          int64_t(1000)})
+          run_case(L, m, rng, producer(0, sms, 48));  // path Wgmma, the launcher's own tiles
     }
   const int64_t layers[][2] = {{896, 896}, {896, 1152}, {4864, 896}, {1152, 1152}, {6912, 1152}};
   for (auto& kn : layers) {
     const Layer L = make_layer(rng, kn[0], kn[1], 128, ActType::F16);
-    for (int64_t m : {int64_t(65), int64_t(128), int64_t(200), int64_t(384), int64_t(1000)}) {
-      RunOpts o;
-      o.path = MarlinPath::Wgmma;
-      o.max_ref_rows = 32;
-      run_case(L, m, rng, o);
-    }
+    for (int64_t m : {int64_t(65), int64_t(128), int64_t(200), int64_t(384), int64_t(1000)})
+      run_case(L, m, rng, producer(0, 0, 32));
   }
 }
 
@@ -699,13 +690,7 @@ TEST_CASE("marlin: Hopper wgmma kernel on a 384-wide layer under the sanitizers"
   std::mt19937_64 rng(kSeed + 25);
   const Layer L = make_layer(rng, 512, 384, 64, ActType::F16);
   for (int sms : {0, 5})
-    for (int64_t m : {int64_t(100), int64_t(200), int64_t(300)}) {
-      RunOpts o;
-      o.path = MarlinPath::Wgmma;
-      o.num_sms = sms;
-      o.max_ref_rows = 16;
-      run_case(L, m, rng, o);
-    }
+    for (int64_t m : {int64_t(100), int64_t(200), int64_t(300)}) run_case(L, m, rng, producer(0, sms, 16));
 }
 
 TEST_CASE("marlin: Hopper wgmma kernel, tiles split in two as clusters", "[gpu][marlin][wgmma]") {
