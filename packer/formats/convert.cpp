@@ -331,11 +331,13 @@ ConvertReport convert_checkpoint(const fs::path& in, const fs::path& out, const 
   std::vector<std::string> passthrough;
   QuantSummary sum;
   // Leaves that only quantized modules have: one left over belongs to a module missing a companion
-  // tensor (e.g. weight_scale without weight_packed), which would pass through as a dangling tensor.
+  // tensor (e.g. weight_scale without weight_packed), which would pass through as a dangling tensor. In a
+  // Marlin checkpoint the short leaves (B, s, meta, ...) are its modules' own, so a B without its s counts too.
+  const bool marlin_source = fi.format == Format::Marlin || fi.format == Format::Marlin24;
   for (const auto& name : ck.tensor_names()) {
     if (consumed.count(name)) continue;
     const TensorInfo& t = *ck.at(name).info;
-    if (is_quant_leaf(name, false))
+    if (is_quant_leaf(name, marlin_source))
       bad_data(ck.source().string() + ": " + name + ": a quantization tensor of no complete " + rep.source_format +
                " module (the module lacks a companion tensor, e.g. its packed weight or scales)");
     plan.push_back({name, t.dtype, t.shape});

@@ -419,29 +419,39 @@ TEST_CASE("convert refuses a module that lacks a companion tensor instead of pas
   o.seed = 271;
   o.layers = {{"model.layers.0.mlp.up_proj", 256, 256}, {"model.layers.0.mlp.down_proj", 256, 256}};
   synth::write_checkpoint(td.path / "full", o);
-  {  // the same checkpoint without up_proj's weight_packed
-    Checkpoint ck = Checkpoint::open(td.path / "full");
-    std::vector<TensorSpec> plan;
-    for (const auto& name : ck.tensor_names())
-      if (name != "model.layers.0.mlp.up_proj.weight_packed") {
-        const TensorInfo& t = *ck.at(name).info;
-        plan.push_back({name, t.dtype, t.shape});
-      }
-    CheckpointWriter w(td.path / "src", plan);
-    for (const auto& s : plan) w.write(s.name, ck.data(s.name));
-    w.copy_file(td.path / "full" / "config.json", "config.json");
-    w.commit();
-  }
-  std::string msg;
-  try {
-    run(td.path / "src", td.path / "out", TargetFormat::GptqV1);
-  } catch (const Error& e) {
-    msg = e.what();
-  }
-  INFO(msg);
-  CHECK(msg.find("model.layers.0.mlp.up_proj.weight_s") != std::string::npos);
-  CHECK(msg.find("no complete") != std::string::npos);
-  CHECK_FALSE(fs::exists(td.path / "out"));
+  REQUIRE(run(td.path / "full", td.path / "marlin", TargetFormat::Marlin).ok);
+  // `from` without the tensor `dropped`, converted to GPTQ: refused, naming the module's other tensor, nothing written.
+  int n = 0;
+  auto check_refused = [&](const fs::path& from, const std::string& dropped, const std::string& named) {
+    const fs::path src = td.path / ("src" + std::to_string(n)), out = td.path / ("out" + std::to_string(n++));
+    {
+      Checkpoint ck = Checkpoint::open(from);
+      std::vector<TensorSpec> plan;
+      for (const auto& name : ck.tensor_names())
+        if (name != dropped) {
+          const TensorInfo& t = *ck.at(name).info;
+          plan.push_back({name, t.dtype, t.shape});
+        }
+      CheckpointWriter w(src, plan);
+      for (const auto& s : plan) w.write(s.name, ck.data(s.name));
+      w.copy_file(from / "config.json", "config.json");
+      w.commit();
+    }
+    std::string msg;
+    try {
+      run(src, out, TargetFormat::GptqV1);
+    } catch (const Error& e) {
+      msg = e.what();
+    }
+    INFO(dropped << ": " << msg);
+    CHECK(msg.find(named) != std::string::npos);
+    CHECK(msg.find("no complete") != std::string::npos);
+    CHECK_FALSE(fs::exists(out));
+  };
+  check_refused(td.path / "full", "model.layers.0.mlp.up_proj.weight_packed", "model.layers.0.mlp.up_proj.weight_s");
+  // Marlin's short leaves: a B without its s, an s without its B.
+  check_refused(td.path / "marlin", "model.layers.0.mlp.up_proj.s", "model.layers.0.mlp.up_proj.B");
+  check_refused(td.path / "marlin", "model.layers.0.mlp.down_proj.B", "model.layers.0.mlp.down_proj.s");
 }
 
 TEST_CASE("convert keeps the source's quantization record, so verify --reference still reads GPTQ weights as GPTQ",
