@@ -361,25 +361,57 @@ void CheckpointWriter::commit() {
   }
 }
 
+namespace {
+
+bool name_starts(const std::string& n, const char* p) { return n.rfind(p, 0) == 0; }
+bool name_ends(const std::string& n, const char* s) {
+  const size_t l = std::strlen(s);
+  return n.size() >= l && n.compare(n.size() - l, l, s) == 0;
+}
+// The files a checkpoint's writer writes itself: tensors, their index and the (quantization) configs.
+bool is_written_file(const std::string& n) {
+  return name_ends(n, ".safetensors") || name_ends(n, ".safetensors.index.json") || n == "config.json" ||
+         n == "quantize_config.json" || n == "quant_config.json";
+}
+// The non-tensor files carried into an output. *.py: remote code that config.json's auto_map names
+// (configuration_*.py, modeling_*.py, tokenization_*.py); without it trust_remote_code models do not load.
+bool is_carried_file(const std::string& n) {
+  if (is_written_file(n)) return false;
+  return name_starts(n, "tokenizer") || name_starts(n, "chat_template") || name_ends(n, ".tiktoken") ||
+         name_ends(n, ".py") || n == "generation_config.json" || n == "special_tokens_map.json" ||
+         n == "added_tokens.json" || n == "vocab.json" || n == "vocab.txt" || n == "merges.txt" ||
+         n == "spiece.model" || n == "sentencepiece.bpe.model" || n == "preprocessor_config.json" ||
+         n == "processor_config.json";
+}
+
+}  // namespace
+
+void check_output_not_input(const fs::path& input_dir, const fs::path& out) {
+  std::error_code ec;
+  if (!fs::exists(out, ec)) return;  // a path still to be made holds nothing
+  fs::path p = fs::weakly_canonical(fs::absolute(input_dir, ec), ec);
+  for (bool first = true; !p.empty(); first = false) {
+    if (fs::equivalent(p, out, ec))
+      bad_usage(out.string() + ": output directory is " +
+                (first ? std::string("the input checkpoint") : "a folder holding the input checkpoint " + input_dir.string()) +
+                "; write to a new directory");
+    if (p == p.parent_path()) break;
+    p = p.parent_path();
+  }
+}
+
+bool is_checkpoint_file(const fs::path& dir, const fs::path& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec) || !fs::is_directory(dir, ec)) return false;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if ((is_written_file(n) || is_carried_file(n)) && fs::equivalent(e.path(), path, ec)) return true;
+  }
+  return false;
+}
+
 std::vector<std::string> copy_non_tensor_files(const fs::path& src_dir, CheckpointWriter& w) {
-  auto wanted = [](const std::string& n) {
-    auto starts = [&](const char* p) { return n.rfind(p, 0) == 0; };
-    auto ends = [&](const char* s) {
-      const size_t l = std::strlen(s);
-      return n.size() >= l && n.compare(n.size() - l, l, s) == 0;
-    };
-    // The caller writes the tensors, their index and the (quantization) config itself.
-    if (ends(".safetensors") || ends(".safetensors.index.json") || n == "config.json" ||
-        n == "quantize_config.json" || n == "quant_config.json")
-      return false;
-    // *.py: remote code that config.json's auto_map names (configuration_*.py, modeling_*.py,
-    // tokenization_*.py); without it trust_remote_code models do not load from the output.
-    return starts("tokenizer") || starts("chat_template") || ends(".tiktoken") || ends(".py") ||
-           n == "generation_config.json" ||
-           n == "special_tokens_map.json" || n == "added_tokens.json" || n == "vocab.json" || n == "vocab.txt" ||
-           n == "merges.txt" || n == "spiece.model" || n == "sentencepiece.bpe.model" ||
-           n == "preprocessor_config.json" || n == "processor_config.json";
-  };
+  const auto wanted = is_carried_file;
   std::vector<std::string> copied;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(src_dir, ec)) {

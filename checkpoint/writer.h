@@ -91,4 +91,13 @@ class CheckpointWriter {
 // quantize_config.json or quant_config.json: the caller writes those. Returns the copied names, sorted.
 std::vector<std::string> copy_non_tensor_files(const std::filesystem::path& src_dir, CheckpointWriter& w);
 
+// Refuses (BadUsage, naming `out`) an existing output directory that is the checkpoint directory `input_dir` or a
+// folder above it: writing the output there, or replacing it with --overwrite, would destroy the input.
+void check_output_not_input(const std::filesystem::path& input_dir, const std::filesystem::path& out);
+
+// Whether `path` is (the same file as, links included) one of the checkpoint directory `dir`'s own files: its
+// safetensors files and index, its configs, and the non-tensor files copy_non_tensor_files carries. A report or
+// certificate must not be written over one of them.
+bool is_checkpoint_file(const std::filesystem::path& dir, const std::filesystem::path& path);
+
 }  // namespace marlinc

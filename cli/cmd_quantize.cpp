@@ -71,7 +71,10 @@ calib::GptqRunOptions gptq_run_options(const QuantizeArgs& a) {
 
 int run_quantize(const QuantizeArgs& a) {
   QuantizeOptions o;
-  if (!a.json.empty()) check_output_file("--json", a.json);
+  if (!a.json.empty()) {
+    check_output_file("--json", a.json, a.out);
+    check_not_input_file("--json", a.json, a.in, a.calib);
+  }
   note_stale_outputs(a.out);
   auto t = target_from_name(a.format);
   if (!t) bad_usage("--format " + a.format + ": expected marlin, marlin24, gptq, gptq_v2, compressed-tensors or awq");

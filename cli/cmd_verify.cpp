@@ -65,7 +65,11 @@ int run_check_certificate(const VerifyArgs& a) {
 
 int run_verify(const VerifyArgs& a) {
   if (!a.check_certificate.empty()) return run_check_certificate(a);
-  if (!a.certificate.empty()) check_output_file("--certificate", a.certificate);
+  if (!a.certificate.empty()) {
+    check_output_file("--certificate", a.certificate);
+    check_not_input_file("--certificate", a.certificate, a.dir);
+    if (!a.reference.empty()) check_not_input_file("--certificate", a.certificate, a.reference);
+  }
   VerifyOptions opt;
   if (!a.reference.empty()) opt.reference = a.reference;
   opt.force_cpu = a.cpu;

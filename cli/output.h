@@ -17,8 +17,16 @@ std::string json_text(const nlohmann::json& j);
 
 // Refuses (BadUsage, naming `option`) an output file path whose directory does not exist or cannot be
 // written, or that is a directory: checked before the work, so a run never ends with its main output
-// committed and its report lost.
-void check_output_file(const std::string& option, const std::filesystem::path& path);
+// committed and its report lost. `out_dir`, where given, is the output directory the run makes: the path
+// may lie in it (the report is written after the output), not be it.
+void check_output_file(const std::string& option, const std::filesystem::path& path,
+                       const std::filesystem::path& out_dir = {});
+
+// Refuses (BadUsage, naming `option`) an output file path that is one of the checkpoint `input`'s own files
+// (`input` a directory or a *.safetensors file; checkpoint/writer.h, is_checkpoint_file) or the file `other`
+// (e.g. the calibration text): writing there would destroy an input. Links and hard links count.
+void check_not_input_file(const std::string& option, const std::filesystem::path& path,
+                          const std::filesystem::path& input, const std::filesystem::path& other = {});
 
 // One line on stderr per partial output an interrupted run left beside `out` (stale_temp_outputs).
 void note_stale_outputs(const std::filesystem::path& out);

@@ -161,6 +161,7 @@ QuantizeReport quantize_checkpoint(const std::filesystem::path& in, const std::f
   if (o.to == TargetFormat::Marlin24)
     bad_usage("--format marlin24 needs 2:4 pruning (--method gptq --sparsity 2:4); RTN cannot choose a mask");
   Checkpoint ck = Checkpoint::open(in);
+  check_output_not_input(ck.dir(), out);
   QuantizeReport rep;
   rep.input = ck.source().string();
   rep.output = out.string();

@@ -264,11 +264,7 @@ ConvertReport convert_checkpoint(const fs::path& in, const fs::path& out, const 
   rep.target = target_name(opts.to);
 
   Checkpoint ck = Checkpoint::open(in);
-  {
-    std::error_code ec;
-    if (fs::exists(out) && fs::equivalent(fs::is_directory(in) ? in : ck.dir(), out, ec))
-      bad_usage(out.string() + ": output directory is the input checkpoint; write to a new directory");
-  }
+  check_output_not_input(ck.dir(), out);
   const FormatInfo fi = detect_format(ck);
   rep.source_format = format_name(fi.format);
   rep.source_label = fi.label_in_config;

@@ -11,6 +11,7 @@
 
 #include "checkpoint/convert_dtype.h"
 #include "checkpoint/error.h"
+#include "checkpoint/writer.h"
 #include "quantizer/calib/calib_pass.h"
 #include "quantizer/calib/forward_cuda.h"
 #include "quantizer/calib/gpu_calib.h"
@@ -164,6 +165,7 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
   const LlamaModel model = LlamaModel::open(in);
   const LlamaConfig& c = model.config();
   const Checkpoint& ck = model.checkpoint();
+  check_output_not_input(ck.dir(), out);
   QuantizeReport rep;
   rep.input = ck.source().string();
   rep.output = out.string();

@@ -1,0 +1,99 @@
+// End-to-end: marlinc never writes over what it reads. An output directory that is the input checkpoint or a folder
+// holding it, a --json report or --certificate on one of the checkpoint's files or on the calibration text: refused
+// (exit 2, naming the option and the rule) before any work, every input byte unchanged. A report inside the output
+// directory the run makes (the README's `--json out/report.json`) is written after the output.
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/cli/cli_runner.h"
+#include "tests/common.h"
+
+namespace fs = std::filesystem;
+using marlinc::test::q;
+using marlinc::test::Result;
+using marlinc::test::run_cli;
+using marlinc::test::slurp;
+using marlinc::test::TempDir;
+
+namespace {
+
+fs::path sample() { return fs::path(MARLINC_SOURCE_DIR) / "data" / "sample" / "model"; }
+
+bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+
+// Runs `args` (in `dir`), which must be refused with `rule` in its message.
+void refused(const std::string& args, const fs::path& dir, const std::string& rule) {
+  const Result r = run_cli(args, dir);
+  INFO(args << "\n" << r.err);
+  CHECK(r.rc == 2);
+  CHECK(contains(r.err, rule));
+}
+
+}  // namespace
+
+TEST_CASE("marlinc quantize and convert refuse an output directory that is or holds the input", "[cli]") {
+  TempDir td("outputs-dir");
+  const fs::path m = td.path / "parent" / "m";
+  fs::create_directories(m.parent_path());
+  fs::copy(sample(), m, fs::copy_options::recursive);
+  const std::string weights = slurp(m / "model.safetensors");
+  const std::string rtn = "quantize --method rtn --overwrite ";
+  refused(rtn + q(m) + " " + q(m), td.path, "output directory is the input checkpoint");
+  refused(rtn + q(m) + " " + q(m.string() + "/"), td.path, "output directory is the input checkpoint");
+  refused(rtn + q(m / "model.safetensors") + " " + q(m), td.path, "output directory is the input checkpoint");
+  refused(rtn + q(m) + " " + q(m / ".." / "m"), td.path, "output directory is the input checkpoint");
+  refused(rtn + q(m) + " " + q(td.path / "parent"), td.path, "a folder holding the input checkpoint");
+  refused(rtn + q(m) + " " + q(td.path), td.path, "a folder holding the input checkpoint");
+  // convert: a Marlin checkpoint made from the copy, converted onto a folder holding it.
+  REQUIRE(run_cli("quantize --method rtn " + q(m) + " " + q(td.path / "parent" / "q"), td.path).rc == 0);
+  refused("convert --to gptq --overwrite " + q(td.path / "parent" / "q") + " " + q(td.path / "parent"), td.path,
+          "a folder holding the input checkpoint");
+  CHECK(slurp(m / "model.safetensors") == weights);
+  CHECK(fs::exists(td.path / "parent" / "q" / "model.safetensors"));
+}
+
+TEST_CASE("marlinc quantize --json and verify --certificate refuse the input's own files", "[cli]") {
+  TempDir td("outputs-file");
+  const fs::path m = td.path / "m";
+  fs::copy(sample(), m, fs::copy_options::recursive);
+  const std::string weights = slurp(m / "model.safetensors"), config = slurp(m / "config.json");
+  const std::string rtn = "quantize --method rtn " + q(m) + " " + q(td.path / "out");
+  refused(rtn + " --json " + q(m / "model.safetensors"), td.path, "--json");
+  refused(rtn + " --json " + q(m / "config.json"), td.path, "is a file of the input checkpoint");
+  refused(rtn + " --json " + q(m / "generation_config.json"), td.path, "is a file of the input checkpoint");
+  refused(rtn + " --json " + q(td.path / "out"), td.path, "is the output directory");
+  fs::create_symlink(m / "model.safetensors", td.path / "link.safetensors");
+  refused(rtn + " --json " + q(td.path / "link.safetensors"), td.path, "is a file of the input checkpoint");
+  CHECK_FALSE(fs::exists(td.path / "out"));
+  // The calibration text of a GPTQ run.
+  const std::string text = "Once upon a time there was a small model.\n";
+  std::ofstream(td.path / "calib.txt", std::ios::binary) << text;
+  refused("quantize --method gptq --calib " + q(td.path / "calib.txt") + " " + q(m) + " " + q(td.path / "g") +
+              " --json " + q(td.path / "calib.txt"),
+          td.path, "is the input file");
+  CHECK(slurp(td.path / "calib.txt") == text);
+  // The README's form: the report inside the output directory the run makes.
+  const Result r = run_cli(rtn + " --json " + q(td.path / "out" / "report.json"), td.path);
+  INFO(r.err);
+  REQUIRE(r.rc == 0);
+  const nlohmann::json rep = nlohmann::json::parse(slurp(td.path / "out" / "report.json"));
+  CHECK(rep.contains("layers"));
+  // verify: the certificate over the verified checkpoint's weights or the reference's config is refused; beside them
+  // it is written.
+  const std::string out_weights = slurp(td.path / "out" / "model.safetensors");
+  refused("verify --cpu --certificate " + q(td.path / "out" / "model.safetensors") + " " + q(td.path / "out"), td.path,
+          "is a file of the input checkpoint");
+  refused("verify --cpu --reference " + q(m) + " --certificate " + q(m / "config.json") + " " + q(td.path / "out"),
+          td.path, "is a file of the input checkpoint");
+  CHECK(slurp(td.path / "out" / "model.safetensors") == out_weights);
+  const Result v = run_cli("verify --cpu --certificate " + q(td.path / "out" / "cert.json") + " " + q(td.path / "out"),
+                           td.path);
+  INFO(v.err);
+  CHECK(v.rc == 0);
+  CHECK(fs::exists(td.path / "out" / "cert.json"));
+  CHECK(slurp(m / "model.safetensors") == weights);
+  CHECK(slurp(m / "config.json") == config);
+}
