@@ -112,6 +112,8 @@ int run_quantize(const QuantizeArgs& a) {
     r = quantize_checkpoint(a.in, a.out, o, on_layer);
   }
   for (auto& [name, why] : r.skipped) std::printf("%-48s skipped: %s\n", name.c_str(), why.c_str());
+  if (o.to == TargetFormat::Marlin && a.order == "dynamic" && !r.layers.empty())
+    std::printf("note: %s\n", kMarlinActOrderNote);
   double mean = 0;
   for (auto& l : r.layers) mean += l.rel_weight_err;
   mean /= double(std::max<size_t>(1, r.layers.size()));
@@ -175,7 +177,8 @@ void register_quantize(CLI::App& app) {
   gptq_opt(cmd->add_option("--max-len", a->max_len, "gptq: longest document kept, never truncated (default 2048)"));
   gptq_opt(cmd->add_option("--seed", a->seed, "gptq: sampling seed (default 0)"));
   gptq_opt(cmd->add_option("--order", a->order, "gptq: column order natural, static (act-order, static groups), gar "
-                                                "or dynamic (GPTQ formats only)"))
+                                                "or dynamic (act-order g_idx: GPTQ, compressed-tensors, and Marlin with marlinc's perm "
+                                                "extension, docs/FORMATS.md; not AWQ or marlin24)"))
       ->check(CLI::IsMember({"natural", "static", "gar", "dynamic"}));
   gptq_opt(cmd->add_option("--sparsity", a->sparsity, "gptq: none or 2:4 (SparseGPT jointly with 4-bit)"))
       ->check(CLI::IsMember({"none", "2:4"}));

@@ -118,6 +118,10 @@ TensorSpec dequantized_spec(const ModuleDesc& d);
 PackedTensor write_dequantized(const QuantizedLinear& q);
 
 // ---- checkpoint-wide configuration of the target.
+// Said (convert's notes, quantize's output) wherever a Marlin output carries act-order in marlinc's extension.
+inline constexpr const char* kMarlinActOrderNote =
+    "act-order modules are written in marlinc's Marlin extension (sorted g_idx + perm, docs/FORMATS.md): loaders "
+    "that ignore perm compute wrong outputs; convert to gptq or compressed-tensors for those";
 struct QuantSummary {
   int bits = 4;
   int group_size = 128;

@@ -136,16 +136,21 @@ void finish_output(CheckpointWriter& w, const Checkpoint& ck, const QuantizeOpti
                    const nlohmann::json& extra_quant) {
   QuantSummary s;
   s.bits = o.bits; s.group_size = o.group_size; s.sym = true; s.desc_act = o.act_order;
+  s.act_order_marlin = o.to == TargetFormat::Marlin && o.act_order;  // g_idx + perm: marlinc's extension
   // Linears left unquantized (lm_head, --skip, layers the target cannot hold): the config names them
   // so loaders do not expect quantized tensors there.
   s.plain_linears = unquantized_linears(ck, [&](const std::string& p) { return P.job_of_tensor.count(p + ".weight") > 0; });
   s.lm_head_quantized = P.job_of_tensor.count("lm_head.weight") > 0;
   TargetConfig cfg = target_config(o.to, ck.config(), nlohmann::json::object(), s);
   if (!extra_quant.empty()) {
-    auto& qc = cfg.config["quantization_config"];
-    for (auto it = extra_quant.begin(); it != extra_quant.end(); ++it) qc[it.key()] = it.value();
-    if (cfg.quantize_config)
-      for (auto it = extra_quant.begin(); it != extra_quant.end(); ++it) (*cfg.quantize_config)[it.key()] = it.value();
+    // An object both have (the "marlinc" record and the act-order extension's description) is merged, not replaced.
+    auto put = [&](nlohmann::json& qc) {
+      for (auto it = extra_quant.begin(); it != extra_quant.end(); ++it)
+        if (qc.contains(it.key()) && qc[it.key()].is_object() && it.value().is_object()) qc[it.key()].update(it.value());
+        else qc[it.key()] = it.value();
+    };
+    put(cfg.config["quantization_config"]);
+    if (cfg.quantize_config) put(*cfg.quantize_config);
   }
   w.add_file("config.json", cfg.config.dump(2) + "\n");
   if (cfg.quantize_config) w.add_file("quantize_config.json", cfg.quantize_config->dump(2) + "\n");

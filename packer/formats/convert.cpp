@@ -386,6 +386,7 @@ ConvertReport convert_checkpoint(const fs::path& in, const fs::path& out, const 
   sum.sym = all_sym;
   sum.desc_act = any_act;
   sum.act_order_marlin = opts.to == TargetFormat::Marlin && any_act;
+  if (sum.act_order_marlin) rep.notes.push_back(kMarlinActOrderNote);
   sum.zero_points_marlin = opts.to == TargetFormat::Marlin && !all_sym;
   TargetConfig cfg = target_config(opts.to, ck.config(), ck.quantize_config(), sum);
   carry_quantization_record(ck.quantize_config(), cfg);

@@ -188,9 +188,6 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
 #endif
   if (base.sparse24 && base.order != GptqOptions::Natural)
     bad_usage("--sparsity 2:4 runs in natural column order (SparseGPT); drop --order or use --order natural");
-  if (base.order == GptqOptions::DynamicActOrder &&
-      (qo.to == TargetFormat::Marlin || qo.to == TargetFormat::Marlin24))
-    bad_usage("--order dynamic gives a non-monotone g_idx, which Marlin files cannot hold; use static or gar");
 
   // Calibration: the file, or samples the model writes itself.
   CalibSet cs;
