@@ -83,15 +83,11 @@ json gptq_family_dict(const json& src_quant, const QuantSummary& s, const std::s
   d["checkpoint_format"] = checkpoint_format;
   d["lm_head"] = s.lm_head_quantized;  // GPTQModel / vLLM build lm_head quantized only when this says so
 
-  // `dynamic`: keep the source's "-:" skip rules, add ours for kept-dequantized layers and per-module
-  // bits/group overrides.
+  // `dynamic`: from the output's own modules only, "-:" for kept-dequantized layers and the other plain linears
+  // and "+:" for per-module bits/group overrides, each an exact regex. The source's rules are not carried: a
+  // source "-:" rule may match modules that hold quantized tensors (the data decides, not the config), which a
+  // loader would then build unquantized; the exact rules already name every plain linear of the output.
   json dyn = json::object();
-  if (is_gptq_family(src_quant)) {
-    auto sd = src_quant.find("dynamic");
-    if (sd != src_quant.end() && sd->is_object())
-      for (auto it = sd->begin(); it != sd->end(); ++it)
-        if (it.key().rfind("-:", 0) == 0) dyn[it.key()] = it.value();
-  }
   for (const auto& p : s.dequantized) dyn["-:" + exact_regex(p)] = json::object();
   // Other plain linears too (skipped layers): GPTQModel and vLLM otherwise expect every Linear of the
   // decoder quantized. lm_head has its own switch (lm_head: false) in those loaders.
