@@ -71,6 +71,10 @@ QuantizedLinear read_marlin24(const Checkpoint& ck, const std::string& prefix, c
 QuantizedLinear read_awq(const Checkpoint& ck, const std::string& prefix, const FormatInfo& fi);
 QuantizedLinear read_compressed_tensors(const Checkpoint& ck, const std::string& prefix, const FormatInfo& fi);
 QuantizedLinear read_ct_marlin24(const Checkpoint& ck, const std::string& prefix, const FormatInfo& fi);
+// Throws BadData naming the tensor where a quantized module has what it may not have beside its own tensors: a
+// bias other than one float per output column ([n], f16/bf16/f32), or a plain `<p>.weight` (two forms of one layer
+// leave a loader to guess which it runs). describe_modules applies it to every module.
+void check_module_neighbours(const Checkpoint& ck, const ModuleDesc& d);
 // Dispatch on the module's format (desc.format).
 QuantizedLinear read_module(const Checkpoint& ck, const ModuleDesc& desc, const FormatInfo& fi);
 

@@ -361,7 +361,9 @@ VerifyReport verify_checkpoint(const std::filesystem::path& dir, const VerifyOpt
   std::set<std::string> owned;
   for (const auto& p : quantized_modules(ck, fi.format)) {
     try {
-      mods.push_back(describe_module(ck, p, fi));
+      ModuleDesc d = describe_module(ck, p, fi);
+      check_module_neighbours(ck, d);
+      mods.push_back(std::move(d));
       owned.insert(mods.back().tensors.begin(), mods.back().tensors.end());
     } catch (const Error& e) {
       undescribed.emplace_back(p, e.what());

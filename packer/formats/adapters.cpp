@@ -26,9 +26,26 @@ ModuleDesc describe_module(const Checkpoint& ck, const std::string& prefix, cons
   bad_data(ck.source().string() + ": " + prefix + ": no adapter reads format " + format_name(fi.format));
 }
 
+void check_module_neighbours(const Checkpoint& ck, const ModuleDesc& d) {
+  if (auto b = ck.find(d.prefix + ".bias")) {
+    const TensorInfo& t = *b->info;
+    const bool float_type = t.dtype == DType::F16 || t.dtype == DType::BF16 || t.dtype == DType::F32;
+    if (t.shape.size() != 1 || t.shape[0] != d.n || !float_type)
+      bad_data(ck.source().string() + ": " + t.name + ": " + std::string(dtype_name(t.dtype)) + " " +
+               fmt::shape_str(t.shape) + ", but the quantized module's bias holds one float per output column (n = " +
+               std::to_string(d.n) + ")");
+  }
+  if (ck.contains(d.prefix + ".weight"))
+    bad_data(ck.source().string() + ": " + d.prefix + ".weight: a plain weight beside the module's quantized tensors "
+             "(a layer is either quantized or plain)");
+}
+
 std::vector<ModuleDesc> describe_modules(const Checkpoint& ck, const FormatInfo& fi) {
   std::vector<ModuleDesc> out;
-  for (const auto& p : quantized_modules(ck, fi.format)) out.push_back(describe_module(ck, p, fi));
+  for (const auto& p : quantized_modules(ck, fi.format)) {
+    out.push_back(describe_module(ck, p, fi));
+    check_module_neighbours(ck, out.back());
+  }
   return out;
 }
 

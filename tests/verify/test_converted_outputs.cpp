@@ -454,6 +454,60 @@ TEST_CASE("convert refuses a module that lacks a companion tensor instead of pas
   check_refused(td.path / "marlin", "model.layers.0.mlp.down_proj.B", "model.layers.0.mlp.down_proj.s");
 }
 
+// A quantized module with a bias that is not one float per output column, or with a plain weight beside its
+// quantized tensors: convert refuses it naming the tensor, verify fails that layer's structure check.
+TEST_CASE("a quantized module's bias of the wrong shape or a plain weight beside it is refused", "[formats][convert]") {
+  TempDir td("neighbours");
+  synth::Options o;
+  o.seed = 277;
+  o.layers = {{"model.layers.0.mlp.up_proj", 256, 256}};
+  synth::write_checkpoint(td.path / "full", o);
+  const std::string p = "model.layers.0.mlp.up_proj";
+  int n = 0;
+  auto check = [&](const std::string& extra, DType dt, std::vector<int64_t> shape, const std::string& rule) {
+    const fs::path src = td.path / ("src" + std::to_string(n)), out = td.path / ("out" + std::to_string(n++));
+    {
+      Checkpoint ck = Checkpoint::open(td.path / "full");
+      std::vector<TensorSpec> plan;
+      for (const auto& name : ck.tensor_names())
+        plan.push_back({name, ck.at(name).info->dtype, ck.at(name).info->shape});
+      plan.push_back({extra, dt, shape});
+      CheckpointWriter w(src, plan);
+      for (const auto& name : ck.tensor_names()) w.write(name, ck.data(name));
+      size_t bytes = dtype_size(dt);
+      for (int64_t d : shape) bytes *= size_t(d);
+      const std::vector<uint8_t> zeros(bytes, 0);
+      w.write(extra, zeros);
+      w.copy_file(td.path / "full" / "config.json", "config.json");
+      if (fs::exists(td.path / "full" / "quantize_config.json"))
+        w.copy_file(td.path / "full" / "quantize_config.json", "quantize_config.json");
+      w.commit();
+    }
+    std::string msg;
+    try {
+      run(src, out, TargetFormat::Marlin);
+    } catch (const Error& e) {
+      msg = e.what();
+    }
+    INFO(extra << ": " << msg);
+    CHECK(msg.find(extra) != std::string::npos);
+    CHECK(msg.find(rule) != std::string::npos);
+    CHECK_FALSE(fs::exists(out));
+    VerifyOptions vo;
+    vo.force_cpu = true;
+    const VerifyReport vr = verify_checkpoint(src, vo);
+    CHECK_FALSE(vr.ok());
+    bool named = false;
+    for (const auto& L : vr.layers)
+      for (const auto& c : L.checks) named |= L.name == p && !c.ok && c.detail.find(rule) != std::string::npos;
+    CHECK(named);
+  };
+  check(p + ".bias", DType::F16, {100}, "one float per output column (n = 256)");
+  check(p + ".bias", DType::I32, {256}, "one float per output column");
+  check(p + ".bias", DType::F16, {1, 256}, "one float per output column");
+  check(p + ".weight", DType::F16, {256, 256}, "a plain weight beside the module's quantized tensors");
+}
+
 TEST_CASE("convert keeps the source's quantization record, so verify --reference still reads GPTQ weights as GPTQ",
           "[formats][convert]") {
   TempDir td("record");
