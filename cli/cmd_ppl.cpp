@@ -5,6 +5,7 @@
 // quantization quality is measured with the same forward pass as the original.
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <optional>
@@ -34,6 +35,8 @@ struct PplArgs {
 
 void run_ppl(const PplArgs& a) {
   using namespace marlinc::calib;
+  std::error_code ec;
+  if (std::filesystem::is_directory(a.text, ec)) bad_usage("--text " + a.text + ": is a directory; give a text file");
   std::ifstream f(a.text, std::ios::binary);
   if (!f) fail(ErrorKind::Io, a.text + ": cannot open the --text file");
   std::ostringstream ss;
@@ -49,6 +52,9 @@ void run_ppl(const PplArgs& a) {
     bad_data(a.model_dir + ": the tokenizer has " + std::to_string(tok->vocab_size()) + " tokens but config.json vocab_size is " +
              std::to_string(model.config().vocab));
   std::vector<int32_t> ids = tok->encode(text, true);
+  if (ids.size() < 2)
+    bad_data("--text " + a.text + ": " + std::to_string(ids.size()) + " token" + (ids.size() == 1 ? "" : "s") +
+             " (with the tokenizer's start token); perplexity needs at least 2");
 
   PplOptions opt;
   opt.ctx = a.ctx;

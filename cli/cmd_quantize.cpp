@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 
 #include "checkpoint/error.h"
@@ -45,7 +46,11 @@ GptqOptions::Order order_from_name(const std::string& s) {
 
 calib::GptqRunOptions gptq_run_options(const QuantizeArgs& a) {
   calib::GptqRunOptions g;
-  if (!a.calib.empty()) g.calib_file = a.calib;
+  if (!a.calib.empty()) {
+    std::error_code ec;
+    if (std::filesystem::is_directory(a.calib, ec)) bad_usage("--calib " + a.calib + ": is a directory; give a file");
+    g.calib_file = a.calib;
+  }
   g.calib.format = calib::calib_format_from_name(a.calib_format);
   g.calib.samples = a.samples;
   if (a.calib.empty()) g.generated_samples = std::min<size_t>(a.samples, g.generated_samples);
