@@ -209,6 +209,12 @@ TEST_CASE("gptq options that do not fit exit 2 naming the option, leaving no out
   Result r = run_cli("quantize " + q(sample) + " " + q(td.path / "o") + " --method rtn --calib x.txt", td.path);
   CHECK(r.rc == 2);
   CHECK(r.err.find("--calib applies to --method gptq only") != std::string::npos);
+  r = run_cli("quantize " + q(sample) + " " + q(td.path / "o") + " --method gptq --calib " + q(td.path), td.path);
+  CHECK(r.rc == 2);
+  CHECK(r.err.find("--calib " + td.path.string() + ": is a directory") != std::string::npos);
+  r = run_cli("ppl " + q(sample) + " --text " + q(td.path), td.path);
+  CHECK(r.rc == 2);
+  CHECK(r.err.find("--text " + td.path.string() + ": is a directory") != std::string::npos);
   r = run_cli("quantize " + q(sample) + " " + q(td.path / "o") + " --method gptq --damp 1.5", td.path);
   CHECK(r.rc == 2);
   CHECK(r.err.find("--damp") != std::string::npos);
