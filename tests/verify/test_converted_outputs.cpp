@@ -54,6 +54,37 @@ void copy_with(const fs::path& src, const fs::path& dst, const std::map<std::str
   w.commit();
 }
 
+// The message of the error converting `in` to `to` throws ("" when it succeeds).
+std::string convert_error(const fs::path& in, const fs::path& out, TargetFormat to) {
+  try {
+    run(in, out, to);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Copies checkpoint `src` to `dst` without the tensor `dropped` (none where empty) and with `added` (zeros) where
+// given, the config files kept.
+void copy_edited(const fs::path& src, const fs::path& dst, const std::string& dropped, const TensorSpec* added) {
+  Checkpoint ck = Checkpoint::open(src);
+  std::vector<TensorSpec> plan;
+  for (const auto& name : ck.tensor_names())
+    if (name != dropped) plan.push_back({name, ck.at(name).info->dtype, ck.at(name).info->shape});
+  if (added) plan.push_back(*added);
+  CheckpointWriter w(dst, plan);
+  for (const auto& name : ck.tensor_names())
+    if (name != dropped) w.write(name, ck.data(name));
+  if (added) {
+    size_t bytes = dtype_size(added->dtype);
+    for (int64_t d : added->shape) bytes *= size_t(d);
+    w.write(added->name, std::vector<uint8_t>(bytes, 0));
+  }
+  for (const char* f : {"config.json", "quantize_config.json"})
+    if (fs::exists(src / f)) w.copy_file(src / f, f);
+  w.commit();
+}
+
 // One checkpoint from two: every tensor of `a`, the tensors of `b` that `a` lacks (its modules), and
 // a's quantize_config.json with `dynamic` set.
 void merge(const fs::path& a_dir, const fs::path& b_dir, const fs::path& dst, const nlohmann::json& dynamic) {
@@ -424,25 +455,8 @@ TEST_CASE("convert refuses a module that lacks a companion tensor instead of pas
   int n = 0;
   auto check_refused = [&](const fs::path& from, const std::string& dropped, const std::string& named) {
     const fs::path src = td.path / ("src" + std::to_string(n)), out = td.path / ("out" + std::to_string(n++));
-    {
-      Checkpoint ck = Checkpoint::open(from);
-      std::vector<TensorSpec> plan;
-      for (const auto& name : ck.tensor_names())
-        if (name != dropped) {
-          const TensorInfo& t = *ck.at(name).info;
-          plan.push_back({name, t.dtype, t.shape});
-        }
-      CheckpointWriter w(src, plan);
-      for (const auto& s : plan) w.write(s.name, ck.data(s.name));
-      w.copy_file(from / "config.json", "config.json");
-      w.commit();
-    }
-    std::string msg;
-    try {
-      run(src, out, TargetFormat::GptqV1);
-    } catch (const Error& e) {
-      msg = e.what();
-    }
+    copy_edited(from, src, dropped, nullptr);
+    const std::string msg = convert_error(src, out, TargetFormat::GptqV1);
     INFO(dropped << ": " << msg);
     CHECK(msg.find(named) != std::string::npos);
     CHECK(msg.find("no complete") != std::string::npos);
@@ -466,29 +480,9 @@ TEST_CASE("a quantized module's bias of the wrong shape or a plain weight beside
   int n = 0;
   auto check = [&](const std::string& extra, DType dt, std::vector<int64_t> shape, const std::string& rule) {
     const fs::path src = td.path / ("src" + std::to_string(n)), out = td.path / ("out" + std::to_string(n++));
-    {
-      Checkpoint ck = Checkpoint::open(td.path / "full");
-      std::vector<TensorSpec> plan;
-      for (const auto& name : ck.tensor_names())
-        plan.push_back({name, ck.at(name).info->dtype, ck.at(name).info->shape});
-      plan.push_back({extra, dt, shape});
-      CheckpointWriter w(src, plan);
-      for (const auto& name : ck.tensor_names()) w.write(name, ck.data(name));
-      size_t bytes = dtype_size(dt);
-      for (int64_t d : shape) bytes *= size_t(d);
-      const std::vector<uint8_t> zeros(bytes, 0);
-      w.write(extra, zeros);
-      w.copy_file(td.path / "full" / "config.json", "config.json");
-      if (fs::exists(td.path / "full" / "quantize_config.json"))
-        w.copy_file(td.path / "full" / "quantize_config.json", "quantize_config.json");
-      w.commit();
-    }
-    std::string msg;
-    try {
-      run(src, out, TargetFormat::Marlin);
-    } catch (const Error& e) {
-      msg = e.what();
-    }
+    const TensorSpec added{extra, dt, shape};
+    copy_edited(td.path / "full", src, "", &added);
+    const std::string msg = convert_error(src, out, TargetFormat::Marlin);
     INFO(extra << ": " << msg);
     CHECK(msg.find(extra) != std::string::npos);
     CHECK(msg.find(rule) != std::string::npos);
