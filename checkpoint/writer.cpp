@@ -391,10 +391,11 @@ void check_output_not_input(const fs::path& input_dir, const fs::path& out) {
   if (!fs::exists(out, ec)) return;  // a path still to be made holds nothing
   fs::path p = fs::weakly_canonical(fs::absolute(input_dir, ec), ec);
   for (bool first = true; !p.empty(); first = false) {
-    if (fs::equivalent(p, out, ec))
-      bad_usage(out.string() + ": output directory is " +
-                (first ? std::string("the input checkpoint") : "a folder holding the input checkpoint " + input_dir.string()) +
-                "; write to a new directory");
+    if (fs::equivalent(p, out, ec)) {
+      const std::string what =
+          first ? std::string("the input checkpoint") : "a folder holding the input checkpoint " + input_dir.string();
+      bad_usage(out.string() + ": output directory is " + what + "; write to a new directory");
+    }
     if (p == p.parent_path()) break;
     p = p.parent_path();
   }
@@ -411,13 +412,12 @@ bool is_checkpoint_file(const fs::path& dir, const fs::path& path) {
 }
 
 std::vector<std::string> copy_non_tensor_files(const fs::path& src_dir, CheckpointWriter& w) {
-  const auto wanted = is_carried_file;
   std::vector<std::string> copied;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(src_dir, ec)) {
     if (!e.is_regular_file()) continue;
     const std::string n = e.path().filename().string();
-    if (wanted(n)) copied.push_back(n);
+    if (is_carried_file(n)) copied.push_back(n);
   }
   if (ec) fail(ErrorKind::Io, src_dir.string() + ": cannot list directory: " + ec.message());
   std::sort(copied.begin(), copied.end());

@@ -181,9 +181,10 @@ void register_quantize(CLI::App& app) {
   gptq_opt(cmd->add_option("--min-len", a->min_len, "gptq: shortest document kept, in tokens (default 32)"));
   gptq_opt(cmd->add_option("--max-len", a->max_len, "gptq: longest document kept, never truncated (default 2048)"));
   gptq_opt(cmd->add_option("--seed", a->seed, "gptq: sampling seed (default 0)"));
-  gptq_opt(cmd->add_option("--order", a->order, "gptq: column order natural, static (act-order, static groups), gar "
-                                                "or dynamic (act-order g_idx: GPTQ, compressed-tensors, and Marlin with marlinc's perm "
-                                                "extension, docs/FORMATS.md; not AWQ or marlin24)"))
+  gptq_opt(cmd->add_option("--order", a->order,
+                           "gptq: column order natural, static (act-order, static groups), gar or dynamic (act-order "
+                           "g_idx: GPTQ, compressed-tensors, and Marlin with marlinc's perm extension, "
+                           "docs/FORMATS.md; not AWQ or marlin24)"))
       ->check(CLI::IsMember({"natural", "static", "gar", "dynamic"}));
   gptq_opt(cmd->add_option("--sparsity", a->sparsity, "gptq: none or 2:4 (SparseGPT jointly with 4-bit)"))
       ->check(CLI::IsMember({"none", "2:4"}));

@@ -437,9 +437,9 @@ const char* marlin_status_name(MarlinStatus s) {
       return "forced configuration does not fit the shape or device (thread_m_blocks not in 0..4, mma_parts below 0, "
              "wgmma_rows not 0/8/16/32/48/64/128 or 144-256 by 16, wgmma_pipeline not 0..2, 2 below 32 rows or 1 on 48 "
              "or above 128, path Wgmma with thread_n other than 0, 256 (up to 128 rows), 128 (128 rows or more, "
-             "pipeline 2) or 192 (128 rows, pipeline 2, n % 192 == 0), path Wgmma without a 9.0 device, sm_90a code and "
-             "n % 256 == 0 (n % 128 == 0 with m > 64 on 128-column tiles), or path Stream without those, m <= 16 and a "
-             "slice width (thread_n 0/128/256) dividing n with k % (32768 / width) == 0)";
+             "pipeline 2) or 192 (128 rows, pipeline 2, n % 192 == 0), path Wgmma without a 9.0 device, sm_90a code "
+             "and n % 256 == 0 (n % 128 == 0 with m > 64 on 128-column tiles), or path Stream without those, m <= 16 "
+             "and a slice width (thread_n 0/128/256) dividing n with k % (32768 / width) == 0)";
     case MarlinStatus::CudaError: return "CUDA error";
     case MarlinStatus::CublasError: return "cuBLAS error";
   }

@@ -146,8 +146,10 @@ void finish_output(CheckpointWriter& w, const Checkpoint& ck, const QuantizeOpti
     // An object both have (the "marlinc" record and the act-order extension's description) is merged, not replaced.
     auto put = [&](nlohmann::json& qc) {
       for (auto it = extra_quant.begin(); it != extra_quant.end(); ++it)
-        if (qc.contains(it.key()) && qc[it.key()].is_object() && it.value().is_object()) qc[it.key()].update(it.value());
-        else qc[it.key()] = it.value();
+        if (qc.contains(it.key()) && qc[it.key()].is_object() && it.value().is_object())
+          qc[it.key()].update(it.value());
+        else
+          qc[it.key()] = it.value();
     };
     put(cfg.config["quantization_config"]);
     if (cfg.quantize_config) put(*cfg.quantize_config);

@@ -65,7 +65,8 @@ TEST_CASE("parser reads a header of 100k tensors and finds a duplicate among the
   std::string header = "{";
   for (int i = kTensors - 1; i >= 0; --i)  // keys in reverse offset order
     header += (i == kTensors - 1 ? "" : ",") + std::string("\"t") + std::to_string(i) +
-              R"(":{"dtype":"U8","shape":[1],"data_offsets":[)" + std::to_string(i) + "," + std::to_string(i + 1) + "]}";
+              R"(":{"dtype":"U8","shape":[1],"data_offsets":[)" + std::to_string(i) + "," + std::to_string(i + 1) +
+              "]}";
   const std::vector<uint8_t> data(kTensors, 7);
   auto b = raw_safetensors(header + "}", data);
   auto h = parse_safetensors_header(b.data(), b.size(), b.size(), "f");

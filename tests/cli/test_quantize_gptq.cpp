@@ -180,7 +180,8 @@ TEST_CASE("gptq on the Llama 3 / Mistral / Qwen2 / Qwen3 fixtures: verify accept
 // --order dynamic (act-order) into Marlin: marlinc's act-order extension (docs/FORMATS.md: sorted g_idx and perm per
 // module, described in the config), the same three files as GPTQ with the same options converted to Marlin after, and
 // a checkpoint verify accepts.
-TEST_CASE("gptq --order dynamic to Marlin writes the act-order extension, the bytes of gptq then convert", "[cli][gptq]") {
+TEST_CASE("gptq --order dynamic to Marlin writes the act-order extension, the bytes of gptq then convert",
+          "[cli][gptq]") {
   TempDir td("gptq-act-marlin");
   const fs::path sample = fs::path(MARLINC_SOURCE_DIR) / "data" / "sample" / "model";
   const std::string opts = " --method gptq --order dynamic --samples 4 --max-len 64";
