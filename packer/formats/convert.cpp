@@ -290,6 +290,10 @@ ConvertReport convert_checkpoint(const fs::path& in, const fs::path& out, const 
       rep.incompatible.push_back({d.prefix, d.k, d.n, d.bits, effective_group(d), rules[i], d.tensors});
     }
     for (const auto& nt : descs[i].notes) ++note_count[nt];
+    // The tensors decide a module's bit width; a config that names another (and no override for it) is noted.
+    if (fi.bits > 0 && descs[i].bits != fi.bits && !fi.other_bits.count(descs[i].bits))
+      ++note_count["the config says bits = " + std::to_string(fi.bits) + " but the tensors hold " +
+                   std::to_string(descs[i].bits) + "-bit codes, which the conversion keeps"];
   }
   // AWQ and marlin_24 configs hold one bits/group_size for the whole checkpoint and their loaders read no
   // per-module overrides: a module of another scheme is incompatible there.

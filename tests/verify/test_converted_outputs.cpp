@@ -502,6 +502,31 @@ TEST_CASE("a quantized module's bias of the wrong shape or a plain weight beside
   check(p + ".weight", DType::F16, {256, 256}, "a plain weight beside the module's quantized tensors");
 }
 
+// A config whose bits disagree with the tensors: the tensors decide, and the report says so.
+TEST_CASE("convert notes a config bit width the tensors do not have", "[formats][convert]") {
+  TempDir td("bits-note");
+  synth::Options o;
+  o.seed = 283;
+  o.layers = {{"model.layers.0.mlp.up_proj", 256, 256}, {"model.layers.0.mlp.down_proj", 256, 256}};
+  synth::write_checkpoint(td.path / "src", o);
+  for (const char* f : {"quantize_config.json", "config.json"}) {
+    const fs::path p = td.path / "src" / f;
+    if (!fs::exists(p)) continue;
+    nlohmann::json j = nlohmann::json::parse(std::ifstream(p));
+    if (j.contains("quantization_config")) j["quantization_config"]["bits"] = 3;
+    else if (j.contains("bits")) j["bits"] = 3;
+    std::ofstream(p) << j.dump(2);
+  }
+  const ConvertReport rep = run(td.path / "src", td.path / "m", TargetFormat::Marlin);
+  REQUIRE(rep.ok);
+  bool noted = false;
+  for (const auto& n : rep.notes)
+    noted |= n == "the config says bits = 3 but the tensors hold 4-bit codes, which the conversion keeps (2 modules)";
+  INFO(nlohmann::json(rep.notes).dump());
+  CHECK(noted);
+  CHECK(Checkpoint::open(td.path / "m").quantize_config().at("bits") == 4);
+}
+
 TEST_CASE("convert keeps the source's quantization record, so verify --reference still reads GPTQ weights as GPTQ",
           "[formats][convert]") {
   TempDir td("record");
