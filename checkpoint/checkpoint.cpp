@@ -148,6 +148,13 @@ Checkpoint Checkpoint::open(const fs::path& file_or_dir) {
   ck.names_.reserve(ck.index_.size());
   for (const auto& [name, ref] : ck.index_) ck.names_.push_back(name);
 
+  // A config file that exists but is not a file (a directory, a dangling link) is an error, not a missing config.
+  for (const char* name : {"config.json", "quant_config.json", "quantize_config.json"}) {
+    std::error_code ec;
+    const fs::path p = ck.dir_ / name;
+    if (fs::symlink_status(p, ec).type() != fs::file_type::not_found && !fs::is_regular_file(p, ec))
+      bad_data(p.string() + ": not a regular file (a directory or a broken link)");
+  }
   if (fs::is_regular_file(ck.dir_ / "config.json")) ck.config_ = read_json_object(ck.dir_ / "config.json");
   // §4.6 search order: quantize_config.json, quant_config.json, config.json["quantization_config"].
   // Merge lowest priority first so the earlier file's keys win.

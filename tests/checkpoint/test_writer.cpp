@@ -292,6 +292,13 @@ TEST_CASE("sharded checkpoints: index errors are named") {
     write_text(idx_path, "{\"weight_map\": {\"a\": \"../x.safetensors\"}}");
     CHECK(contains(error_of([&] { Checkpoint::open(dir); }), "not a plain file name"));
   }
+  SECTION("a config file that is a directory is an error, not a missing config") {
+    fs::create_directory(dir / "config.json");
+    CHECK(contains(error_of([&] { Checkpoint::open(dir); }), "config.json: not a regular file"));
+    fs::remove(dir / "config.json");
+    fs::create_symlink(dir / "nowhere.json", dir / "quantize_config.json");
+    CHECK(contains(error_of([&] { Checkpoint::open(dir); }), "quantize_config.json: not a regular file"));
+  }
   SECTION("several safetensors files without an index") {
     fs::remove(idx_path);
     CHECK(contains(error_of([&] { Checkpoint::open(dir); }), "no model.safetensors.index.json"));
