@@ -188,12 +188,14 @@ TEST_CASE("gptq --order dynamic to Marlin writes the act-order extension, the by
   Result r = run_cli("quantize " + q(sample) + " " + q(td.path / "m") + opts + " --format marlin", td.path);
   INFO(r.err);
   REQUIRE(r.rc == 0);
+#ifndef MARLINC_SANITIZED  // the second GPTQ run and the comparison in the plain build only (a minute instrumented)
   REQUIRE(run_cli("quantize " + q(sample) + " " + q(td.path / "g") + opts + " --format gptq", td.path).rc == 0);
   REQUIRE(run_cli("convert " + q(td.path / "g") + " " + q(td.path / "c") + " --to marlin", td.path).rc == 0);
   for (const char* f : {"model.safetensors", "config.json", "quantize_config.json"}) {
     INFO(f);
     CHECK(slurp(td.path / "m" / f) == slurp(td.path / "c" / f));
   }
+#endif
   const marlinc::Checkpoint ck = marlinc::Checkpoint::open(td.path / "m");
   CHECK(ck.contains("model.layers.0.self_attn.q_proj.perm"));
   CHECK(ck.contains("model.layers.0.self_attn.q_proj.g_idx"));
