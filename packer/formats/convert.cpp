@@ -212,12 +212,16 @@ int effective_group(const ModuleDesc& d) { return d.groups == 1 ? -1 : d.group_s
 // A module with one scale row fits both group -1 and group k: loaders that read only the top-level
 // group_size (legacy Marlin, marlin_24, AutoGPTQ) size its scales [1, n] either way, so layers with
 // k == group size must not pull a grouped checkpoint to -1. Ties go to the source's group size, then
-// to a grouped value over -1.
-void summarise_schemes(const std::vector<const ModuleDesc*>& conv, int source_group, QuantSummary& s) {
+// to a grouped value over -1. For Marlin targets the group k counts only where it is one the Marlin loaders
+// accept (32, 64, 128): a checkpoint of one-row layers 256 deep says -1, not 256.
+void summarise_schemes(const std::vector<const ModuleDesc*>& conv, int source_group, TargetFormat to,
+                       QuantSummary& s) {
   using Scheme = std::pair<int, int>;  // (bits, group)
-  auto fits = [](const ModuleDesc& d) {
+  const bool marlin = to == TargetFormat::Marlin || to == TargetFormat::Marlin24;
+  auto fits = [&](const ModuleDesc& d) {
     std::vector<Scheme> v{{d.bits, effective_group(d)}};
-    if (d.groups == 1 && d.k <= INT32_MAX) v.push_back({d.bits, int(d.k)});
+    if (d.groups == 1 && d.k <= INT32_MAX && (!marlin || d.k == 32 || d.k == 64 || d.k == 128))
+      v.push_back({d.bits, int(d.k)});
     return v;
   };
   std::map<Scheme, size_t> count;  // scheme -> modules it fits
@@ -302,7 +306,7 @@ ConvertReport convert_checkpoint(const fs::path& in, const fs::path& out, const 
     for (size_t i = 0; i < descs.size(); ++i)
       if (rules[i].empty()) fit.push_back(&descs[i]);
     QuantSummary probe;
-    summarise_schemes(fit, fi.group_size, probe);
+    summarise_schemes(fit, fi.group_size, opts.to, probe);
     std::set<std::string> odd;
     for (const auto& o : probe.overrides) odd.insert(o.first);
     for (size_t i = 0; i < descs.size(); ++i) {
@@ -386,7 +390,7 @@ ConvertReport convert_checkpoint(const fs::path& in, const fs::path& out, const 
       if (p.find("lm_head") == std::string::npos)
         bad_usage(p + ": --keep-incompatible would leave it as plain weights, which a marlin_24 checkpoint cannot hold "
                   "(its loaders apply Sparse-Marlin to every linear layer and read no skip list); use --to marlin or gptq");
-  summarise_schemes(converted, fi.group_size, sum);
+  summarise_schemes(converted, fi.group_size, opts.to, sum);
   sum.sym = all_sym;
   sum.desc_act = any_act;
   sum.act_order_marlin = opts.to == TargetFormat::Marlin && any_act;

@@ -527,6 +527,26 @@ TEST_CASE("convert notes a config bit width the tensors do not have", "[formats]
   CHECK(Checkpoint::open(td.path / "m").quantize_config().at("bits") == 4);
 }
 
+// Layers with one scale row, from a GPTQ checkpoint whose group size is their depth (256): per-channel is the same
+// layer. A Marlin config says -1, which its loaders accept (they take -1, 32, 64, 128); a GPTQ one keeps 256.
+TEST_CASE("one-row layers 256 deep convert to a Marlin config of group -1 and a GPTQ one of 256", "[formats][convert]") {
+  TempDir td("g256");
+  synth::Options o;
+  o.seed = 293;
+  o.group = 256;
+  o.layers = {{"model.layers.0.mlp.up_proj", 256, 256}, {"model.layers.0.mlp.down_proj", 256, 512}};
+  synth::write_checkpoint(td.path / "src", o);
+  REQUIRE(run(td.path / "src", td.path / "m", TargetFormat::Marlin).ok);
+  const Checkpoint m = Checkpoint::open(td.path / "m");
+  CHECK(m.quantize_config().at("group_size") == -1);
+  CHECK_FALSE(m.quantize_config().contains("dynamic"));
+  REQUIRE(run(td.path / "src", td.path / "g", TargetFormat::GptqV1).ok);
+  CHECK(Checkpoint::open(td.path / "g").quantize_config().at("group_size") == 256);
+  VerifyOptions vo;
+  vo.force_cpu = true;
+  CHECK(verify_checkpoint(td.path / "m", vo).ok());
+}
+
 TEST_CASE("convert keeps the source's quantization record, so verify --reference still reads GPTQ weights as GPTQ",
           "[formats][convert]") {
   TempDir td("record");
