@@ -487,7 +487,8 @@ FormatInfo detect_format(const Checkpoint& ck) {
   }
   if (!group) fi.group_size = mods.front().group_size;
   for (const auto& m : mods)
-    if (m.group_size != fi.group_size && !(fi.group_size == int(m.k) && m.group_size == -1)) {
+    if (m.group_size != fi.group_size && !(fi.group_size == int(m.k) && m.group_size == -1) &&
+        !fi.other_groups.count(m.group_size)) {  // a group size the config assigns to some modules is no surprise
       fi.notes.push_back(m.prefix + ": group size " + std::to_string(m.group_size) + " from its scales differs from " +
                          std::to_string(fi.group_size));
       break;

@@ -364,6 +364,31 @@ TEST_CASE("asymmetric act-order outputs store zero points and g_idx in every mod
   }
 }
 
+// A group size the config's `dynamic` rules give some modules is no cause for a note, and survives conversion.
+TEST_CASE("mixed group sizes (GPTQModel dynamic overrides) raise no note and convert", "[formats][convert]") {
+  TempDir td("mixedgroups");
+  synth::Options a, b;
+  a.seed = 297;
+  a.layers = {{"model.layers.0.self_attn.q_proj", 256, 256}};
+  b = a;
+  b.group = 64;
+  b.seed = 298;
+  b.layers = {{"model.layers.0.mlp.down_proj", 512, 256}};
+  synth::write_checkpoint(td.path / "a", a);
+  synth::write_checkpoint(td.path / "b", b);
+  merge(td.path / "a", td.path / "b", td.path / "src",
+        {{"+:^model\\.layers\\.0\\.mlp\\.down_proj$", {{"group_size", 64}}}});
+  const FormatInfo fi = detect_format(Checkpoint::open(td.path / "src"));
+  CHECK(fi.group_size == 128);
+  CHECK(fi.other_groups == std::set<int>{64});
+  INFO(nlohmann::json(fi.notes).dump());
+  CHECK(fi.notes.empty());
+  REQUIRE(run(td.path / "src", td.path / "m", TargetFormat::Marlin).ok);
+  const FormatInfo fm = detect_format(Checkpoint::open(td.path / "m"));
+  INFO(nlohmann::json(fm.notes).dump());
+  CHECK(fm.notes.empty());
+}
+
 TEST_CASE("mixed bit widths (GPTQModel dynamic overrides) convert, read back and verify in every target",
           "[formats][convert]") {
   TempDir td("mixedbits");
@@ -529,7 +554,8 @@ TEST_CASE("convert notes a config bit width the tensors do not have", "[formats]
 
 // Layers with one scale row, from a GPTQ checkpoint whose group size is their depth (256): per-channel is the same
 // layer. A Marlin config says -1, which its loaders accept (they take -1, 32, 64, 128); a GPTQ one keeps 256.
-TEST_CASE("one-row layers 256 deep convert to a Marlin config of group -1 and a GPTQ one of 256", "[formats][convert]") {
+TEST_CASE("one-row layers 256 deep convert to a Marlin config of group -1 and a GPTQ one of 256",
+          "[formats][convert]") {
   TempDir td("g256");
   synth::Options o;
   o.seed = 293;
