@@ -7,7 +7,7 @@
 
 namespace marlinc::detail {
 
-bool valid_utf8(std::string_view s) {
+size_t utf8_invalid_at(std::string_view s) {
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());
   const size_t n = s.size();
   size_t i = 0;
@@ -19,17 +19,19 @@ bool valid_utf8(std::string_view s) {
     if ((c & 0xe0) == 0xc0) { len = 2; cp = c & 0x1f; min = 0x80; }
     else if ((c & 0xf0) == 0xe0) { len = 3; cp = c & 0x0f; min = 0x800; }
     else if ((c & 0xf8) == 0xf0) { len = 4; cp = c & 0x07; min = 0x10000; }
-    else return false;
-    if (n - i < len) return false;
+    else return i;
+    if (n - i < len) return i;
     for (size_t j = 1; j < len; ++j) {
-      if ((p[i + j] & 0xc0) != 0x80) return false;
+      if ((p[i + j] & 0xc0) != 0x80) return i;
       cp = (cp << 6) | (p[i + j] & 0x3f);
     }
-    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return i;
     i += len;
   }
-  return true;
+  return std::string_view::npos;
 }
+
+bool valid_utf8(std::string_view s) { return utf8_invalid_at(s) == std::string_view::npos; }
 
 namespace {
 

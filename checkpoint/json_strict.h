@@ -14,5 +14,7 @@ nlohmann::json parse_json_strict(std::string_view text, const std::string& label
 
 // True when `s` is well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF).
 bool valid_utf8(std::string_view s);
+// The offset of the first byte where `s` stops being well-formed UTF-8; npos when it is.
+size_t utf8_invalid_at(std::string_view s);
 
 }  // namespace marlinc::detail

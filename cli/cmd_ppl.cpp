@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/error.h"
+#include "checkpoint/json_strict.h"
 #include "checkpoint/sha256.h"
 #include "cli/commands.h"
 #include "cli/output.h"
@@ -41,6 +42,8 @@ void run_ppl(const PplArgs& a) {
   if (!f) fail(ErrorKind::Io, a.text + ": cannot open the --text file");
   std::ostringstream ss;
   ss << f.rdbuf();
+  if (const size_t bad = detail::utf8_invalid_at(ss.str()); bad != std::string_view::npos)
+    bad_data("--text " + a.text + ": not UTF-8 text (invalid byte at offset " + std::to_string(bad) + ")");
   const std::string text = normalize_newlines(ss.str());
 
   const bool quantized = detect_format(Checkpoint::open(a.model_dir)).format != Format::Plain;

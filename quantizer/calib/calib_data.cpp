@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "checkpoint/error.h"
+#include "checkpoint/json_strict.h"
 #include "checkpoint/sha256.h"
 
 namespace marlinc::calib {
@@ -126,6 +127,11 @@ CalibDocuments read_documents(const std::filesystem::path& path, CalibFormat for
       }
     }
     d.format = format;
+    // Text formats are UTF-8, as tokenizers take them (JSONL strings are checked by the JSON parser).
+    if (format == CalibFormat::Text || format == CalibFormat::TextWhole)
+      if (const size_t bad = detail::utf8_invalid_at(bytes); bad != std::string_view::npos)
+        bad_data(path.string() + ": not UTF-8 text (invalid byte at offset " + std::to_string(bad) +
+                 "); calibration text must be UTF-8");
     switch (format) {
       case CalibFormat::Text: d.texts = split_paragraphs(bytes); break;
       case CalibFormat::TextWhole: if (!bytes.empty()) d.texts.push_back(bytes); break;

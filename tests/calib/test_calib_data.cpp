@@ -120,6 +120,34 @@ TEST_CASE("load_calibration samples whole documents within [min, max]", "[calib]
   REQUIRE_THROWS_AS(load_calibration(path, &tok, opt), Error);
 }
 
+// Calibration text is UTF-8: a file that is not (Latin-1 bytes, a cut multi-byte character, binary) is refused,
+// naming the file and the first bad byte's offset, in both text formats.
+TEST_CASE("load_calibration refuses text that is not UTF-8 and names the file and the offset", "[calib]") {
+  test::TempDir dir("calib-utf8");
+  ByteTokenizer tok;
+  CalibOptions opt;
+  opt.samples = 1;
+  opt.min_len = 1;
+  const auto path = dir.path / "latin1.txt";
+  for (CalibFormat f : {CalibFormat::Auto, CalibFormat::Text, CalibFormat::TextWhole}) {
+    opt.format = f;
+    write(path, "caf\xe9 au lait\n");  // Latin-1 e acute
+    std::string msg;
+    try {
+      load_calibration(path, &tok, opt);
+    } catch (const Error& e) {
+      msg = e.what();
+    }
+    INFO(msg);
+    CHECK(msg.find(path.string() + ": not UTF-8 text (invalid byte at offset 3)") != std::string::npos);
+    write(path, "ok \xc3");  // a character cut off at the end
+    CHECK_THROWS_AS(load_calibration(path, &tok, opt), Error);
+  }
+  opt.format = CalibFormat::Text;
+  write(path, "caf\xc3\xa9 au lait\n");  // the same word in UTF-8 reads
+  CHECK(load_calibration(path, &tok, opt).samples.size() == 1);
+}
+
 TEST_CASE("load_calibration reads JSONL text, pre-tokenized ids and fixed windows", "[calib]") {
   test::TempDir dir("calibj");
   ByteTokenizer tok;
