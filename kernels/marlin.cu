@@ -486,18 +486,14 @@ bool wgmma_offsets_fit(int n, int k) {
 MarlinPath auto_path(int dev, int m, int n, int k, int sms, bool cublas_ok) {
   if (wgmma_runs_on(dev) && stream_auto(m, n, k, sms)) return MarlinPath::Stream;
   if (whole_k_stripes(m, n, k, sms * kMaxBlocksPerSm)) return MarlinPath::Marlin;
-  if (wgmma_runs_on(dev) && n % kWgmmaTileN == 0 && wgmma_offsets_fit(n, k)) {
-    switch (hopper_auto_pick(m, int64_t(n) * k)) {
+  // n % 256 == 0: hopper_auto_pick; n % 128 == 0 only: hopper_n128_pick (the kernel's 128-column tiles). Their MmaSync
+  // is m <= 64, where neither of the dequantize rules below applies.
+  if (wgmma_runs_on(dev) && n % kWgmmaWideTileN == 0 && wgmma_offsets_fit(n, k)) {
+    const int64_t weights = int64_t(n) * k;
+    switch (n % kWgmmaTileN == 0 ? hopper_auto_pick(m, weights) : hopper_n128_pick(m, weights)) {
       case HopperAutoPick::Hopper: return MarlinPath::Wgmma;
       case HopperAutoPick::DequantCublas: return cublas_ok ? MarlinPath::DequantCublas : MarlinPath::Wgmma;
       case HopperAutoPick::MmaSync: return MarlinPath::Marlin;
-    }
-  }
-  if (wgmma_runs_on(dev) && n % kWgmmaWideTileN == 0 && wgmma_offsets_fit(n, k)) {  // n % 256 != 0 here
-    switch (hopper_n128_pick(m, int64_t(n) * k)) {
-      case HopperAutoPick::Hopper: return MarlinPath::Wgmma;
-      case HopperAutoPick::DequantCublas: return cublas_ok ? MarlinPath::DequantCublas : MarlinPath::Wgmma;
-      case HopperAutoPick::MmaSync: break;
     }
   }
   if (cublas_ok && wgmma_runs_on(dev) && hopper_mma_only_dq(m, int64_t(n) * k)) return MarlinPath::DequantCublas;
