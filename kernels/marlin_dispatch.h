@@ -32,9 +32,9 @@
 //   wgmma_prefer_192; 128 x 128 tiles over fit stripes cut in many parts on small shallow layers since the forty-
 //   third: wgmma_fit_split_shallow): faster on every set, by 1.7-2.1x over mma.sync, and faster
 //   than dequantize + cuBLAS at m = 1024 (70B 2973 vs 4509 us, 8B 782 vs 1024). Tiny layers (up to 2.6 M weights)
-//   take dequantize + cuBLAS at m = 129-512 since the forty-second session (kWgmmaTinyDqMaxLayer below). Layers
-//   with n % 256 != 0 but n % 128 == 0 take the Hopper kernel's 128-column tiles above m = 64 since the forty-third,
-//   where hopper_n128_pick (below) says.
+//   take dequantize + cuBLAS at m = 129-512 since the forty-second session, 129-896 since the forty-fourth
+//   (kWgmmaTinyDqMaxLayer below). Layers with n % 256 != 0 but n % 128 == 0 take the Hopper kernel's 128-column
+//   tiles above m = 64 since the forty-third, where hopper_n128_pick (below) says.
 // - m = 17 to 240, one row chunk: where the slices split along k into four or more parts of one block each, the
 //   Hopper kernel's blocks finish each slice together (marlin_partition.h, wgmma_split_parts, since the fortieth
 //   session; from m = 17 since the forty-first).
@@ -569,15 +569,20 @@ constexpr int64_t kWgmma64MinLayer = int64_t(1) << 22;    // Llama-3.2-1B o (2^2
 constexpr int64_t kWgmmaSmallLayer = int64_t(1) << 26;    // below it, dequantize + cuBLAS above 2048
 constexpr int kWgmmaSmallLayerMaxM = 2048;
 constexpr int kWgmmaMaxM = 4096;
-// Tiny layers at m = 129 to 512: dequantize + cuBLAS. Their whole product is a few microseconds of cuBLAS, and the
+// Tiny layers at m = 129 to 896: dequantize + cuBLAS. Their whole product is a few microseconds of cuBLAS, and the
 // Hopper kernel's 12-24 tiles of 128 x 128 (or fewer fit tiles) leave its fixed cost, deposits and finish exposed. H200
 // (docs/PERF.md, forty-second session, call 5), us at m = 144 / 256 / 384 / 512, 128 x 128 tiles (Auto's at m = 256 and
 // 512; the fit tiles Auto takes at 144 and 384 were slower still, call 4) against dequantize + cuBLAS: 1152 x 1536 9.1
 // / 9.3 / 10.1 / 10.1 -> 7.4 / 7.4 / 7.9 / 8.6, 1536 x 1536 9.9 / 10.1 / 10.6 / 10.8 -> 8.5 / 8.7 / 9.2 / 10.2, 2048 x
 // 1024 10.1 / 10.2 / 10.8 / 10.1 -> 8.8 / 9.2 / 9.1 / 9.4; from 3 x 2^20 weights level or slower (1536 x 2048 9.4 / 9.2
-// / 10.6 / 10.1 against 9.2 / 9.7 / 10.5 / 11.5, 3072 x 1024, 2048 x 2048), and at m = 1024 slower on all.
+// / 10.6 / 10.1 against 9.2 / 9.7 / 10.5 / 11.5, 3072 x 1024, 2048 x 2048). Up to m = 896 since the forty-fourth session
+// (call 1, us, path Wgmma -> dequantize + cuBLAS at m = 576 / 640 / 704 / 768 / 896, two runs alike): 1152 x 1536 13.4 /
+// 9.1 / 10.8 / 10.8 / 10.4 -> 8.7 / 8.6 / 8.7 / 9.3 / 9.8, 1536 x 1536 10.1 / 10.0 / 11.9 / 11.8 / 11.8 -> 9.9 / 9.9 /
+// 10.2 / 10.8 / 11.7, 2048 x 1024 11.3 / 11.2 / 11.8 / 11.6 / 12.2 -> 9.4 / 9.1 / 13.6 / 9.5 / 10.6 (cuBLAS itself slow
+// at 704), 1024 x 2048 10.5 / 10.4 / 10.8 / 9.6 / 10.5 -> 10.5 / 8.9 / 10.3 / 9.6 / 10.8; at m = 1024 the Hopper
+// kernel is faster on three of the four (8.9 / 10.8 / 11.3 / 8.8 against 10.1 / 12.3 / 10.7 / 10.9).
 constexpr int64_t kWgmmaTinyDqMaxLayer = int64_t(5) << 19;  // 2.6M, above 1536 x 1536
-constexpr int kWgmmaTinyDqMinM = 129, kWgmmaTinyDqMaxM = 512;
+constexpr int kWgmmaTinyDqMinM = 129, kWgmmaTinyDqMaxM = 896;
 
 // weights = n * k of the layer.
 constexpr HopperAutoPick hopper_auto_pick(int m, int64_t weights) {

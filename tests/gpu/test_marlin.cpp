@@ -1038,7 +1038,7 @@ TEST_CASE("marlin: dequantize + cuBLAS path and the automatic dispatch", "[gpu][
       }
       // The Hopper kernel's own 128 x 192 tiles (wgmma_prefer_192) on 8 slices of 192: one whole slice a block, the
       // last row chunk 22, 128, 1 and 116 rows. Path Wgmma where it runs: Auto gives this 1.6 M-weight layer to
-      // dequantize + cuBLAS at m = 129-512 (kWgmmaTinyDqMaxLayer), and the launcher picks the tiles the same way.
+      // dequantize + cuBLAS at m = 129-896 (kWgmmaTinyDqMaxLayer), and the launcher picks the tiles the same way.
       const Layer T = make_layer(rng, 1024, 1536, g, act);
       for (auto [m, sms] : {std::pair{150, 17}, std::pair{256, 17}, std::pair{385, 34}, std::pair{500, 33}}) {
         INFO("m " << m << " on " << sms << " SMs");
@@ -1116,13 +1116,13 @@ TEST_CASE("marlin: other models' narrow layer shapes", "[gpu][marlin][models]") 
   // Small models' layers (Qwen2.5-0.5B, Gemma-3-1B, Qwen3-0.6B, Qwen2.5-1.5B): the mma.sync kernel with whole
   // slices or four parts (kernels/marlin_dispatch.h, mma_auto_parts) at m <= 64, or at m <= 16 the streaming kernel's
   // 64-column stripes from 1536 deep (stream_small_stripes); dequantize + cuBLAS above m = 64 where n % 256 != 0, and
-  // on the three smallest Hopper-capable ones at m = 129-512 (kWgmmaTinyDqMaxLayer); 128 x 128 tiles on those at m =
-  // 600 (wgmma_fit_split_shallow).
+  // on the three smallest Hopper-capable ones at m = 129-896 (kWgmmaTinyDqMaxLayer), the Hopper kernel on them at
+  // m = 1000.
   const int64_t small[][2] = {{896, 896}, {896, 1152}, {4864, 896}, {1024, 1152}, {1152, 1536}, {2048, 1024},
                               {1536, 1536}};
   for (auto& kn : small) {
     const Layer Ls = make_layer(rng, kn[0], kn[1], 128, ActType::F16);
-    run_auto_ms(Ls, {1, 16, 32, 64, 100, 300, 600}, rng);
+    run_auto_ms(Ls, {1, 16, 32, 64, 100, 300, 600, 1000}, rng);
   }
 }
 

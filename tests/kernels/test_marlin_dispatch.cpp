@@ -150,16 +150,16 @@ TEST_CASE("dispatch: small layers stream in 64-column stripes at m <= 16", "[ker
 }
 
 // Tiny layers the Hopper kernel runs (Gemma-3-1B q/k/v 1152 x 1536, Qwen2.5-1.5B o 1536 x 1536, Qwen3-0.6B o 2048 x
-// 1024): dequantize + cuBLAS at m = 129-512; 1536 x 2048 (3 x 2^20) and Llama-3.2-1B o (2^22) keep the Hopper kernel.
-TEST_CASE("dispatch: dequantize + cuBLAS on tiny layers at m = 129-512", "[kernels][dispatch]") {
+// 1024): dequantize + cuBLAS at m = 129-896; 1536 x 2048 (3 x 2^20) and Llama-3.2-1B o (2^22) keep the Hopper kernel.
+TEST_CASE("dispatch: dequantize + cuBLAS on tiny layers at m = 129-896", "[kernels][dispatch]") {
   for (int64_t w : {int64_t(1152) * 1536, int64_t(1536) * 1536, int64_t(2048) * 1024}) {
     CHECK(hopper_auto_pick(128, w) == HopperAutoPick::Hopper);
-    CHECK(hopper_auto_pick(129, w) == HopperAutoPick::DequantCublas);
-    CHECK(hopper_auto_pick(512, w) == HopperAutoPick::DequantCublas);
-    CHECK(hopper_auto_pick(513, w) == HopperAutoPick::Hopper);
+    for (int m : {129, 512, 513, 768, 896}) CHECK(hopper_auto_pick(m, w) == HopperAutoPick::DequantCublas);
+    CHECK(hopper_auto_pick(897, w) == HopperAutoPick::Hopper);
+    CHECK(hopper_auto_pick(1024, w) == HopperAutoPick::Hopper);
   }
   for (int64_t w : {int64_t(1536) * 2048, int64_t(2048) * 2048, int64_t(1024) * 4096})
-    for (int m : {129, 256, 512}) CHECK(hopper_auto_pick(m, w) == HopperAutoPick::Hopper);
+    for (int m : {129, 256, 512, 768}) CHECK(hopper_auto_pick(m, w) == HopperAutoPick::Hopper);
 }
 
 // Layers with n % 256 != 0 but n % 128 == 0 above m = 64 (hopper_n128_pick): the Hopper kernel's 128-column tiles on
