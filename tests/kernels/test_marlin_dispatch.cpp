@@ -707,7 +707,7 @@ TEST_CASE("dispatch: fit tiles in the fewest row chunks where those pad m no mor
 TEST_CASE("dispatch: fit tiles in more chunks where those give every block whole slices", "[kernels][dispatch]") {
   constexpr int kSms = 132;  // the H100's SMs, one block each
   const Layer layers[] = {kQkv8B, kO8B, kGateUp8B, kDown8B, kQkv70B, kO70B, kGateUp70B, kDown70B, kLarge,
-                          {"1024 x 1024", 1024, 1024}, {"2048 x 512", 2048, 512}};
+                          {"3072 x 1024", 3072, 1024}, {"2048 x 1536", 2048, 1536}};
   int changed = 0;
   for (const Layer& L : layers)
     for (int sms : {kSms, 16, 33, 64, 100})
@@ -767,6 +767,25 @@ TEST_CASE("dispatch: fit tiles in more chunks where those give every block whole
   // The issue's m values keep their tiles; so does every m outside the fit tiles' range.
   for (const Layer& L : layers)
     for (int m : {1, 64, 128, 256, 512, 1024, 1025, 2048}) CHECK(wgmma_fit_plan(m, L.n, L.k, kSms) == 0);
+}
+
+// Tiny layers (up to kWgmmaTinyDqMaxLayer weights) with n % 256 == 0 take the 128-row tiles at every m, on every SM
+// count; the next larger keep their fit tiles.
+TEST_CASE("dispatch: no fit tiles on tiny layers", "[kernels][dispatch]") {
+  const Layer tiny[] = {{"1152 x 1536", 1152, 1536}, {"1536 x 1536", 1536, 1536}, {"2048 x 1024", 2048, 1024},
+                        {"1024 x 2048", 1024, 2048}, {"2048 x 512", 2048, 512}, {"1152 x 256", 1152, 256}};
+  for (const Layer& L : tiny) {
+    REQUIRE(int64_t(L.k) * L.n <= kWgmmaTinyDqMaxLayer);
+    for (int sms : {132, 16, 33, 64, 100})
+      for (int m = 1; m <= 1100; ++m) {
+        INFO(L.name << " m " << m << " on " << sms << " SMs");
+        CHECK(wgmma_fit_plan(m, L.n, L.k, sms) == 0);
+      }
+  }
+  CHECK(wgmma_fit_plan(960, 1536, 1152, 132) == 0);
+  CHECK(wgmma_fit_rows(960) == 240);
+  CHECK(wgmma_fit_plan(192, 2048, 1536, 132) == 192);  // 3 x 2^20 weights: above the tiny layers
+  CHECK(wgmma_fit_plan(576, 3072, 2048, 132) == 192);
 }
 
 // 128 x 192 tiles (wgmma_prefer_192): only on layers with n % 192 == 0, one whole slice a block, in place of stripes,
