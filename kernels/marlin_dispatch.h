@@ -495,17 +495,18 @@ constexpr bool wgmma_fit_n128_chunks(int m, int n, int rows) {
   return n % kWgmmaTileN != 0 && rows > 0 && (m + rows - 1) / rows > 1;
 }
 // Tiny layers (up to kWgmmaTinyDqMaxLayer weights; hopper_auto_pick below gives them to dequantize + cuBLAS at m =
-// 129-896) with n % 256 == 0 take no fit tiles: the 128-row tiles (128 x 128, wgmma_prefer_128x128). Their few tiles
-// leave the fixed cost of the taller tiles exposed. H200 (docs/PERF.md, forty-fourth session, call 2), us, fit tiles
-// against 128 x 128 forced, two runs each: 1152 x 1536 at m = 192 (one chunk of 192 rows) 10.4, 10.2 -> 9.3, 9.4, at
-// 576 (3 x 192) 13.5, 13.5 -> 9.3, 9.3, at 960 (4 x 240) 15.1, 15.2 -> 9.2, 9.2; 1536 x 1536 at 192 10.7, 10.5 ->
-// 10.2, 10.0, at 960 16.2, 16.1 -> 11.2, 11.0.
+// 129-896, so this is Auto's at m = 897-1024 and path Wgmma's) with n % 256 == 0 take no fit tiles in two or more row
+// chunks: the 128-row tiles (128 x 128, wgmma_prefer_128x128). Their few tiles leave the fixed cost of the taller tiles
+// exposed. H200 (docs/PERF.md, forty-fourth session, calls 2 and 3), us, fit tiles against 128 x 128, two runs each:
+// 1152 x 1536 at m = 576 (3 x 192 rows) 13.5, 13.5 -> 9.3, 9.3, at 960 (4 x 240) 15.1, 15.1 -> 9.2, 9.2; 1536 x 1536
+// at 960 16.1, 16.1 -> 11.2, 11.1; 2048 x 1024, 1024 x 2048 and 2048 x 512 level at 576-992. One chunk keeps its fit
+// tile: at m = 160 the 128-row tiles' two chunks were slower (2048 x 512 8.3 -> 12.5, 1536 x 1536 8.7 -> 9.9).
 constexpr int64_t kWgmmaTinyDqMaxLayer = int64_t(5) << 19;  // 2.6M, above 1536 x 1536
 constexpr int wgmma_fit_plan(int m, int n, int k, int sms) {
   const int base = wgmma_fit_rows(m);
   if (wgmma_fit_n128_chunks(m, n, base)) return 0;  // the 128 x 128 tiles
   if (m <= 128 || m > kWgmmaFitMaxM || sms < 1 || n % kWgmmaTileN != 0 || k % kWgmmaTileK != 0) return base;
-  if (int64_t(n) * k <= kWgmmaTinyDqMaxLayer) return 0;  // the 128-row tiles
+  if (int64_t(n) * k <= kWgmmaTinyDqMaxLayer && base > 0 && (m + base - 1) / base > 1) return 0;  // the 128-row tiles
   if (wgmma_fit_split_deep(m, n, k, sms, base)) return 0;  // the 128-row tiles
   const int64_t work0 = wgmma_replaced_work(m, n, k, sms, base);  // those rows, or the 128-row tiles
   if (work0 == 0) return base;

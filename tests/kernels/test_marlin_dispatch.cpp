@@ -769,9 +769,9 @@ TEST_CASE("dispatch: fit tiles in more chunks where those give every block whole
     for (int m : {1, 64, 128, 256, 512, 1024, 1025, 2048}) CHECK(wgmma_fit_plan(m, L.n, L.k, kSms) == 0);
 }
 
-// Tiny layers (up to kWgmmaTinyDqMaxLayer weights) with n % 256 == 0 take the 128-row tiles at every m, on every SM
-// count; the next larger keep their fit tiles.
-TEST_CASE("dispatch: no fit tiles on tiny layers", "[kernels][dispatch]") {
+// Tiny layers (up to kWgmmaTinyDqMaxLayer weights) with n % 256 == 0 take the 128-row tiles where the fit rows come in
+// two or more chunks, on every SM count; the next larger keep their fit tiles.
+TEST_CASE("dispatch: no fit tiles in several chunks on tiny layers", "[kernels][dispatch]") {
   const Layer tiny[] = {{"1152 x 1536", 1152, 1536}, {"1536 x 1536", 1536, 1536}, {"2048 x 1024", 2048, 1024},
                         {"1024 x 2048", 1024, 2048}, {"2048 x 512", 2048, 512}, {"1152 x 256", 1152, 256}};
   for (const Layer& L : tiny) {
@@ -779,11 +779,15 @@ TEST_CASE("dispatch: no fit tiles on tiny layers", "[kernels][dispatch]") {
     for (int sms : {132, 16, 33, 64, 100})
       for (int m = 1; m <= 1100; ++m) {
         INFO(L.name << " m " << m << " on " << sms << " SMs");
-        CHECK(wgmma_fit_plan(m, L.n, L.k, sms) == 0);
+        const int base = wgmma_fit_rows(m), rows = wgmma_fit_plan(m, L.n, L.k, sms);
+        if (base > 0 && (m + base - 1) / base > 1) CHECK(rows == 0);
       }
   }
-  CHECK(wgmma_fit_plan(960, 1536, 1152, 132) == 0);
   CHECK(wgmma_fit_rows(960) == 240);
+  CHECK(wgmma_fit_plan(960, 1536, 1152, 132) == 0);
+  CHECK(wgmma_fit_plan(576, 1536, 1152, 132) == 0);
+  CHECK(wgmma_fit_plan(160, 1536, 1536, 132) == 160);  // one chunk: the rules for larger layers
+  CHECK(wgmma_fit_plan(192, 512, 2048, 132) == 192);
   CHECK(wgmma_fit_plan(192, 2048, 1536, 132) == 192);  // 3 x 2^20 weights: above the tiny layers
   CHECK(wgmma_fit_plan(576, 3072, 2048, 132) == 192);
 }
