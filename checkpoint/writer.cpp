@@ -140,6 +140,16 @@ CheckpointWriter::CheckpointWriter(fs::path out_dir, std::vector<TensorSpec> pla
     if (!fs::is_directory(out_dir_)) bad_usage(out_dir_.string() + ": exists and is not a directory");
     if (!fs::is_empty(out_dir_) && !opts_.overwrite)
       bad_usage(out_dir_.string() + ": output directory exists and is not empty (pass --overwrite to replace it)");
+    // --overwrite replaces the directory and everything in it: only an earlier output (a checkpoint,
+    // which has *.safetensors files), not a directory of other things named by mistake.
+    if (!fs::is_empty(out_dir_) && opts_.overwrite) {
+      bool checkpoint = false;
+      for (const auto& e : fs::directory_iterator(out_dir_, ec))
+        checkpoint |= e.path().extension() == ".safetensors" && e.is_regular_file(ec);
+      if (!checkpoint)
+        bad_usage(out_dir_.string() + ": --overwrite replaces an earlier output and everything in it, and this "
+                  "directory holds no *.safetensors file (not a checkpoint): remove or empty it yourself");
+    }
   }
 
   // Validate and size the plan.

@@ -113,7 +113,7 @@ void register_convert(CLI::App& app) {
   cmd->add_flag("--keep-incompatible", a.keep,
                 "keep layers the target cannot hold as dequantized weights instead of stopping");
   cmd->add_option("--shard-size", a.shard, "max tensor bytes per shard, e.g. 5GB, 500MB; 0 = one file (default 5GB)");
-  cmd->add_flag("--overwrite", a.overwrite, "replace an existing output directory");
+  cmd->add_flag("--overwrite", a.overwrite, "replace OUT_DIR and everything in it if it holds an earlier output (*.safetensors)");
   cmd->add_option("--tp", a.tp,
                   "tensor-parallel size the output will be served at: a layer whose part on one GPU breaks the "
                   "target's rules is incompatible (default 1)")

@@ -163,7 +163,7 @@ void register_quantize(CLI::App& app) {
   cmd->add_option("--skip", a->skip, "leave modules whose name contains PATTERN unquantized (repeatable)");
   cmd->add_flag("--include-lm-head", a->include_lm_head, "quantize lm_head too (embeddings never: they are not linear layers)");
   cmd->add_option("--shard-size", a->shard_size, "largest shard, e.g. 5GB, 500MB, 0 = one file");
-  cmd->add_flag("--overwrite", a->overwrite, "replace OUT_DIR if it exists");
+  cmd->add_flag("--overwrite", a->overwrite, "replace OUT_DIR and everything in it if it holds an earlier output (*.safetensors)");
   cmd->add_option("--tp", a->tp,
                   "tensor-parallel size the output will be served at: layers whose part on one GPU breaks the "
                   "format's rules (e.g. k / tp % 128 for Marlin) stay unquantized, as other incompatible layers do "

@@ -194,6 +194,10 @@ TEST_CASE("writer is atomic and refuses to clobber") {
     CHECK(fs::exists(tmp.path / "out" / "keep.txt"));
     WriterOptions o;
     o.overwrite = true;
+    // Not a checkpoint (no *.safetensors): --overwrite refuses to delete it.
+    CHECK(contains(error_of([&] { write_checkpoint(tmp.path / "out", ts, {}, o); }), "holds no *.safetensors"));
+    CHECK(fs::exists(tmp.path / "out" / "keep.txt"));
+    write_text(tmp.path / "out" / "model.safetensors", "an earlier output");
     write_checkpoint(tmp.path / "out", ts, {}, o);
     CHECK(!fs::exists(tmp.path / "out" / "keep.txt"));
     CHECK(Checkpoint::open(tmp.path / "out").tensor_names().size() == ts.size());
