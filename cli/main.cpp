@@ -29,11 +29,17 @@ void on_fatal_signal(int sig) {
   std::raise(sig);
 }
 
+// A signal ignored when marlinc starts stays ignored: `nohup` ignores SIGHUP, and a shell ignores SIGINT
+// for its background jobs, so that closing the terminal or a Ctrl-C does not stop those runs.
 void install_signal_cleanup() {
   struct sigaction sa {};
   sa.sa_handler = on_fatal_signal;
   sigemptyset(&sa.sa_mask);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE}) sigaction(sig, &sa, nullptr);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE}) {
+    struct sigaction old {};
+    if (sigaction(sig, nullptr, &old) == 0 && old.sa_handler == SIG_IGN) continue;
+    sigaction(sig, &sa, nullptr);
+  }
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // holding it, a --json report or --certificate on one of the checkpoint's files or on the calibration text: refused
 // (exit 2, naming the option and the rule) before any work, every input byte unchanged. A report inside the output
 // directory the run makes (the README's `--json out/report.json`) is written after the output.
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -96,4 +97,21 @@ TEST_CASE("marlinc quantize --json and verify --certificate refuse the input's o
   CHECK(fs::exists(td.path / "out" / "cert.json"));
   CHECK(slurp(m / "model.safetensors") == weights);
   CHECK(slurp(m / "config.json") == config);
+}
+
+// A signal ignored when marlinc starts stays ignored (nohup ignores SIGHUP; shells ignore SIGINT for
+// background jobs): the run finishes. Not ignored, SIGHUP ends it with the signal's status and no output.
+TEST_CASE("a signal ignored at start stays ignored as under nohup", "[cli]") {
+  TempDir td("nohup");
+  auto hup_after_start = [&](const std::string& prelude, const fs::path& out) {
+    const std::string run = std::string("'") + MARLINC_CLI_PATH + "' quantize " + q(sample()) + " " + q(out) +
+                            " --method gptq --format marlin --samples 16 >/dev/null 2>&1";
+    const std::string cmd = "bash -c \"" + prelude + run + " & p=\\$!; sleep 0.3; kill -HUP \\$p; wait \\$p\"";
+    const int st = std::system(cmd.c_str());
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  };
+  CHECK(hup_after_start("trap '' HUP; ", td.path / "ignored") == 0);
+  CHECK(fs::exists(td.path / "ignored" / "model.safetensors"));
+  CHECK(hup_after_start("", td.path / "caught") == 128 + SIGHUP);
+  CHECK(!fs::exists(td.path / "caught"));
 }
