@@ -51,9 +51,15 @@ JobInputs job_inputs(const Checkpoint& ck, const QuantizeOptions& qo, const Gptq
     std::string header(size_t(f.data_start()), '\0');
     if (!in_f || !in_f.read(header.data(), std::streamsize(header.size())))
       fail(ErrorKind::Io, f.path().string() + ": cannot read the safetensors header");
+    // The data is not hashed (minutes on a large model at every start); a file edited in place shows
+    // in its modification time, which copies that keep it (cp -p, mv) keep with the same bytes.
+    std::error_code ec;
+    const auto mtime = fs::last_write_time(f.path(), ec);
+    if (ec) fail(ErrorKind::Io, f.path().string() + ": cannot read the modification time: " + ec.message());
     files[f.path().filename().string()] = {
         {"size", f.file_size()},
-        {"header_sha256", sha256_hex({reinterpret_cast<const uint8_t*>(header.data()), header.size()})}};
+        {"header_sha256", sha256_hex({reinterpret_cast<const uint8_t*>(header.data()), header.size()})},
+        {"mtime", std::to_string(int64_t(mtime.time_since_epoch().count()))}};
   }
   model["safetensors"] = files;
   in.json["model"] = model;

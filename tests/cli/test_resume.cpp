@@ -5,6 +5,7 @@
 // --restart discards it, and a corrupt job file is an error naming the file. Plus the block codec:
 // round trip, and every truncation and every flipped byte refused.
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -165,6 +166,27 @@ TEST_CASE("gptq resume: a job with other inputs is refused naming what differs, 
   Result fresh = run_cli("quantize " + q(sample()) + " " + q(td.path / "ref") + opts + " --group 64", td.path);
   REQUIRE(fresh.rc == 0);
   require_same_files(td.path / "ref", out);
+}
+
+TEST_CASE("gptq resume: weights edited in place after the interruption refuse the job", "[cli][gptq][resume]") {
+  TempDir td("resume-edited");
+  fs::copy(sample(), td.path / "model", fs::copy_options::recursive);
+  const fs::path model = td.path / "model", out = td.path / "out";
+  const std::string opts = fast_opts(td.path);
+  interrupt(model, out, opts, 1, td.path);
+  // Same length, same header: only the data and the modification time change.
+  const fs::path st = model / "model.safetensors";
+  std::string bytes = slurp(st);
+  bytes[bytes.size() - 1] ^= 0x40;
+  const auto before = fs::last_write_time(st);
+  std::ofstream(st, std::ios::binary | std::ios::trunc) << bytes;
+  fs::last_write_time(st, before + std::chrono::seconds(1));
+  Result r = run_cli("quantize " + q(model) + " " + q(out) + opts, td.path);
+  INFO(r.out << r.err);
+  CHECK(r.rc == 2);
+  CHECK(r.err.find("model.safetensors") != std::string::npos);
+  CHECK(r.err.find("mtime") != std::string::npos);
+  CHECK(!fs::exists(out));
 }
 
 TEST_CASE("gptq resume: a corrupt job file is an error naming the file", "[cli][gptq][resume]") {
