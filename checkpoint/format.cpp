@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <regex>
 #include <set>
 
 namespace marlinc {
@@ -163,6 +164,36 @@ int group_from_rows(const Checkpoint& ck, const std::string& scale_name, int64_t
   if (G == 1) return -1;
   if (G > 0 && k % G == 0) return int(k / G);
   shape_fail(ck, scale_name, std::to_string(G) + " scale groups is not a whole group size of k = " + std::to_string(k));
+}
+
+// Modules the config tells loaders to leave unquantized (GPTQModel's "-:" dynamic rules; compressed-
+// tensors' ignore list of names and "re:" patterns), both matched from the start of the module name as
+// Python's re.match does, would be built as plain layers, whose weight these quantized tensors are not.
+void note_skipped_modules(const json& qc, const std::vector<QuantizedModuleShape>& mods, std::vector<std::string>& notes) {
+  auto first_match = [&](const std::string& pattern) -> std::string {
+    try {
+      const std::regex re(pattern);
+      for (const auto& m : mods)
+        if (std::regex_search(m.prefix, re, std::regex_constants::match_continuous)) return m.prefix;
+    } catch (const std::regex_error&) {
+      notes.push_back("pattern \"" + pattern + "\" in the quantization config is not a regular expression marlinc reads");
+    }
+    return "";
+  };
+  if (const json* dyn = get(qc, "dynamic"); dyn && dyn->is_object())
+    for (auto it = dyn->begin(); it != dyn->end(); ++it)
+      if (it.key().rfind("-:", 0) == 0)
+        if (const std::string hit = first_match(it.key().substr(2)); !hit.empty())
+          notes.push_back("config's dynamic rule \"" + it.key() + "\" skips quantizing " + hit + " but the module is quantized");
+  if (const json* ignore = get(qc, "ignore"); ignore && ignore->is_array())
+    for (const auto& e : *ignore) {
+      if (!e.is_string()) continue;
+      const std::string v = e.get<std::string>();
+      std::string hit;
+      if (v.rfind("re:", 0) == 0) hit = first_match(v.substr(3));
+      else if (std::any_of(mods.begin(), mods.end(), [&](const auto& m) { return m.prefix == v; })) hit = v;
+      if (!hit.empty()) notes.push_back("config's ignore entry \"" + v + "\" leaves " + hit + " unquantized but the module is quantized");
+    }
 }
 
 }  // namespace
@@ -460,9 +491,22 @@ FormatInfo detect_format(const Checkpoint& ck) {
                (ckfmt.empty() && method == "marlin");
         break;
       case Kind::Marlin24: fits = ckfmt == "marlin_24" && (method.empty() || method == "gptq" || method == "gptq_marlin_24"); break;
-      case Kind::CtPack: case Kind::CtMarlin24: fits = ct_method; break;
+      // compressed-tensors' format names the packing ("mixed-precision": each scheme names its own).
+      case Kind::CtPack:
+        fits = ct_method && (ckfmt.empty() || ckfmt == "pack-quantized" || ckfmt == "mixed-precision");
+        break;
+      case Kind::CtMarlin24:
+        fits = ct_method && (ckfmt.empty() || ckfmt == "marlin-24" || ckfmt == "mixed-precision");
+        break;
+      // GPTQ tensors under quant_method "gptq" (or none), AWQ's under "awq" (or none) in its GEMM layout:
+      // "marlin" would send GPTQ's tensors to the Marlin loader, GEMV is another layout of the same shapes.
       case Kind::QWeight:
-        fits = !ct_method && (fi.format == Format::Awq || ckfmt.empty() || ckfmt == "gptq" || ckfmt == "gptq_v2");
+        if (fi.format == Format::Awq) {
+          fits = method.empty() || method == "awq";
+          if (const std::string v = get_str(qc, "version"); !v.empty() && v != "gemm")
+            fi.notes.push_back("config says AWQ version \"" + v + "\" but the tensors are in the GEMM layout ([k, n/8] qweight)");
+        } else
+          fits = (method.empty() || method == "gptq") && (ckfmt.empty() || ckfmt == "gptq" || ckfmt == "gptq_v2");
         break;
     }
     if (!fits) fi.notes.push_back("config label \"" + fi.label_in_config + "\" but the tensors are " + format_name(fi.format));
@@ -476,6 +520,7 @@ FormatInfo detect_format(const Checkpoint& ck) {
   fi.desc_act = sparse_kind ? false : desc.value_or(false);
 
   auto mods = quantized_module_shapes(ck, fi);
+  note_skipped_modules(qc, mods, fi.notes);
   // The Marlin families' packed shapes fix the bit width; a config that says otherwise is wrong.
   if (marlin_kind && bits && *bits != mods.front().bits && !fi.other_bits.count(mods.front().bits))
     fi.notes.push_back("config says bits " + std::to_string(*bits) + " but the packed shapes of " + mods.front().prefix +
@@ -538,9 +583,14 @@ FormatInfo detect_format(const Checkpoint& ck) {
       fi.notes.push_back("config says desc_act false but g_idx is not k // group_size (an act-order checkpoint)");
     } else if (act_order_data && !fi.desc_act) {
       fi.desc_act = true;
-      fi.notes.push_back("g_idx is not k // group_size: act-order (desc_act) checkpoint");
+      // Absent from a config that exists, loaders take desc_act as false (transformers) or refuse (vLLM).
+      fi.notes.push_back(ck.quantize_config().empty()
+                             ? "g_idx is not k // group_size: act-order (desc_act) checkpoint"
+                             : "config has no desc_act but g_idx is not k // group_size (an act-order checkpoint): "
+                               "loaders that default desc_act to false ignore g_idx");
     } else if (fi.desc_act && !act_order_data) {
-      fi.notes.push_back("desc_act is set but every g_idx is trivial (k // group_size)");
+      // GPTQ's static groups: act-order that left every row in its group; read alike either way.
+      fi.notes.push_back("desc_act is set and every g_idx is trivial (k // group_size)");
     }
   }
   return fi;

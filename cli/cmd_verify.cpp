@@ -25,8 +25,11 @@ std::string layer_line(const LayerReport& L) {
   double worst = 0;
   for (auto& a : L.arith) worst = std::max(worst, a.mean_rel_err);
   char buf[512];
-  std::snprintf(buf, sizeof buf, "%-48s %6lld x %-6lld g%-4d %-4s arith %.2e", L.name.c_str(), (long long)L.n,
-                (long long)L.k, L.group_size, status.c_str(), worst);
+  if (L.k == 0)  // not readable as a module: no shape to show
+    std::snprintf(buf, sizeof buf, "%-48s %15s %-5s %-4s", L.name.c_str(), "-", "", status.c_str());
+  else
+    std::snprintf(buf, sizeof buf, "%-48s %6lld x %-6lld g%-4d %-4s arith %.2e", L.name.c_str(), (long long)L.n,
+                  (long long)L.k, L.group_size, status.c_str(), worst);
   std::string line = buf;
   if (L.output_rel_err >= 0) {
     std::snprintf(buf, sizeof buf, "  ref w %.3e y %.3e%s", L.weight_rel_err, L.output_rel_err, L.outlier ? " OUTLIER" : "");
@@ -85,6 +88,11 @@ int run_verify(const VerifyArgs& a) {
     std::cerr << "\n";
     std::cout << json_text(cert) << "\n";
   } else {
+    // Outliers are found once every layer is in, after their lines were printed as they finished.
+    for (const auto& L : rep.layers)
+      if (L.outlier)
+        for (const auto& c : L.checks)
+          if (!c.ok && c.name == "reference") std::cout << "OUTLIER  " << L.name << ": " << c.detail << "\n";
     for (auto& p : rep.global_problems) std::cout << "PROBLEM  " << p << "\n";
     for (auto& n : rep.format_notes) std::cout << "note: " << n << "\n";
     const auto& s = cert["summary"];

@@ -26,6 +26,14 @@ struct VerifyTolerances {
   double arith_mean_rel_bf16 = 4e-3;
   // A layer whose error against the reference is this many times its peers' median is an outlier.
   double outlier_factor = 4.0;
+  // Against the reference, whatever made the checkpoint: the weight error at most this many times a naive
+  // round-to-nearest's on the same scheme (measured on the sample's outputs: RTN with the clip search
+  // 0.84-0.92x, GPTQ 1.2-1.7x, SparseGPT 2:4 1.2-1.6x; every scale doubled gives 9x), and the median
+  // stored scale within this range of the original groups' min-max scales (measured 0.81-1.0: the clip
+  // searches shrink; tools that take a group's scale from weights GPTQ already moved widen it a little;
+  // every scale x1.4 after a clip search, or x1.3 without one, leaves it).
+  double max_error_vs_naive = 3.0;
+  double scale_ratio_min = 0.5, scale_ratio_max = 1.25;
 };
 
 struct VerifyOptions {
@@ -58,6 +66,10 @@ struct LayerReport {
   std::vector<ArithSample> arith;
   std::string activations;  // "fp16" or "bf16": the kernel the arithmetic check ran (the scales' type)
   double weight_rel_err = -1, output_rel_err = -1;  // against --reference; -1 when not run
+  // Against --reference (-1 when not run): a naive round-to-nearest's error of the original weights on the
+  // layer's scheme, the median stored / min-max scale (reference_error.h), and the fraction of kept weights
+  // more than verify.cpp's kNearStep steps from their originals.
+  double naive_rel_err = -1, scale_ratio = -1, far_fraction = -1;
   bool outlier = false;
   double seconds = 0;
   bool ok() const;

@@ -246,14 +246,17 @@ TEST_CASE("a flipped high bit in B is caught against the reference and named", "
   CHECK(layer(r, "model.layers.0.self_attn.q_proj")->ok());
 }
 
-TEST_CASE("a GPTQ tool's checkpoint (damp_percent in its config) is not gated on step distance", "[verify]") {
-  // GPTQ's error feedback moves weights several steps from the original by design; a checkpoint from
-  // AutoGPTQ / GPTQModel says it came from GPTQ through damp_percent. The moved weight is simulated
-  // with the same 8-step code change as above: reported, not gated; without damp_percent, gated.
+TEST_CASE("the step gate holds in layers that round to nearest, whatever the config says", "[verify]") {
+  // GPTQ's error feedback moves many weights a step or more by design, a few several; a layer that
+  // rounds to nearest moves almost none. Which kind a layer is comes from its data: a config saying
+  // damp_percent (a GPTQ tool's key) does not lift the gate from a round-to-nearest layer, and a layer
+  // with a tenth of its codes moved by one (simulated error feedback) is reported, not gated.
   test::TempDir tmp("verify-gptq-tool");
   write_reference(tmp.path / "fp");
   write_quantized(tmp.path / "q", TargetFormat::GptqV1);
-  patch_tensor(tmp.path / "q", "model.layers.0.self_attn.k_proj.qweight", [](uint8_t* p, size_t) { p[4 * 77] ^= 0x08; });
+  const std::string qw = "model.layers.0.self_attn.k_proj.qweight";
+  patch_tensor(tmp.path / "q", qw, [](uint8_t* p, size_t) { p[4 * 77] ^= 0x08; });
+  edit_quant_configs(tmp.path / "q", [](nlohmann::json& q) { q["damp_percent"] = 0.01; });
   VerifyOptions opt;
   opt.reference = tmp.path / "fp";
   auto reference_check = [&] {
@@ -261,18 +264,23 @@ TEST_CASE("a GPTQ tool's checkpoint (damp_percent in its config) is not gated on
     const LayerReport* l = layer(r, "model.layers.0.self_attn.k_proj");
     REQUIRE(l);
     for (const auto& c : l->checks)
-      if (c.name == "reference") return c;
+      if (c.name == "reference") return std::pair{c, l->far_fraction};
     FAIL("no reference check");
-    return CheckResult{};
+    return std::pair{CheckResult{}, 0.0};
   };
-  const CheckResult gated = reference_check();
+  const auto [gated, near_fraction] = reference_check();
+  INFO(gated.detail);
   CHECK(!gated.ok);
   CHECK(gated.detail.find("quantization steps") != std::string::npos);
-  edit_quant_configs(tmp.path / "q", [](nlohmann::json& q) { q["damp_percent"] = 0.01; });
-  const CheckResult reported = reference_check();
+  CHECK(near_fraction < 0.02);
+  patch_tensor(tmp.path / "q", qw, [](uint8_t* p, size_t bytes) {
+    for (size_t w = 0; w < bytes / 4; w += 10) p[4 * w] ^= 0x11, p[4 * w + 1] ^= 0x11, p[4 * w + 2] ^= 0x11, p[4 * w + 3] ^= 0x11;
+  });
+  const auto [reported, far_fraction] = reference_check();
   INFO(reported.detail);
   CHECK(reported.ok);
-  CHECK(reported.detail.find("not gated") != std::string::npos);
+  CHECK(reported.detail.find("steps not gated") != std::string::npos);
+  CHECK(far_fraction > 0.05);
 }
 
 TEST_CASE("swapped scale columns are caught against the reference and named", "[verify]") {
@@ -510,4 +518,161 @@ TEST_CASE("the original packer's Sparse-Marlin golden file verifies as it is (ro
   INFO(r.certificate().dump(1));
   CHECK(r.ok());
   REQUIRE(r.layers.size() == 1);
+}
+
+// Against the reference, whatever the file says of itself: every scale of one layer scaled up shows
+// in the whole-layer error against a naive round-to-nearest's and in the scales against the original
+// groups' min-max scales; the clean layers sit near both yardsticks.
+TEST_CASE("scaled scales fail against the naive round-to-nearest and the min-max scales", "[verify]") {
+  test::TempDir tmp("verify-scaled");
+  write_reference(tmp.path / "fp");
+  write_quantized(tmp.path / "q", TargetFormat::Marlin);
+  VerifyOptions opt;
+  opt.reference = tmp.path / "fp";
+  const VerifyReport clean = verify_checkpoint(tmp.path / "q", opt);
+  REQUIRE(clean.ok());
+  for (const auto& l : clean.layers) {
+    CHECK(l.weight_rel_err / l.naive_rel_err == Approx(1.0).margin(0.05));  // the test's RTN is the naive one
+    CHECK(l.scale_ratio == Approx(1.0).margin(0.01));
+    CHECK(l.far_fraction < 0.02);
+  }
+  for (float factor : {2.f, 1.4f}) {
+    write_quantized(tmp.path / ("x" + std::to_string(int(factor * 10))), TargetFormat::Marlin);
+    const fs::path q = tmp.path / ("x" + std::to_string(int(factor * 10)));
+    patch_tensor(q, "model.layers.0.mlp.down_proj.s", [&](uint8_t* p, size_t bytes) {
+      uint16_t* s = reinterpret_cast<uint16_t*>(p);
+      for (size_t i = 0; i < bytes / 2; ++i) s[i] = float_to_half(half_to_float(s[i]) * factor);
+    });
+    const VerifyReport r = verify_checkpoint(q, opt);
+    const LayerReport* d = layer(r, "model.layers.0.mlp.down_proj");
+    REQUIRE(d);
+    INFO("x" << factor << ": " << failed_checks(*d));
+    CHECK(!d->ok());
+    CHECK(failed_checks(*d).find("min-max scales") != std::string::npos);
+    if (factor == 2.f) CHECK(failed_checks(*d).find("naive round-to-nearest") != std::string::npos);
+    CHECK(layer(r, "model.layers.0.self_attn.q_proj")->ok());
+  }
+}
+
+TEST_CASE("a negative scale fails the structure check, without the reference", "[verify]") {
+  test::TempDir tmp("verify-negative");
+  write_quantized(tmp.path / "q", TargetFormat::Marlin);
+  patch_tensor(tmp.path / "q", "model.layers.0.self_attn.v_proj.s", [](uint8_t* p, size_t) { p[2 * 3 + 1] ^= 0x80; });
+  const VerifyReport r = verify_checkpoint(tmp.path / "q", {});
+  const LayerReport* v = layer(r, "model.layers.0.self_attn.v_proj");
+  REQUIRE(v);
+  CHECK(failed_checks(*v).find("is negative") != std::string::npos);
+  CHECK(!r.ok());
+}
+
+// Checkpoint-wide: a reference tensor with no counterpart, a pass-through tensor that changed, a stray
+// *.safetensors beside the checkpoint's file, a directory without a quantization config.
+TEST_CASE("missing or changed tensors and stray files and a missing config are problems", "[verify]") {
+  test::TempDir tmp("verify-global");
+  write_quantized(tmp.path / "q", TargetFormat::Marlin);
+  // A reference with one more linear (absent from q) and a norm weight that q holds changed.
+  std::vector<TensorSpec> plan;
+  for (auto& l : kLayers) plan.push_back({l.name + ".weight", DType::F16, {l.n, l.k}});
+  plan.push_back({"model.layers.1.self_attn.q_proj.weight", DType::F16, {256, 256}});
+  plan.push_back({"model.norm.weight", DType::F16, {256}});
+  {
+    CheckpointWriter w(tmp.path / "fp", plan);
+    for (size_t i = 0; i < kLayers.size(); ++i) {
+      auto f = random_weights(kLayers[i], 100 + i);
+      std::vector<uint16_t> h(f.size());
+      float_to_half_n(f.data(), h.data(), f.size());
+      w.write(kLayers[i].name + ".weight", {reinterpret_cast<const uint8_t*>(h.data()), h.size() * 2});
+    }
+    std::vector<uint16_t> extra(256 * 256, float_to_half(0.01f)), norm(256, float_to_half(1.f));
+    w.write("model.layers.1.self_attn.q_proj.weight", {reinterpret_cast<const uint8_t*>(extra.data()), extra.size() * 2});
+    w.write("model.norm.weight", {reinterpret_cast<const uint8_t*>(norm.data()), norm.size() * 2});
+    w.add_file("config.json", "{\"architectures\": [\"LlamaForCausalLM\"]}\n");
+    w.commit();
+  }
+  VerifyOptions opt;
+  opt.reference = tmp.path / "fp";
+  auto problems = [&] {
+    std::string all;
+    for (const auto& p : verify_checkpoint(tmp.path / "q", opt).global_problems) all += p + "\n";
+    return all;
+  };
+  std::string p = problems();
+  INFO(p);
+  CHECK(p.find("reference tensor model.layers.1.self_attn.q_proj.weight is missing") != std::string::npos);
+  CHECK(p.find("reference tensor model.norm.weight is missing") != std::string::npos);
+  CHECK(p.find("stray file") == std::string::npos);
+  CHECK(p.find("no quantization config") == std::string::npos);
+  fs::copy_file(tmp.path / "q" / "model.safetensors", tmp.path / "q" / "extra.safetensors");
+  fs::remove(tmp.path / "q" / "quantize_config.json");
+  {
+    std::ofstream(tmp.path / "q" / "config.json") << "{\"architectures\": [\"LlamaForCausalLM\"]}\n";
+  }
+  p = problems();
+  CHECK(p.find("stray file extra.safetensors") != std::string::npos);
+  CHECK(p.find("no quantization config") != std::string::npos);
+}
+
+TEST_CASE("act-order groups must hold group_size rows each", "[verify]") {
+  test::TempDir tmp("verify-gidx-rows");
+  write_quantized(tmp.path / "q", TargetFormat::GptqV1);
+  patch_tensor(tmp.path / "q", "model.layers.0.mlp.down_proj.g_idx", [](uint8_t* p, size_t bytes) { std::memset(p, 0, bytes); });
+  edit_quant_configs(tmp.path / "q", [](nlohmann::json& q) { q["desc_act"] = true; });
+  const VerifyReport r = verify_checkpoint(tmp.path / "q", {});
+  const LayerReport* d = layer(r, "model.layers.0.mlp.down_proj");
+  REQUIRE(d);
+  CHECK(failed_checks(*d).find("g_idx gives group 0 512 rows, not group_size 128") != std::string::npos);
+  // A valid act-order g_idx (rows 0 and 200 trade groups) under a config without desc_act, which loaders
+  // read as false: a problem. With desc_act true it verifies.
+  write_quantized(tmp.path / "a", TargetFormat::GptqV1);
+  patch_tensor(tmp.path / "a", "model.layers.0.mlp.down_proj.g_idx", [](uint8_t* p, size_t) {
+    const int32_t one = 1, zero = 0;
+    std::memcpy(p, &one, 4);
+    std::memcpy(p + 4 * 200, &zero, 4);
+  });
+  edit_quant_configs(tmp.path / "a", [](nlohmann::json& q) { q.erase("desc_act"); });
+  std::string all;
+  for (const auto& p : verify_checkpoint(tmp.path / "a", {}).global_problems) all += p + "\n";
+  INFO(all);
+  CHECK(all.find("config has no desc_act but g_idx is not k // group_size") != std::string::npos);
+  edit_quant_configs(tmp.path / "a", [](nlohmann::json& q) { q["desc_act"] = true; });
+  CHECK(verify_checkpoint(tmp.path / "a", {}).ok());
+}
+
+// Config keys that send loaders elsewhere than the tensors: each is a problem; desc_act over a trivial
+// g_idx (GPTQ's static groups) is not.
+TEST_CASE("config labels and skip rules and act-order keys that disagree with the tensors", "[verify]") {
+  test::TempDir tmp("verify-labels");
+  struct Case {
+    TargetFormat t;
+    std::function<void(nlohmann::json&)> edit;
+    const char* expect;  // nullptr: verifies
+  };
+  const std::vector<Case> cases = {
+      {TargetFormat::GptqV1, [](nlohmann::json& q) { q["quant_method"] = "bitsandbytes"; }, "config label"},
+      {TargetFormat::GptqV1, [](nlohmann::json& q) { q["quant_method"] = "marlin"; }, "config label"},
+      {TargetFormat::Awq, [](nlohmann::json& q) { q["version"] = "gemv"; }, "AWQ version \"gemv\""},
+      {TargetFormat::Awq, [](nlohmann::json& q) { q["quant_method"] = "gptq"; }, "config label"},
+      {TargetFormat::Marlin, [](nlohmann::json& q) { q["dynamic"] = {{"-:.*q_proj", nlohmann::json::object()}}; },
+       "skips quantizing model.layers.0.self_attn.q_proj"},
+      {TargetFormat::CompressedTensors, [](nlohmann::json& q) { q["ignore"] = {"model.layers.0.mlp.down_proj"}; },
+       "leaves model.layers.0.mlp.down_proj unquantized"},
+      {TargetFormat::CompressedTensors, [](nlohmann::json& q) { q["format"] = "marlin-24"; }, "config label"},
+      {TargetFormat::GptqV1, [](nlohmann::json& q) { q["desc_act"] = true; }, nullptr},
+  };
+  int i = 0;
+  for (const Case& c : cases) {
+    const fs::path q = tmp.path / ("q" + std::to_string(i++));
+    write_quantized(q, c.t);
+    edit_quant_configs(q, c.edit);
+    const VerifyReport r = verify_checkpoint(q, {});
+    std::string all;
+    for (const auto& p : r.global_problems) all += p + "\n";
+    INFO("case " << i << ": " << all);
+    if (!c.expect) {
+      CHECK(r.ok());
+      continue;
+    }
+    CHECK(!r.ok());
+    CHECK(all.find(c.expect) != std::string::npos);
+  }
 }
