@@ -39,7 +39,7 @@ constexpr double kMaxStepError = 6.0;
 // A layer rounds to nearest (RTN, with or without a clip search) where at most this fraction of its kept
 // weights sit more than kNearStep steps from their originals; GPTQ's error feedback and SparseGPT move
 // many more, some by more than kMaxStepError, so the step gate applies to the first kind only. Measured
-// on the sample's outputs (docs/FORMATS.md, verify): RTN 0.5-0.7%, GPTQ 9-24%, SparseGPT 2:4 37-65%.
+// on the sample's outputs (docs/FORMATS.md, "the yardsticks"): RTN 0.5-0.7%, GPTQ 9-24%, SparseGPT 2:4 37-65%.
 // Decided from the data, not from the checkpoint's config, so a file cannot ask to be checked less.
 constexpr double kNearStep = 0.6, kRtnMaxFarFraction = 0.02;
 
