@@ -138,6 +138,11 @@ CheckpointWriter::CheckpointWriter(fs::path out_dir, std::vector<TensorSpec> pla
   std::error_code ec;
   if (fs::exists(out_dir_, ec)) {
     if (!fs::is_directory(out_dir_)) bad_usage(out_dir_.string() + ": exists and is not a directory");
+    // The output is swapped in by renaming directories, which cannot move the working directory or one
+    // that holds it (EBUSY, or the temporary output nested inside the old one).
+    const fs::path here = fs::weakly_canonical(fs::current_path(ec), ec), out = fs::weakly_canonical(out_dir_, ec);
+    if (!ec && !out.empty() && std::mismatch(out.begin(), out.end(), here.begin(), here.end()).first == out.end())
+      bad_usage(out_dir_.string() + ": is the working directory or holds it; give the output a directory of its own");
     if (!fs::is_empty(out_dir_) && !opts_.overwrite)
       bad_usage(out_dir_.string() + ": output directory exists and is not empty (pass --overwrite to replace it)");
     // --overwrite replaces the directory and everything in it: only an earlier output (a checkpoint,
@@ -286,11 +291,12 @@ void CheckpointWriter::add_file(const std::string& rel_name, const std::string& 
   check_rel_name(rel_name);
   const fs::path p = tmp_dir_ / rel_name;
   if (p.has_parent_path()) fs::create_directories(p.parent_path());
+  errno = 0;
   std::ofstream out(p, std::ios::binary | std::ios::trunc);
-  if (!out) fail(ErrorKind::Io, p.string() + ": cannot create");
+  if (!out) io_fail(p.string() + ": cannot create");
   out.write(contents.data(), std::streamsize(contents.size()));
   out.close();
-  if (!out) fail(ErrorKind::Io, p.string() + ": write failed");
+  if (!out) io_fail(p.string() + ": write failed");  // errno from the failed write or close (ENOSPC, EDQUOT...)
 }
 
 void CheckpointWriter::copy_file(const fs::path& src, const std::string& rel_name) {

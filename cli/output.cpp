@@ -1,6 +1,8 @@
 #include "cli/output.h"
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <unistd.h>
 
@@ -15,12 +17,14 @@ void write_file_atomic(const std::filesystem::path& path, const std::string& con
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) fail(ErrorKind::Io, tmp.string() + ": cannot create");
+    errno = 0;
     out.write(contents.data(), std::streamsize(contents.size()));
     out.flush();
     if (!out) {
+      const std::string why = errno ? std::strerror(errno) : "unknown error";  // ENOSPC, EDQUOT...
       std::error_code ec;
       std::filesystem::remove(tmp, ec);
-      fail(ErrorKind::Io, tmp.string() + ": write failed");
+      fail(ErrorKind::Io, tmp.string() + ": write failed: " + why);
     }
   }
   std::error_code ec;
@@ -63,7 +67,8 @@ void check_output_file(const std::string& option, const std::filesystem::path& p
     if (same_place(lexical(path).parent_path(), out_dir)) return;  // made by the run, the report written after it
   }
   const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
-  if (!fs::is_directory(dir, ec)) bad_usage(option + " " + path.string() + ": directory " + dir.string() + " does not exist");
+  if (!fs::is_directory(dir, ec))
+    bad_usage(option + " " + path.string() + ": " + dir.string() + (fs::exists(dir, ec) ? " is not a directory" : ": directory does not exist"));
   if (::access(dir.c_str(), W_OK) != 0) bad_usage(option + " " + path.string() + ": directory " + dir.string() + " is not writable");
 }
 

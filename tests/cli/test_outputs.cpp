@@ -115,3 +115,23 @@ TEST_CASE("a signal ignored at start stays ignored as under nohup", "[cli]") {
   CHECK(hup_after_start("", td.path / "caught") == 128 + SIGHUP);
   CHECK(!fs::exists(td.path / "caught"));
 }
+
+// The output is swapped in by renaming directories, which cannot move the working directory: refused
+// up front (it failed at the end with EBUSY). A --json path under a file names that file.
+TEST_CASE("the working directory is refused as the output and a report under a file is refused", "[cli]") {
+  TempDir td("cwd-out");
+  fs::create_directories(td.path / "w");
+  Result r = run_cli("quantize " + q(sample()) + " . --method rtn --format marlin --overwrite", td.path,
+                     "cd " + q(td.path / "w") + " &&");
+  INFO(r.out << r.err);
+  CHECK(r.rc == 2);
+  CHECK(r.err.find("is the working directory or holds it") != std::string::npos);
+  CHECK(fs::is_empty(td.path / "w"));
+  std::ofstream(td.path / "afile") << "x";
+  r = run_cli("quantize " + q(sample()) + " " + q(td.path / "o") + " --method rtn --format marlin --json " +
+                  q(td.path / "afile" / "r.json"),
+              td.path);
+  CHECK(r.rc == 2);
+  CHECK(r.err.find("afile is not a directory") != std::string::npos);
+  CHECK(!fs::exists(td.path / "o"));
+}
