@@ -109,23 +109,32 @@ std::vector<int32_t> ids_of(const json& v, const std::string& where) {
 
 }  // namespace
 
+namespace {
+
+// Auto: by the first non-empty line.
+CalibFormat detect_format(const std::string& bytes) {
+  const size_t b = bytes.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos || (bytes[b] != '{' && bytes[b] != '[')) return CalibFormat::Text;
+  const size_t e = bytes.find('\n', b);
+  const json first = json::parse(bytes.substr(b, e == std::string::npos ? std::string::npos : e - b), nullptr, false);
+  if (first.is_array()) return CalibFormat::Tokens;
+  if (first.is_object() && first.contains("text")) return CalibFormat::Jsonl;
+  if (first.is_object() && (first.contains("input_ids") || first.contains("ids") || first.contains("tokens")))
+    return CalibFormat::Tokens;
+  return CalibFormat::Text;
+}
+
+}  // namespace
+
+CalibFormat resolve_calib_format(const std::filesystem::path& path, CalibFormat format) {
+  return format == CalibFormat::Auto ? detect_format(read_file(path)) : format;
+}
+
 CalibDocuments read_documents(const std::filesystem::path& path, CalibFormat format) {
   const std::string bytes = read_file(path);
   CalibDocuments d;
   {
-    // Auto: look at the first non-empty line.
-    if (format == CalibFormat::Auto) {
-      format = CalibFormat::Text;
-      size_t b = bytes.find_first_not_of(" \t\r\n");
-      if (b != std::string::npos && (bytes[b] == '{' || bytes[b] == '[')) {
-        size_t e = bytes.find('\n', b);
-        json first = json::parse(bytes.substr(b, e == std::string::npos ? std::string::npos : e - b), nullptr, false);
-        if (first.is_array()) format = CalibFormat::Tokens;
-        else if (first.is_object() && first.contains("text")) format = CalibFormat::Jsonl;
-        else if (first.is_object() && (first.contains("input_ids") || first.contains("ids") || first.contains("tokens")))
-          format = CalibFormat::Tokens;
-      }
-    }
+    if (format == CalibFormat::Auto) format = detect_format(bytes);
     d.format = format;
     // Text formats are UTF-8, as tokenizers take them (JSONL strings are checked by the JSON parser).
     if (format == CalibFormat::Text || format == CalibFormat::TextWhole)

@@ -77,5 +77,7 @@ struct CalibDocuments {
   size_t size() const { return format == CalibFormat::Tokens ? ids.size() : texts.size(); }
 };
 CalibDocuments read_documents(const std::filesystem::path& path, CalibFormat format);
+// The format read_documents would read `path` as (Auto resolved by content; others as given).
+CalibFormat resolve_calib_format(const std::filesystem::path& path, CalibFormat format);
 
 }  // namespace marlinc::calib

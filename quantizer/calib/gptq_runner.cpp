@@ -193,7 +193,8 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
   CalibSet cs;
   if (go.calib_file) {
     std::unique_ptr<Tokenizer> tok;
-    if (go.calib.format != CalibFormat::Tokens) tok = load_tokenizer(ck.dir());
+    // Token ids need no tokenizer (a model directory may have none): Auto is resolved first.
+    if (resolve_calib_format(*go.calib_file, go.calib.format) != CalibFormat::Tokens) tok = load_tokenizer(ck.dir());
     cs = load_calibration(*go.calib_file, tok.get(), go.calib);
   } else {
     double model_bytes = 0;

@@ -228,6 +228,14 @@ TEST_CASE("gptq options that do not fit exit 2 naming the option, leaving no out
   CHECK(r.rc == 1);
   CHECK(r.err.find("missing.txt") != std::string::npos);
   CHECK(!fs::exists(td.path / "o"));
+  // Token ids under the default --calib-format auto need no tokenizer (the sample has none).
+  std::ofstream(td.path / "ids.jsonl") << "[1, 5, 9, 12, 30, 7, 8, 100, 3, 4]\n[1, 44, 45, 46, 47, 48, 49, 50, 51]\n";
+  r = run_cli("quantize " + q(sample) + " " + q(td.path / "ids") + " --method gptq --min-len 4 --calib " +
+                  q(td.path / "ids.jsonl"),
+              td.path);
+  INFO(r.out << r.err);
+  CHECK(r.rc == 0);
+  CHECK(fs::exists(td.path / "ids" / "model.safetensors"));
   // --device cuda without CUDA (a CPU build, or no device visible) is a usage error before any
   // calibration work, not an internal one; on a GPU machine it simply runs.
   r = run_cli("quantize " + q(sample) + " " + q(td.path / "g") + " --method gptq --device cuda", td.path);
