@@ -287,8 +287,10 @@ void check_reference(LayerReport& L, const QuantizedLinear& q, const Checkpoint&
   L.output_rel_err = ny > 0 ? std::sqrt(dy / ny) : 0;
   char far[32];
   std::snprintf(far, sizeof far, "%.1f%%", 100 * L.far_fraction);
-  std::string summary = "weight error " + fmt_double(L.weight_rel_err) + " (" + fmt_double(L.weight_rel_err / L.naive_rel_err) +
-                        "x naive round-to-nearest), output error " + fmt_double(L.output_rel_err) + ", scales " +
+  // A reference of zeros has no naive error to compare with (nor any error of its own).
+  const std::string vs_naive = L.naive_rel_err > 0 ? fmt_double(L.weight_rel_err / L.naive_rel_err) + "x" : "-";
+  std::string summary = "weight error " + fmt_double(L.weight_rel_err) + " (" + vs_naive +
+                        " naive round-to-nearest), output error " + fmt_double(L.output_rel_err) + ", scales " +
                         fmt_double(L.scale_ratio) + "x min-max, worst weight " + fmt_double(worst_steps) + " steps, " + far +
                         " beyond " + fmt_double(kNearStep) + (nearest ? " (round to nearest)" : " (error feedback: steps not gated)");
   L.checks.push_back({"reference", problems.empty(), problems.empty() ? summary : problems + " (" + summary + ")"});
@@ -386,13 +388,14 @@ VerifyReport verify_checkpoint(const std::filesystem::path& dir, const VerifyOpt
     return finish();
   }
   // A directory is a checkpoint to load (a bare file, such as the original packers' outputs, is tensors only).
-  if (ck.quantize_config().empty() && std::filesystem::is_directory(ck.source()))
+  std::error_code ec;
+  if (ck.quantize_config().empty() && std::filesystem::is_directory(ck.source(), ec))
     rep.global_problems.push_back("no quantization config (config.json quantization_config, quantize_config.json or "
                                   "quant_config.json): loaders cannot tell how to read the quantized tensors");
   // Without an index, vLLM loads every *.safetensors of the directory; Checkpoint reads model.safetensors.
-  if (!ck.sharded() && std::filesystem::is_directory(ck.source()))
-    for (const auto& e : std::filesystem::directory_iterator(ck.dir()))
-      if (e.path().extension() == ".safetensors" &&
+  if (!ck.sharded() && std::filesystem::is_directory(ck.source(), ec))
+    for (std::filesystem::directory_iterator it(ck.dir(), ec), end; !ec && it != end; it.increment(ec))
+      if (const auto& e = *it; e.path().extension() == ".safetensors" &&
           std::none_of(ck.files().begin(), ck.files().end(), [&](const auto& f) { return f.path() == e.path(); }))
         rep.global_problems.push_back("stray file " + e.path().filename().string() +
                                       " beside " + ck.files().front().path().filename().string() +

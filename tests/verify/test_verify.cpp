@@ -537,8 +537,8 @@ TEST_CASE("scaled scales fail against the naive round-to-nearest and the min-max
     CHECK(l.far_fraction < 0.02);
   }
   for (float factor : {2.f, 1.4f}) {
-    write_quantized(tmp.path / ("x" + std::to_string(int(factor * 10))), TargetFormat::Marlin);
-    const fs::path q = tmp.path / ("x" + std::to_string(int(factor * 10)));
+    const fs::path q = tmp.path / std::to_string(int(factor * 10));
+    write_quantized(q, TargetFormat::Marlin);
     patch_tensor(q, "model.layers.0.mlp.down_proj.s", [&](uint8_t* p, size_t bytes) {
       uint16_t* s = reinterpret_cast<uint16_t*>(p);
       for (size_t i = 0; i < bytes / 2; ++i) s[i] = float_to_half(half_to_float(s[i]) * factor);
@@ -661,7 +661,7 @@ TEST_CASE("config labels and skip rules and act-order keys that disagree with th
   };
   int i = 0;
   for (const Case& c : cases) {
-    const fs::path q = tmp.path / ("q" + std::to_string(i++));
+    const fs::path q = tmp.path / std::to_string(i++);
     write_quantized(q, c.t);
     edit_quant_configs(q, c.edit);
     const VerifyReport r = verify_checkpoint(q, {});
