@@ -169,10 +169,18 @@ int group_from_rows(const Checkpoint& ck, const std::string& scale_name, int64_t
 // Modules the config tells loaders to leave unquantized (GPTQModel's "-:" dynamic rules; compressed-
 // tensors' ignore list of names and "re:" patterns), both matched from the start of the module name as
 // Python's re.match does, would be built as plain layers, whose weight these quantized tensors are not.
+// The patterns come from the file: a length cap bounds std::regex's recursive compile, and the polynomial
+// (Thompson) executor rules out backtracking blow-ups on nested quantifiers.
+constexpr size_t kMaxSkipPattern = 256;
 void note_skipped_modules(const json& qc, const std::vector<QuantizedModuleShape>& mods, std::vector<std::string>& notes) {
   auto first_match = [&](const std::string& pattern) -> std::string {
+    if (pattern.size() > kMaxSkipPattern) {
+      notes.push_back("a pattern in the quantization config is longer than " + std::to_string(kMaxSkipPattern) +
+                      " characters: not matched against the modules");
+      return "";
+    }
     try {
-      const std::regex re(pattern);
+      const std::regex re(pattern, std::regex::ECMAScript | std::regex_constants::__polynomial);
       for (const auto& m : mods)
         if (std::regex_search(m.prefix, re, std::regex_constants::match_continuous)) return m.prefix;
     } catch (const std::regex_error&) {
