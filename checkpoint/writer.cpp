@@ -346,7 +346,14 @@ void CheckpointWriter::commit() {
         bad_usage(out_dir_.string() + ": output directory appeared while writing and is not empty");
       if (::renameat2(AT_FDCWD, tmp_dir_.c_str(), AT_FDCWD, out_dir_.c_str(), RENAME_EXCHANGE) == 0) {
         committed_ = true;
-        fs::remove_all(tmp_dir_, ec);  // the previous output
+        if (!opts_.test_keep_replaced) fs::remove_all(tmp_dir_, ec);  // the previous output
+        if (fs::exists(fs::symlink_status(tmp_dir_, ec))) {
+          // Out of the temporary name, which a later run would take for an interrupted run's output.
+          leftover_ = out_dir_.parent_path() / (out_dir_.filename().string() + ".old-" + std::to_string(::getpid()) +
+                                                "-" + std::to_string(g_writer_seq++));
+          fs::rename(tmp_dir_, leftover_, ec);
+          if (ec) leftover_ = tmp_dir_;
+        }
         unregister_live(live_slot_);
         live_slot_ = -1;
         fsync_path(out_dir_.has_parent_path() ? out_dir_.parent_path() : fs::path("."), true);
@@ -364,7 +371,10 @@ void CheckpointWriter::commit() {
     committed_ = true;
     unregister_live(live_slot_);
     live_slot_ = -1;
-    if (!old.empty()) fs::remove_all(old, ec);
+    if (!old.empty()) {
+      if (!opts_.test_keep_replaced) fs::remove_all(old, ec);
+      if (fs::exists(fs::symlink_status(old, ec))) leftover_ = old;
+    }
     fsync_path(out_dir_.has_parent_path() ? out_dir_.parent_path() : fs::path("."), true);
   } catch (const fs::filesystem_error& e) {
     abort_output();
@@ -439,6 +449,12 @@ std::vector<std::string> copy_non_tensor_files(const fs::path& src_dir, Checkpoi
   std::sort(copied.begin(), copied.end());
   for (const std::string& n : copied) w.copy_file(src_dir / n, n);
   return copied;
+}
+
+std::string leftover_note(const CheckpointWriter& w) {
+  return w.leftover().empty() ? std::string()
+                              : "the output this run replaced could not be removed (read-only contents?); it is now at " +
+                                    w.leftover().string() + ": remove it yourself";
 }
 
 std::vector<fs::path> stale_temp_outputs(const fs::path& out_dir) {

@@ -24,6 +24,9 @@ struct WriterOptions {
   uint64_t max_shard_bytes = 0;      // tensor bytes per shard; 0 = one file
   std::string base_name = "model";   // model.safetensors / model-00001-of-0000N.safetensors
   bool overwrite = false;            // replace an existing non-empty out_dir
+  // Testing: leave the replaced output in place as when removing it fails (read-only contents, which a
+  // test running as root cannot make), so that leftover() and its note can be checked.
+  bool test_keep_replaced = false;
 };
 
 // Temporary outputs of earlier writers for out_dir (`<out>.tmp-<pid>-<n>` beside it) whose process no
@@ -53,6 +56,9 @@ class CheckpointWriter {
   // Checks every tensor was written, writes the index when sharded, fsyncs, renames into place.
   void commit();
 
+  // After commit(): where the output it replaced (--overwrite) still lies because it could not be
+  // removed (read-only contents), for the caller to report; empty when it was removed or there was none.
+  const std::filesystem::path& leftover() const { return leftover_; }
   const std::filesystem::path& out_dir() const { return out_dir_; }
   const std::filesystem::path& temp_dir() const { return tmp_dir_; }
   // Shard file name of a planned tensor (after construction the split is fixed).
@@ -75,7 +81,7 @@ class CheckpointWriter {
     int fd = -1;
   };
   void abort_output() noexcept;
-  std::filesystem::path out_dir_, tmp_dir_;
+  std::filesystem::path out_dir_, tmp_dir_, leftover_;
   WriterOptions opts_;
   std::vector<Planned> plan_;
   std::vector<size_t> by_name_;  // indices into plan_ sorted by name
@@ -84,6 +90,9 @@ class CheckpointWriter {
   int live_slot_ = -1;  // in the registry remove_live_temp_outputs() reads
   size_t find_planned(const std::string& name) const;
 };
+
+// The note for a replaced output the writer could not remove (CheckpointWriter::leftover), or "".
+std::string leftover_note(const CheckpointWriter& w);
 
 // Copies the non-tensor files a serving stack needs (tokenizer*, generation_config.json,
 // special_tokens_map.json, chat_template*, *.tiktoken, tokenizer.model, added_tokens.json, vocab/merges

@@ -117,6 +117,7 @@ int run_quantize(const QuantizeArgs& a) {
     r = quantize_checkpoint(a.in, a.out, o, on_layer);
   }
   for (auto& [name, why] : r.skipped) std::printf("%-48s skipped: %s\n", name.c_str(), why.c_str());
+  for (const auto& n : r.notes) std::printf("note: %s\n", n.c_str());
   if (o.to == TargetFormat::Marlin && a.order == "dynamic" && !r.layers.empty())
     std::printf("note: %s\n", kMarlinActOrderNote);
   double mean = 0;

@@ -47,7 +47,7 @@ nlohmann::json QuantizeReport::to_json() const {
   for (const auto& [name, why] : skipped) skipped_j.push_back({{"name", name}, {"why", why}});
   return {{"input", input}, {"output", output}, {"target", target}, {"method", method}, {"layers", layers_j},
           {"skipped", skipped_j}, {"passthrough_tensors", passthrough_tensors}, {"bytes_in", bytes_in},
-          {"bytes_out", bytes_out}, {"seconds", seconds}};
+          {"bytes_out", bytes_out}, {"seconds", seconds}, {"notes", notes}};
 }
 
 QuantPlan plan_quantization(const Checkpoint& ck, const QuantizeOptions& o, QuantizeReport& rep) {
@@ -132,7 +132,7 @@ QuantizedLinear write_quantized(CheckpointWriter& w, const QuantizeOptions& o, c
   return q;
 }
 
-void finish_output(CheckpointWriter& w, const Checkpoint& ck, const QuantizeOptions& o, const QuantPlan& P,
+void finish_output(CheckpointWriter& w, const Checkpoint& ck, const QuantizeOptions& o, const QuantPlan& P, QuantizeReport& rep,
                    const nlohmann::json& extra_quant) {
   QuantSummary s;
   s.bits = o.bits; s.group_size = o.group_size; s.sym = true; s.desc_act = o.act_order;
@@ -158,6 +158,7 @@ void finish_output(CheckpointWriter& w, const Checkpoint& ck, const QuantizeOpti
   if (cfg.quantize_config) w.add_file("quantize_config.json", cfg.quantize_config->dump(2) + "\n");
   if (std::filesystem::is_directory(ck.dir())) copy_non_tensor_files(ck.dir(), w);
   w.commit();
+  if (const std::string n = leftover_note(w); !n.empty()) rep.notes.push_back(n);
 }
 
 QuantizeReport quantize_checkpoint(const std::filesystem::path& in, const std::filesystem::path& out,
@@ -202,7 +203,7 @@ QuantizeReport quantize_checkpoint(const std::filesystem::path& in, const std::f
     rep.layers.push_back(lr);
     if (on_layer) on_layer(lr, rep.layers.size() - 1, P.jobs.size());
   }
-  finish_output(w, ck, o, P);
+  finish_output(w, ck, o, P, rep);
   rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return rep;
 }

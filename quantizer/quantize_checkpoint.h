@@ -46,6 +46,7 @@ struct QuantizeReport {
   size_t passthrough_tensors = 0;
   uint64_t bytes_in = 0, bytes_out = 0;
   double seconds = 0;
+  std::vector<std::string> notes;  // about the output as written (e.g. a replaced output left behind)
   nlohmann::json to_json() const;
 };
 
@@ -76,7 +77,7 @@ QuantizedLinear write_quantized(CheckpointWriter& w, const QuantizeOptions& o, c
 // the linears P leaves unquantized; `extra_quant` is merged into the quantization config (e.g. the
 // calibration record).
 void finish_output(CheckpointWriter& w, const Checkpoint& ck, const QuantizeOptions& o, const QuantPlan& P,
-                   const nlohmann::json& extra_quant = nlohmann::json::object());
+                   QuantizeReport& rep, const nlohmann::json& extra_quant = nlohmann::json::object());
 
 // Throws BadUsage (options, quantized input, nothing to quantize) and BadData (corrupt input).
 QuantizeReport quantize_checkpoint(const std::filesystem::path& in, const std::filesystem::path& out,

@@ -476,6 +476,7 @@ ConvertReport convert_checkpoint(const fs::path& in, const fs::path& out, const 
   rep.copied_files = copy_non_tensor_files(ck.dir(), w);
   rep.shards = w.num_shards();
   w.commit();
+  if (const std::string n = leftover_note(w); !n.empty()) rep.notes.push_back(n);
 
   for (const auto& f : ck.files())
     for (const auto& t : f.tensors()) rep.bytes_in += t.nbytes();

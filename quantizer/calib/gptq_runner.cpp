@@ -389,7 +389,7 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
                            {"true_sequential", go.true_sequential},
                            {"calibration", I.calibration}};
   t_io = Clock::now();
-  finish_output(w, ck, qo, P, nlohmann::json{{"marlinc", record}});
+  finish_output(w, ck, qo, P, rep, nlohmann::json{{"marlinc", record}});
   I.seconds_io += since(t_io);
   I.seconds_forward = pass->times().forward;
   I.seconds_hessian = pass->times().hessian;

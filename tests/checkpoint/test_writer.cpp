@@ -200,6 +200,22 @@ TEST_CASE("writer is atomic and refuses to clobber") {
     write_text(tmp.path / "out" / "model.safetensors", "an earlier output");
     write_checkpoint(tmp.path / "out", ts, {}, o);
     CHECK(!fs::exists(tmp.path / "out" / "keep.txt"));
+    // A replaced output that cannot be removed is moved out of the temporary name (which a later run
+    // would call an interrupted run's output) and reported through leftover() and its note.
+    {
+      WriterOptions keep = o;
+      keep.test_keep_replaced = true;
+      CheckpointWriter w(tmp.path / "out", plan, keep);
+      for (const auto& t : ts) w.write(t.spec.name, t.bytes);
+      w.commit();
+      REQUIRE(!w.leftover().empty());
+      CHECK(w.leftover().filename().string().rfind("out.old-", 0) == 0);
+      CHECK(fs::exists(w.leftover() / "keep.txt") == false);
+      CHECK(fs::exists(w.leftover() / "model.safetensors"));  // the output it replaced
+      CHECK(contains(leftover_note(w), w.leftover().string()));
+      CHECK(stale_temp_outputs(tmp.path / "out").empty());
+      fs::remove_all(w.leftover());
+    }
     CHECK(Checkpoint::open(tmp.path / "out").tensor_names().size() == ts.size());
     int entries = 0;
     for (const auto& e : fs::directory_iterator(tmp.path)) { (void)e; ++entries; }
