@@ -126,8 +126,16 @@ CalibFormat detect_format(const std::string& bytes) {
 
 }  // namespace
 
+// Auto looks at the first non-empty line only: read that much, not the whole file read_documents reads after.
 CalibFormat resolve_calib_format(const std::filesystem::path& path, CalibFormat format) {
-  return format == CalibFormat::Auto ? detect_format(read_file(path)) : format;
+  if (format != CalibFormat::Auto) return format;
+  std::ifstream f(path, std::ios::binary);
+  if (!f) fail(ErrorKind::Io, path.string() + ": cannot open the calibration file");
+  std::string line;
+  while (std::getline(f, line) && line.find_first_not_of(" \t\r") == std::string::npos) {
+  }
+  if (f.bad()) fail(ErrorKind::Io, path.string() + ": read failed");
+  return detect_format(line);
 }
 
 CalibDocuments read_documents(const std::filesystem::path& path, CalibFormat format) {

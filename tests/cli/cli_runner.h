@@ -31,6 +31,11 @@ inline Result run_cli(const std::string& args, const std::filesystem::path& tmp,
   return Result{WIFEXITED(st) ? WEXITSTATUS(st) : -1, slurp(o), slurp(e)};
 }
 
+// The built-in sample checkpoint (data/sample/model).
+inline std::filesystem::path sample_model() {
+  return std::filesystem::path(MARLINC_SOURCE_DIR) / "data" / "sample" / "model";
+}
+
 // A path quoted for the shell.
 // (Appended piecewise: gcc 12 warns falsely about "'" + std::string&& under -O2.)
 inline std::string q(const std::filesystem::path& p) {

@@ -21,7 +21,7 @@ using marlinc::test::TempDir;
 
 namespace {
 
-fs::path sample() { return fs::path(MARLINC_SOURCE_DIR) / "data" / "sample" / "model"; }
+fs::path sample() { return marlinc::test::sample_model(); }
 
 bool contains(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
 

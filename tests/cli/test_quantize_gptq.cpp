@@ -94,7 +94,7 @@ TEST_CASE("gptq on stories260K: held-out perplexity RTN > GPTQ > GPTQ + clip, cl
 TEST_CASE("gptq + 2:4 on the sample: a Marlin-24 checkpoint verify accepts, the same bytes on 1 and 2 threads",
           "[cli][gptq]") {
   TempDir td("gptq-24");
-  const fs::path sample = fs::path(MARLINC_SOURCE_DIR) / "data" / "sample" / "model";
+  const fs::path sample = marlinc::test::sample_model();
   const std::string args = "quantize " + q(sample) + " ";
   const std::string opts = " --method gptq --format marlin24 --group 128 --samples 8";
   Result one = run_cli(args + q(td.path / "t1") + opts, td.path, "OMP_NUM_THREADS=1");
@@ -183,7 +183,7 @@ TEST_CASE("gptq on the Llama 3 / Mistral / Qwen2 / Qwen3 fixtures: verify accept
 TEST_CASE("gptq --order dynamic to Marlin writes the act-order extension, the bytes of gptq then convert",
           "[cli][gptq]") {
   TempDir td("gptq-act-marlin");
-  const fs::path sample = fs::path(MARLINC_SOURCE_DIR) / "data" / "sample" / "model";
+  const fs::path sample = marlinc::test::sample_model();
   const std::string opts = " --method gptq --order dynamic --samples 4 --max-len 64";
   Result r = run_cli("quantize " + q(sample) + " " + q(td.path / "m") + opts + " --format marlin", td.path);
   INFO(r.err);
@@ -208,7 +208,7 @@ TEST_CASE("gptq --order dynamic to Marlin writes the act-order extension, the by
 
 TEST_CASE("gptq options that do not fit exit 2 naming the option, leaving no output", "[cli][gptq]") {
   TempDir td("gptq-usage");
-  const fs::path sample = fs::path(MARLINC_SOURCE_DIR) / "data" / "sample" / "model";
+  const fs::path sample = marlinc::test::sample_model();
   Result r = run_cli("quantize " + q(sample) + " " + q(td.path / "o") + " --method rtn --calib x.txt", td.path);
   CHECK(r.rc == 2);
   CHECK(r.err.find("--calib applies to --method gptq only") != std::string::npos);

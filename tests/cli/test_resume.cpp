@@ -50,7 +50,7 @@ std::string fast_opts(const fs::path& dir) {
          marlinc::test::q(dir / "tokens.jsonl");
 }
 
-fs::path sample() { return fs::path(MARLINC_SOURCE_DIR) / "data" / "sample" / "model"; }
+fs::path sample() { return marlinc::test::sample_model(); }
 
 std::string stop_after(int block) {
   std::string env = "MARLINC_TEST_STOP_AFTER_BLOCK=";
