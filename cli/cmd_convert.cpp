@@ -31,9 +31,10 @@ struct Args {
 
 void run_convert(const Args& a) {
   ConvertOptions o;
-  note_stale_outputs(a.out);
   auto t = target_from_name(a.to);
   if (!t) bad_usage("--to " + a.to + ": unknown format (use marlin, marlin24, gptq, gptq_v2, compressed-tensors, awq)");
+  const OutputLock lock = lock_output(a.out, "convert", a.in);
+  note_stale_outputs(a.out);
   o.to = *t;
   o.keep_incompatible = a.keep;
   o.tp = a.tp;

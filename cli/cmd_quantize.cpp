@@ -80,9 +80,10 @@ int run_quantize(const QuantizeArgs& a) {
     check_output_file("--json", a.json, a.out);
     check_not_input_file("--json", a.json, a.in, a.calib);
   }
-  note_stale_outputs(a.out);
   auto t = target_from_name(a.format);
   if (!t) bad_usage("--format " + a.format + ": expected marlin, marlin24, gptq, gptq_v2, compressed-tensors or awq");
+  const OutputLock lock = lock_output(a.out, "quantize", a.in);
+  note_stale_outputs(a.out);
   o.to = *t;
   o.method = a.method;
   o.bits = a.bits;

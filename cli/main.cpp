@@ -9,6 +9,7 @@
 #include <iostream>
 
 #include "checkpoint/error.h"
+#include "checkpoint/output_lock.h"
 #include "checkpoint/writer.h"
 #include "cli/commands.h"
 
@@ -21,10 +22,11 @@
 namespace {
 
 // Ctrl-C, kill, a closed terminal or a closed pipe (`marlinc ... | head`): no half-written `<out>.tmp-*`
-// directory stays behind. The default action then ends the process with the signal's status, as a
+// directory and no `<out>.marlinc-lock` file stays behind. The default action then ends the process with the signal's status, as a
 // shell expects.
 void on_fatal_signal(int sig) {
   marlinc::remove_live_temp_outputs();
+  marlinc::remove_live_output_locks();
   std::signal(sig, SIG_DFL);
   std::raise(sig);
 }

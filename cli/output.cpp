@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <unistd.h>
 
@@ -89,6 +90,18 @@ void note_stale_outputs(const std::filesystem::path& out) {
   for (const auto& p : stale_temp_outputs(out))
     std::fprintf(stderr, "note: %s is the partial output of an interrupted run (its process has exited); "
                          "remove it to free the space\n", p.c_str());
+}
+
+OutputLock lock_output(const std::filesystem::path& out, const std::string& command, const std::filesystem::path& in) {
+  char when[32] = "";
+  const std::time_t now = std::time(nullptr);
+  std::tm utc {};
+  if (gmtime_r(&now, &utc)) std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", &utc);
+  OutputLock lock = OutputLock::acquire(out, "marlinc " + command + " from " + in.string() + ", started " + when);
+  if (!lock.held())
+    std::fprintf(stderr, "note: %s: this file system has no file locks; nothing stops another run writing the same "
+                         "output at the same time\n", lock.path().c_str());
+  return lock;
 }
 
 }  // namespace marlinc::cli

@@ -5,6 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/output_lock.h"
+
 namespace marlinc::cli {
 
 // Writes `contents` to `path` through a temporary sibling and a rename, so a reader never sees a
@@ -27,6 +29,10 @@ void check_output_file(const std::string& option, const std::filesystem::path& p
 // (e.g. the calibration text): writing there would destroy an input. Links and hard links count.
 void check_not_input_file(const std::string& option, const std::filesystem::path& path,
                           const std::filesystem::path& input, const std::filesystem::path& other = {});
+
+// Takes `out`'s lock for this run (checkpoint/output_lock.h), describing the run as "marlinc COMMAND
+// from IN, started TIME" to a run it refuses; a note on stderr when the file system has no locks.
+OutputLock lock_output(const std::filesystem::path& out, const std::string& command, const std::filesystem::path& in);
 
 // One line on stderr per partial output an interrupted run left beside `out` (stale_temp_outputs).
 void note_stale_outputs(const std::filesystem::path& out);

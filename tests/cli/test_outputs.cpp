@@ -2,13 +2,18 @@
 // holding it, a --json report or --certificate on one of the checkpoint's files or on the calibration text: refused
 // (exit 2, naming the option and the rule) before any work, every input byte unchanged. A report inside the output
 // directory the run makes (the README's `--json out/report.json`) is written after the output.
+#include <unistd.h>
+
+#include <algorithm>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/output_lock.h"
 #include "tests/cli/cli_runner.h"
 #include "tests/common.h"
 
@@ -134,4 +139,33 @@ TEST_CASE("the working directory is refused as the output and a report under a f
   CHECK(r.rc == 2);
   CHECK(r.err.find("afile is not a directory") != std::string::npos);
   CHECK(!fs::exists(td.path / "o"));
+}
+
+TEST_CASE("a second run writing the same output directory is refused at once and changes nothing", "[cli][lock]") {
+  TempDir td("outputs-lock");
+  const fs::path out = td.path / "out";
+  REQUIRE(run_cli("quantize " + q(sample()) + " " + q(out) + " --method rtn", td.path).rc == 0);
+  const std::string before = slurp(out / "model.safetensors");
+  {
+    // What a running marlinc holds (flock() conflicts between open files, so this process stands in for it).
+    const marlinc::OutputLock held = marlinc::OutputLock::acquire(out, "marlinc quantize from elsewhere");
+    for (const std::string& args :
+         {"quantize " + q(sample()) + " " + q(out) + " --method rtn --group 64 --overwrite",
+          "quantize " + q(sample()) + " " + q(out) + " --method gptq --samples 2 --max-len 64 --overwrite",
+          "convert " + q(out) + " " + q(out) + "/ --to gptq --overwrite"}) {
+      refused(args, td.path, "another marlinc run is writing this output (pid " + std::to_string(::getpid()) +
+                                 ": marlinc quantize from elsewhere, holding " + (td.path / "out.marlinc-lock").string());
+    }
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(td.path)) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    CHECK(names == std::vector<std::string>{"out", "out.marlinc-lock", "stderr.txt", "stdout.txt"});
+    CHECK(slurp(out / "model.safetensors") == before);
+  }
+  // Released: the same run goes ahead and leaves no lock file beside its output.
+  const Result r = run_cli("quantize " + q(sample()) + " " + q(out) + " --method rtn --group 64 --overwrite", td.path);
+  INFO(r.err);
+  CHECK(r.rc == 0);
+  CHECK(slurp(out / "model.safetensors") != before);
+  CHECK_FALSE(fs::exists(td.path / "out.marlinc-lock"));
 }
