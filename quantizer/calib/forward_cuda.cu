@@ -98,6 +98,17 @@ __device__ float block_sum(float v) {
   return t;
 }
 
+// Gemma 2/3's output norms: y[r] += w ⊙ x[r] / sqrt(mean(x[r]²) + eps), x the sub-block's fp32 output,
+// y the fp32 residual stream. One block per row.
+__global__ void rms_norm_add_kernel(const float* x /*[rows, n]*/, int64_t n, const float* w, float eps, float* y) {
+  const float* xr = x + int64_t(blockIdx.x) * n;
+  float ss = 0.0f;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) ss += xr[j] * xr[j];
+  const float inv = 1.0f / sqrtf(block_sum(ss) / float(n) + eps);
+  float* yr = y + int64_t(blockIdx.x) * n;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) yr[j] += w[j] * (xr[j] * inv);
+}
+
 // y[r] = w ⊙ x[r] / sqrt(mean(x[r]²) + eps), one block per row, into the GEMM input type.
 template <class T>
 __global__ void rms_norm_kernel(const float* x /*[rows, n]*/, int64_t n, const float* w, float eps, T* y) {
@@ -172,14 +183,19 @@ __global__ void qkv_rope_kernel(QkvArgs a, TokenMap tm, T* Qt, T* Kt, T* Vt) {
 }
 
 // Rows of scores S [rows, L] (already scaled): causal (and windowed) softmax into P [rows, L] 16-bit,
-// zero outside the mask. Row r is query position r mod L. One block per row.
+// zero outside the mask. Row r is query position r mod L. One block per row. softcap > 0 first maps
+// each score to softcap·tanh(score / softcap) in place (Gemma 2).
 template <class T>
-__global__ void softmax_kernel(const float* S, int64_t L, int64_t window, T* P) {
+__global__ void softmax_kernel(float* S, int64_t L, int64_t window, float softcap, T* P) {
   const int64_t r = blockIdx.x, i = r % L;
   const int64_t lo = i - window + 1 > 0 ? i - window + 1 : 0;
-  const float* s = S + r * L;
+  float* s = S + r * L;
   T* p = P + r * L;
   __shared__ float red[32];
+  if (softcap > 0.0f) {  // each thread rewrites the entries it reads below
+    for (int64_t j = lo + threadIdx.x; j <= i; j += blockDim.x) s[j] = softcap * tanhf(s[j] / softcap);
+    __syncthreads();  // the last loop reads the row in another partition
+  }
   float mx = -INFINITY;
   for (int64_t j = lo + threadIdx.x; j <= i; j += blockDim.x) mx = fmaxf(mx, s[j]);
   for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
@@ -212,11 +228,18 @@ __global__ void add_bias_kernel(float* y, const float* b, int64_t rows, int64_t 
     y[e] += b[e % n];
 }
 
-// down_proj's input: silu(gate) · up, as the CPU pass forms it (g / (1 + e^-g) · u).
+// down_proj's input: act(gate) · up, as the CPU pass forms it (llama.cpp's activation_ref): silu
+// g / (1 + e^-g), tanh gelu ½g(1 + tanh(√(2/π)(g + 0.044715 g³))) or exact gelu ½g(1 + erf(g/√2)).
 template <class T>
-__global__ void swiglu_kernel(const float* g, const float* u, int64_t count, T* out) {
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < count; e += int64_t(gridDim.x) * blockDim.x)
-    out[e] = to_act<T>(g[e] / (1.0f + expf(-g[e])) * u[e]);
+__global__ void glu_kernel(const float* g, const float* u, int64_t count, GpuActivation a, T* out) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f, kCubic = 0.044715f, kInvSqrt2 = 0.7071067811865476f;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < count; e += int64_t(gridDim.x) * blockDim.x) {
+    const float x = g[e];
+    const float y = a == GpuActivation::Silu       ? x / (1.0f + expf(-x))
+                    : a == GpuActivation::GeluTanh ? 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + kCubic * x * x * x)))
+                                                   : 0.5f * x * (1.0f + erff(x * kInvSqrt2));
+    out[e] = to_act<T>(y * u[e]);
+  }
 }
 
 // y [count] = beta·y + c (the Marlin kernel's 16-bit output widened into the fp32 stream).
@@ -243,10 +266,11 @@ namespace {
 enum : int { kQ, kK, kV, kO, kGate, kUp, kDown };       // llama.h's Linear
 enum : int { kGQKV, kGO, kGGateUp, kGDown, kGroups };   // llama.h's LinearInput
 const char* const kLinearNames[kLinears] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-constexpr int kVecs = int(GpuVec::BiasDown) + 1;
-const char* const kVecNames[kVecs] = {"input_layernorm", "post_attention_layernorm", "q_norm", "k_norm",
+constexpr int kVecs = int(GpuVec::MlpOutNorm) + 1;
+const char* const kVecNames[kVecs] = {"input_layernorm", "the MLP's input norm", "q_norm", "k_norm",
                                       "q_proj.bias", "k_proj.bias", "v_proj.bias", "o_proj.bias",
-                                      "gate_proj.bias", "up_proj.bias", "down_proj.bias"};
+                                      "gate_proj.bias", "up_proj.bias", "down_proj.bias",
+                                      "the attention's output norm", "the MLP's output norm"};
 }  // namespace
 
 struct CudaForward::Impl {
@@ -266,6 +290,8 @@ struct CudaForward::Impl {
   DBuf<int64_t> tok_start;                 // [T]
   DBuf<int32_t> tok_len, tok_pos;          // [T]
   DBuf<float> cosv, sinv;                  // [max_len, hd/2]
+  DBuf<float> cosv_local, sinv_local;      // [max_len, hd/2] the local table, or empty
+  bool layer_sliding = true, layer_local = false;  // set_layer
   std::array<DBuf<uint16_t>, kLinears> W;  // [out, in] 16-bit
   // Linears that run through the Marlin kernel: packed tiles, permuted scales, group size.
   std::array<DBuf<int32_t>, kLinears> mB;
@@ -287,6 +313,7 @@ struct CudaForward::Impl {
   DBuf<float> S, Ot;                       // scores [kv_batch·g·L·L], outputs [tc, qd] (head layout)
   DBuf<uint16_t> P;                        // probabilities
   DBuf<float> gate, up;                    // [tc, inter]
+  DBuf<float> sub;                         // [tc, hidden] a sub-block's output before its norm (Gemma 2/3)
   DBuf<uint16_t> act16;                    // [tc, inter]
   DBuf<int> flag;
   // Event pairs around the Hessian GEMMs of the current run, summed after it synchronises.
@@ -319,7 +346,7 @@ struct CudaForward::Impl {
   }
   int64_t vec_len(GpuVec v) const {
     switch (v) {
-      case GpuVec::InputNorm: case GpuVec::PostNorm: return c.hidden;
+      case GpuVec::InputNorm: case GpuVec::PostNorm: case GpuVec::AttnOutNorm: case GpuVec::MlpOutNorm: return c.hidden;
       case GpuVec::QNorm: case GpuVec::KNorm: return c.head_dim;
       default: return shape(int(v) - int(GpuVec::BiasQ)).first;
     }
@@ -402,7 +429,8 @@ struct CudaForward::Impl {
 };
 
 CudaForward::CudaForward(const GpuDims& d, const std::vector<size_t>& lengths, GpuAct act,
-                         const std::vector<float>& inv_freq, size_t chunk_tokens)
+                         const std::vector<float>& inv_freq, size_t chunk_tokens,
+                         const std::vector<float>& inv_freq_local)
     : p_(std::make_unique<Impl>()) {
   Impl& I = *p_;
   const std::string& who = I.who;
@@ -413,7 +441,10 @@ CudaForward::CudaForward(const GpuDims& d, const std::vector<size_t>& lengths, G
       d.head_dim <= 0 || d.head_dim > 2048 || d.heads % d.kv_heads != 0)
     bad_usage(who + ": head_dim " + std::to_string(d.head_dim) + " (even, at most 2048) and heads " +
               std::to_string(d.heads) + " / kv heads " + std::to_string(d.kv_heads) + " (a multiple) are required");
-  if (int64_t(inv_freq.size()) != d.head_dim / 2) bad_usage(who + ": RoPE table of the wrong size");
+  if (int64_t(inv_freq.size()) != d.head_dim / 2 ||
+      (!inv_freq_local.empty() && int64_t(inv_freq_local.size()) != d.head_dim / 2))
+    bad_usage(who + ": RoPE table of the wrong size");
+  if (!(d.attn_scale >= 0) || !(d.attn_softcap >= 0)) bad_usage(who + ": attention scale and soft-cap must be >= 0");
   I.len = lengths;
   I.off.assign(1, 0);
   for (size_t n : I.len) {
@@ -450,23 +481,27 @@ CudaForward::CudaForward(const GpuDims& d, const std::vector<size_t>& lengths, G
       ln[size_t(t)] = int32_t(I.len[s]);
       ps[size_t(t)] = int32_t(t - I.off[s]);
     }
-  const int64_t half = d.head_dim / 2;
-  std::vector<float> co(size_t(L * half)), si(size_t(L * half));
-  for (int64_t t = 0; t < L; ++t)
-    for (int64_t i = 0; i < half; ++i) {
-      const float ang = inv_freq[size_t(i)] * float(t);
-      co[size_t(t * half + i)] = float(std::cos(double(ang)));
-      si[size_t(t * half + i)] = float(std::sin(double(ang)));
-    }
   auto up = [&](auto& dst, const auto& h) {
     dst.reserve(h.size(), who);
     FWD_CHECK(cudaMemcpy(dst.p, h.data(), h.size() * sizeof(h[0]), cudaMemcpyHostToDevice));
   };
+  const int64_t half = d.head_dim / 2;
+  auto tables = [&](const std::vector<float>& freq, DBuf<float>& cos_dst, DBuf<float>& sin_dst) {
+    std::vector<float> co(size_t(L * half)), si(size_t(L * half));
+    for (int64_t t = 0; t < L; ++t)
+      for (int64_t i = 0; i < half; ++i) {
+        const float ang = freq[size_t(i)] * float(t);
+        co[size_t(t * half + i)] = float(std::cos(double(ang)));
+        si[size_t(t * half + i)] = float(std::sin(double(ang)));
+      }
+    up(cos_dst, co);
+    up(sin_dst, si);
+  };
   up(I.tok_start, st);
   up(I.tok_len, ln);
   up(I.tok_pos, ps);
-  up(I.cosv, co);
-  up(I.sinv, si);
+  tables(inv_freq, I.cosv, I.sinv);
+  if (!inv_freq_local.empty()) tables(inv_freq_local, I.cosv_local, I.sinv_local);
   I.hidden.reserve(size_t(I.T * d.hidden), who + ": hidden states");
   I.flag.reserve(1, who);
 }
@@ -499,7 +534,8 @@ double CudaForward::device_bytes(const GpuDims& d, const std::vector<size_t>& le
   const double scores = std::clamp(std::floor(kScoreBudgetBytes / per_kv), 1.0, double(d.kv_heads)) * per_kv;
   const double scratch = chunk * (4 * h + 2 * std::max(h, qd) + 4 * (qd + 2 * kvd) + 2 * (qd + 2 * kvd) + 4 * qd +
                                   8 * f + 2 * f);
-  return 4.0 * T * h + 16.0 * T + weights + hess + scores + scratch;
+  const double sandwich = d.sandwich_norms ? 4.0 * chunk * h : 0.0;
+  return 4.0 * T * h + 16.0 * T + weights + hess + scores + scratch + sandwich;
 }
 
 void CudaForward::set_hidden(size_t sample, const float* h, size_t count) {
@@ -613,6 +649,13 @@ void CudaForward::set_linear_marlin(int l, const int32_t* B, size_t b_count, con
   I.marlin[size_t(l)] = true;
 }
 
+void CudaForward::set_layer(bool sliding, bool local_rope) {
+  Impl& I = *p_;
+  if (local_rope && !I.cosv_local.p) bad_usage(I.who + ": a local-RoPE layer, but no local RoPE table was given");
+  I.layer_sliding = sliding;
+  I.layer_local = local_rope;
+}
+
 void CudaForward::set_vector(GpuVec which, const float* v, size_t count) {
   Impl& I = *p_;
   const int w = int(which);
@@ -633,14 +676,14 @@ void CudaForward::set_vector(GpuVec which, const float* v, size_t count) {
 template <class T>
 void CudaForward::Impl::attention(const Chunk& ch) {
   const int64_t H = c.heads, KV = c.kv_heads, hd = c.head_dim, g = H / KV;
-  const float scale = 1.0f / std::sqrt(float(hd)), one = 1.0f, zero = 0.0f;
+  const float scale = c.attn_scale > 0 ? float(c.attn_scale) : 1.0f / std::sqrt(float(hd)), one = 1.0f, zero = 0.0f;
   const T* Q = reinterpret_cast<const T*>(Qt.p);
   const T* K = reinterpret_cast<const T*>(Kt.p);
   const T* V = reinterpret_cast<const T*>(Vt.p);
   T* Pp = reinterpret_cast<T*>(P.p);
   for (size_t s = ch.s0; s < ch.s1; ++s) {
     const int64_t L = int64_t(len[s]), o = off[s] - ch.t0;
-    const int64_t window = c.sliding_window > 0 ? c.sliding_window : L + 1;
+    const int64_t window = c.sliding_window > 0 && layer_sliding ? c.sliding_window : L + 1;
     for (int64_t j0 = 0; j0 < KV; j0 += kv_batch) {
       const int64_t nb = std::min(kv_batch, KV - j0);
       // S_j [g·L, L] = Q_j [g·L, hd] · K_jᵀ: the g query heads of KV head j are consecutive in the
@@ -649,7 +692,7 @@ void CudaForward::Impl::attention(const Chunk& ch) {
           blas, CUBLAS_OP_T, CUBLAS_OP_N, int(L), int(g * L), int(hd), &scale, K + (o * KV + j0 * L) * hd, dtype(),
           int(hd), L * hd, Q + (o * H + j0 * g * L) * hd, dtype(), int(hd), g * L * hd, &zero, S.p, CUDA_R_32F, int(L),
           g * L * L, int(nb), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-      softmax_kernel<T><<<unsigned(nb * g * L), 128, 0, stream>>>(S.p, L, window, Pp);
+      softmax_kernel<T><<<unsigned(nb * g * L), 128, 0, stream>>>(S.p, L, window, float(c.attn_softcap), Pp);
       FWD_CHECK(cudaGetLastError());
       // O_j [g·L, hd] = P_j [g·L, L] · V_j [L, hd].
       FWD_CHECK(cublasGemmStridedBatchedEx(
@@ -684,7 +727,8 @@ void CudaForward::Impl::run_chunk(const Chunk& ch, const bool want[4], int last,
   linear(kV, x, tc, vf.p, 0.0f, false);
   const QkvArgs qa{qf.p, kf.p, vf.p, vec_or_null(GpuVec::BiasQ), vec_or_null(GpuVec::BiasK), vec_or_null(GpuVec::BiasV),
                    vec_or_null(GpuVec::QNorm), vec_or_null(GpuVec::KNorm),
-                   cosv.p, sinv.p, ch.t0, int(c.heads), int(c.kv_heads), int(c.head_dim), eps};
+                   layer_local ? cosv_local.p : cosv.p, layer_local ? sinv_local.p : sinv.p,
+                   ch.t0, int(c.heads), int(c.kv_heads), int(c.head_dim), eps};
   const unsigned pair_threads = unsigned((c.head_dim / 2 + 31) / 32 * 32);
   qkv_rope_kernel<T><<<dim3(unsigned(tc), unsigned(c.heads + 2 * c.kv_heads)), pair_threads, 0, stream>>>(
       qa, tm, reinterpret_cast<T*>(Qt.p), reinterpret_cast<T*>(Kt.p), reinterpret_cast<T*>(Vt.p));
@@ -695,7 +739,17 @@ void CudaForward::Impl::run_chunk(const Chunk& ch, const bool want[4], int last,
   FWD_CHECK(cudaGetLastError());
   if (want[kGO]) gram(kGO, x, tc);
   if (stop_after(kGO)) return;
-  linear(kO, x, tc, h, 1.0f);  // the residual add is the GEMM's beta = 1
+  // The residual add: the GEMM's beta = 1, or after Gemma 2/3's output norm.
+  auto add_output = [&](int l, const void* in, GpuVec out_norm) {
+    if (!c.sandwich_norms) {
+      linear(l, in, tc, h, 1.0f);
+      return;
+    }
+    linear(l, in, tc, sub.p, 0.0f);
+    rms_norm_add_kernel<<<unsigned(tc), kThreads, 0, stream>>>(sub.p, hid, vec[size_t(out_norm)].p, eps, h);
+    FWD_CHECK(cudaGetLastError());
+  };
+  add_output(kO, x, GpuVec::AttnOutNorm);
 
   // MLP.
   rms_norm_kernel<T><<<unsigned(tc), kThreads, 0, stream>>>(h, hid, vec[size_t(GpuVec::PostNorm)].p, eps, x);
@@ -705,11 +759,11 @@ void CudaForward::Impl::run_chunk(const Chunk& ch, const bool want[4], int last,
   linear(kGate, x, tc, gate.p, 0.0f);
   linear(kUp, x, tc, up.p, 0.0f);
   T* a = reinterpret_cast<T*>(act16.p);
-  swiglu_kernel<T><<<stride_grid(tc * inter), kThreads, 0, stream>>>(gate.p, up.p, tc * inter, a);
+  glu_kernel<T><<<stride_grid(tc * inter), kThreads, 0, stream>>>(gate.p, up.p, tc * inter, c.activation, a);
   FWD_CHECK(cudaGetLastError());
   if (want[kGDown]) gram(kGDown, a, tc);
   if (!update) return;
-  linear(kDown, a, tc, h, 1.0f);
+  add_output(kDown, a, GpuVec::MlpOutNorm);
   nonfinite_kernel<<<stride_grid(tc * hid), kThreads, 0, stream>>>(h, tc * hid, flag.p);
   FWD_CHECK(cudaGetLastError());
 }
@@ -719,7 +773,8 @@ void CudaForward::run(const bool capture[4], bool update, int64_t block) {
   const std::string who = I.who + " (block " + std::to_string(block) + ")";
   for (int l = 0; l < kLinears; ++l)
     if (!I.W[size_t(l)].p && !I.marlin[size_t(l)]) bad_usage(who + ": " + kLinearNames[l] + " was not loaded");
-  if (!I.has_vec[size_t(GpuVec::InputNorm)] || !I.has_vec[size_t(GpuVec::PostNorm)])
+  if (!I.has_vec[size_t(GpuVec::InputNorm)] || !I.has_vec[size_t(GpuVec::PostNorm)] ||
+      (I.c.sandwich_norms && (!I.has_vec[size_t(GpuVec::AttnOutNorm)] || !I.has_vec[size_t(GpuVec::MlpOutNorm)])))
     bad_usage(who + ": the block's norms were not loaded");
   int last = -1;
   for (int g = 0; g < kGroups; ++g)
@@ -740,6 +795,7 @@ void CudaForward::run(const bool capture[4], bool update, int64_t block) {
   I.gate.reserve(size_t(tc * inter), who);
   I.up.reserve(size_t(tc * inter), who);
   I.act16.reserve(size_t(tc * inter), who);
+  if (I.c.sandwich_norms) I.sub.reserve(size_t(tc * hid), who);
   FWD_CHECK(cudaMemsetAsync(I.flag.p, 0, sizeof(int), I.stream));
   I.events_used = 0;
   for (const auto& ch : I.chunks) {

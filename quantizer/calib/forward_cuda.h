@@ -4,7 +4,8 @@
 // and the four shared Hessian sums. A block runs over the samples in chunks of whole samples: the
 // linears as cuBLAS GEMMs over every token of the chunk (16-bit inputs, fp32 accumulation and fp32
 // outputs), attention per sample (each at its own length, causal, GQA, RoPE, Mistral's sliding
-// window, Qwen2 biases, Qwen3 q/k norm) as strided-batched GEMMs around a masked softmax, and the
+// window, Qwen2 biases, Qwen3 q/k norm; Gemma 2/3's per-layer windows and RoPE tables, score scale and
+// soft-cap) as strided-batched GEMMs around a masked softmax, Gemma's GeGLU and output norms, and the
 // Hessian sums Σ x xᵀ as one GEMM per captured group per chunk on the same 16-bit inputs the
 // linears read.
 //
@@ -23,16 +24,26 @@ namespace marlinc::calib {
 // range); fp16 and fp32 ones use fp16 (more mantissa).
 enum class GpuAct { F16, BF16 };
 
+// The MLP's gate activation (llama.h's Activation, same order).
+enum class GpuActivation { Silu, GeluTanh, Gelu };
+
 // What the block needs of config.json (LlamaConfig's fields of the same names).
 struct GpuDims {
   int64_t hidden = 0, intermediate = 0, heads = 0, kv_heads = 0, head_dim = 0;
-  int64_t sliding_window = 0;  // 0: none
+  int64_t sliding_window = 0;  // 0: none; set_layer says which layers use it
   double rms_eps = 1e-6;
+  GpuActivation activation = GpuActivation::Silu;
+  double attn_scale = 0;       // 0: head_dim^-1/2
+  double attn_softcap = 0;     // 0: none
+  bool sandwich_norms = false; // Gemma 2/3: AttnOutNorm and MlpOutNorm before the residual adds
 };
 
 // Indices as in llama.h: Linear Q, K, V, O, Gate, Up, Down = 0..6; LinearInput QKV, O, GateUp,
 // Down = 0..3 (gpu_calib.cpp pins the correspondence).
-enum class GpuVec { InputNorm, PostNorm, QNorm, KNorm, BiasQ, BiasK, BiasV, BiasO, BiasGate, BiasUp, BiasDown };
+// PostNorm is the MLP's input norm; AttnOutNorm and MlpOutNorm are Gemma 2/3's output norms.
+enum class GpuVec {
+  InputNorm, PostNorm, QNorm, KNorm, BiasQ, BiasK, BiasV, BiasO, BiasGate, BiasUp, BiasDown, AttnOutNorm, MlpOutNorm
+};
 // Raw weight element types set_linear takes.
 enum class GpuRaw { F32, F16, BF16 };
 
@@ -56,10 +67,11 @@ class CudaForward {
   // Attention scores of one sample are made for as many KV heads at once as fit in this budget.
   static constexpr double kScoreBudgetBytes = 2e9;
 
-  // lengths: tokens of each calibration sample (each > 0); inv_freq: RoPE frequencies [head_dim/2].
+  // lengths: tokens of each calibration sample (each > 0); inv_freq: RoPE frequencies [head_dim/2];
+  // inv_freq_local: those of the layers set_layer marks local (Gemma 3's sliding layers), or empty.
   // Throws BadUsage for bad shapes, Internal when the device refuses.
   CudaForward(const GpuDims& d, const std::vector<size_t>& lengths, GpuAct act, const std::vector<float>& inv_freq,
-              size_t chunk_tokens = kDefaultChunkTokens);
+              size_t chunk_tokens = kDefaultChunkTokens, const std::vector<float>& inv_freq_local = {});
   ~CudaForward();
   CudaForward(const CudaForward&) = delete;
   CudaForward& operator=(const CudaForward&) = delete;
@@ -89,6 +101,9 @@ class CudaForward {
   void set_linear_marlin(int l, const int32_t* B, size_t b_count, const uint16_t* s, size_t s_count, int group_size);
   // A norm weight or bias of the current block; count 0 removes an optional one (biases, q/k norm).
   void set_vector(GpuVec which, const float* v, size_t count);
+  // The current block's attention: through the sliding window (when GpuDims has one), and with the
+  // local RoPE table. A new CudaForward starts with (true, false), Mistral's every layer.
+  void set_layer(bool sliding, bool local_rope);
 
   // Runs the current block over every sample. The inputs of the groups with capture[g] set are added
   // to their Hessian sums. With update the hidden states become the block's outputs; without it they

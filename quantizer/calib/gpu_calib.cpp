@@ -25,6 +25,8 @@ static_assert(int(Linear::Q) == 0 && int(Linear::O) == 3 && int(Linear::Down) ==
 static_assert(int(LinearInput::QKV) == 0 && int(LinearInput::O) == 1 && int(LinearInput::GateUp) == 2 &&
               int(LinearInput::Down) == 3, "CudaForward's group order");
 static_assert(int(GpuVec::BiasDown) - int(GpuVec::BiasQ) == int(Linear::Down), "biases follow the linear order");
+static_assert(int(GpuActivation::Silu) == int(Activation::Silu) && int(GpuActivation::GeluTanh) == int(Activation::GeluTanh) &&
+              int(GpuActivation::Gelu) == int(Activation::Gelu), "the activations' order");
 
 void require_cuda_device(const std::string& what) {
   int count = 0;
@@ -45,6 +47,10 @@ GpuDims gpu_dims(const LlamaConfig& c) {
   d.head_dim = c.head_dim;
   d.sliding_window = c.sliding_window;
   d.rms_eps = c.rms_eps;
+  d.activation = GpuActivation(int(c.act));
+  d.attn_scale = c.attn_scale;
+  d.attn_softcap = c.attn_softcap;
+  d.sandwich_norms = c.sandwich_norms;
   return d;
 }
 
@@ -57,7 +63,9 @@ std::unique_ptr<CudaForward> make_gpu_forward(const LlamaModel& m, const std::ve
                                               GpuAct act, size_t chunk_tokens) {
   std::vector<size_t> lengths;
   for (const auto& s : samples) lengths.push_back(s.size());
-  auto f = std::make_unique<CudaForward>(gpu_dims(m.config()), lengths, act, rope_inv_freq(m.config()), chunk_tokens);
+  const LlamaConfig& c = m.config();
+  auto f = std::make_unique<CudaForward>(gpu_dims(c), lengths, act, rope_inv_freq(c), chunk_tokens,
+                                         c.local_rope_theta > 0 ? rope_inv_freq(c, /*local=*/true) : std::vector<float>());
   // Embedded in parallel, a bounded batch of samples at a time, uploaded in sample order.
   constexpr size_t kBatch = 64;
   for (size_t s0 = 0; s0 < samples.size(); s0 += kBatch) {
@@ -128,6 +136,9 @@ void upload_block(CudaForward& f, const LlamaModel& m, int64_t b, const Quantize
   f.set_vector(GpuVec::PostNorm, w.post_norm.data(), size_t(w.post_norm.size()));
   f.set_vector(GpuVec::QNorm, w.q_norm.data(), size_t(w.q_norm.size()));
   f.set_vector(GpuVec::KNorm, w.k_norm.data(), size_t(w.k_norm.size()));
+  f.set_vector(GpuVec::AttnOutNorm, w.attn_out_norm.data(), size_t(w.attn_out_norm.size()));
+  f.set_vector(GpuVec::MlpOutNorm, w.mlp_out_norm.data(), size_t(w.mlp_out_norm.size()));
+  f.set_layer(m.config().layer_slides(b), m.config().layer_local_rope(b));
   if (counts) {
     counts->plain += n.plain;
     counts->kernel += n.kernel;

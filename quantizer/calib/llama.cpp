@@ -6,6 +6,7 @@
 
 #include "checkpoint/convert_dtype.h"
 #include "checkpoint/error.h"
+#include "checkpoint/half.h"
 
 namespace marlinc::calib {
 
@@ -13,7 +14,8 @@ using nlohmann::json;
 
 const std::vector<std::string>& supported_architectures() {
   static const std::vector<std::string> k = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                                             "Qwen3ForCausalLM"};
+                                             "Qwen3ForCausalLM", "GemmaForCausalLM",   "Gemma2ForCausalLM",
+                                             "Gemma3ForCausalLM"};
   return k;
 }
 
@@ -63,7 +65,86 @@ std::string opt_string(const json& o, const char* key, const std::string& dflt, 
   return o[key].get<std::string>();
 }
 
+double opt_number(const json& o, const char* key, double dflt, const std::string& label) {
+  if (!present(o, key)) return dflt;
+  if (!o[key].is_number() || !std::isfinite(o[key].get<double>()))
+    bad_data(label + ": '" + key + "' must be a finite number");
+  return o[key].get<double>();
+}
+
+// One RoPE parameter set: `rp` is rope_scaling (transformers 4) or a rope_parameters object
+// (transformers 5, which also holds rope_theta there); `theta` already holds the top-level or default base.
+void parse_rope(const json* rp, double& theta, RopeScaling& s, const std::string& label) {
+  if (!rp) return;
+  if (present(*rp, "rope_theta")) theta = opt_positive(*rp, "rope_theta", theta, label);
+  const std::string type = opt_string(*rp, "rope_type", opt_string(*rp, "type", "default", label), label);
+  s.type = type;
+  if (type == "linear" || type == "llama3") {
+    if (!present(*rp, "factor")) bad_data(label + ": rope scaling '" + type + "' needs a positive 'factor'");
+    s.factor = opt_positive(*rp, "factor", 1.0, label);
+  }
+  if (type == "llama3") {
+    s.low_freq_factor = opt_positive(*rp, "low_freq_factor", 1.0, label);
+    s.high_freq_factor = opt_positive(*rp, "high_freq_factor", 4.0, label);
+    s.original_max_position_embeddings = opt_int(*rp, "original_max_position_embeddings", 8192, 1, label);
+    if (s.high_freq_factor <= s.low_freq_factor)
+      bad_data(label + ": llama3 rope scaling needs high_freq_factor > low_freq_factor");
+  } else if (type != "default" && type != "linear") {
+    bad_data(label + ": rope type '" + type + "' is not supported (supported: default, linear, llama3)");
+  }
+}
+
+bool is_gemma(Family f) { return f == Family::Gemma || f == Family::Gemma2 || f == Family::Gemma3; }
+
+// Gemma 2/3's per-layer attention kinds: layer_types when config.json has it (transformers >= 4.53
+// writes it), else the family's fixed pattern (Gemma 2: even layers slide; Gemma 3: all but every
+// sliding_window_pattern-th).
+std::vector<bool> gemma_sliding_layers(const json& cfg, const LlamaConfig& c, const std::string& label) {
+  std::vector<bool> out(static_cast<size_t>(c.layers));
+  if (present(cfg, "layer_types")) {
+    const json& lt = cfg["layer_types"];
+    if (!lt.is_array() || static_cast<int64_t>(lt.size()) != c.layers)
+      bad_data(label + ": 'layer_types' must be a list of num_hidden_layers (" + std::to_string(c.layers) + ") strings");
+    for (size_t i = 0; i < lt.size(); ++i) {
+      const std::string t = lt[i].is_string() ? lt[i].get<std::string>() : std::string("(not a string)");
+      if (t != "sliding_attention" && t != "full_attention")
+        bad_data(label + ": layer_types[" + std::to_string(i) + "] is '" + t.substr(0, 64) +
+                 "' (supported: sliding_attention, full_attention)");
+      out[i] = t == "sliding_attention";
+    }
+    return out;
+  }
+  int64_t pattern = 2;
+  if (c.family == Family::Gemma3)
+    pattern = opt_int(cfg, "sliding_window_pattern", opt_int(cfg, "_sliding_window_pattern", 6, 1, label), 1, label);
+  for (int64_t i = 0; i < c.layers; ++i) out[static_cast<size_t>(i)] = (i + 1) % pattern != 0;
+  return out;
+}
+
 }  // namespace
+
+bool LlamaConfig::layer_slides(int64_t layer) const {
+  if (sliding_window <= 0) return false;
+  if (sliding_layers.empty()) return true;
+  return layer >= 0 && layer < static_cast<int64_t>(sliding_layers.size()) && sliding_layers[static_cast<size_t>(layer)];
+}
+
+bool LlamaConfig::layer_local_rope(int64_t layer) const {
+  return local_rope_theta > 0 && layer >= 0 && layer < static_cast<int64_t>(sliding_layers.size()) &&
+         sliding_layers[static_cast<size_t>(layer)];
+}
+
+float activation_ref(Activation a, float g) {
+  switch (a) {
+    case Activation::Silu: return g / (1.0f + std::exp(-g));
+    case Activation::GeluTanh: {
+      constexpr float kSqrt2OverPi = 0.7978845608028654f, kCubic = 0.044715f;
+      return 0.5f * g * (1.0f + std::tanh(kSqrt2OverPi * (g + kCubic * g * g * g)));
+    }
+    case Activation::Gelu: return 0.5f * g * (1.0f + std::erf(g * 0.7071067811865476f));
+  }
+  return g;
+}
 
 LlamaConfig LlamaConfig::from_json(const json& cfg, const std::string& label) {
   if (!cfg.is_object() || cfg.empty()) bad_data(label + ": config.json is missing or empty");
@@ -77,12 +158,18 @@ LlamaConfig LlamaConfig::from_json(const json& cfg, const std::string& label) {
     else if (mt == "mistral") c.architecture = "MistralForCausalLM";
     else if (mt == "qwen2") c.architecture = "Qwen2ForCausalLM";
     else if (mt == "qwen3") c.architecture = "Qwen3ForCausalLM";
+    else if (mt == "gemma") c.architecture = "GemmaForCausalLM";
+    else if (mt == "gemma2") c.architecture = "Gemma2ForCausalLM";
+    else if (mt == "gemma3_text") c.architecture = "Gemma3ForCausalLM";
     else c.architecture = mt.empty() ? std::string("(none)") : "model_type " + mt;
   }
   if (c.architecture == "LlamaForCausalLM") c.family = Family::Llama;
   else if (c.architecture == "MistralForCausalLM") c.family = Family::Mistral;
   else if (c.architecture == "Qwen2ForCausalLM") c.family = Family::Qwen2;
   else if (c.architecture == "Qwen3ForCausalLM") c.family = Family::Qwen3;
+  else if (c.architecture == "GemmaForCausalLM") c.family = Family::Gemma;
+  else if (c.architecture == "Gemma2ForCausalLM") c.family = Family::Gemma2;
+  else if (c.architecture == "Gemma3ForCausalLM") c.family = Family::Gemma3;
   else bad_data(label + ": architecture " + c.architecture + " is not supported (supported: " +
                 join(supported_architectures()) + ")");
   c.hidden = req_int(cfg, "hidden_size", label);
@@ -109,47 +196,75 @@ LlamaConfig LlamaConfig::from_json(const json& cfg, const std::string& label) {
   if (c.family == Family::Qwen2 && opt_bool(cfg, "use_sliding_window", false, label))
     bad_data(label + ": use_sliding_window is not supported for Qwen2 (set it false; calibration sequences are short)");
   c.rms_eps = opt_positive(cfg, "rms_norm_eps", 1e-6, label);
-  const std::string act = opt_string(cfg, "hidden_act", "silu", label);
-  if (act != "silu") bad_data(label + ": hidden_act '" + act + "' is not supported (supported: silu)");
-  c.tie_embeddings = opt_bool(cfg, "tie_word_embeddings", false, label);
-  c.qk_norm = c.family == Family::Qwen3;
+  const bool gemma = is_gemma(c.family);
+  // Gemma's MLP reads hidden_activation (transformers ignores hidden_act there and defaults to the tanh
+  // gelu); the others read hidden_act.
+  const std::string act = gemma ? opt_string(cfg, "hidden_activation", "gelu_pytorch_tanh", label)
+                                : opt_string(cfg, "hidden_act", "silu", label);
+  if (act == "silu") c.act = Activation::Silu;
+  else if (gemma && (act == "gelu_pytorch_tanh" || act == "gelu_new")) c.act = Activation::GeluTanh;
+  else if (gemma && act == "gelu") c.act = Activation::Gelu;
+  else bad_data(label + ": " + (gemma ? "hidden_activation '" : "hidden_act '") + act.substr(0, 64) +
+                "' is not supported (supported: silu" + (gemma ? ", gelu_pytorch_tanh, gelu_new, gelu)" : ")"));
+  c.tie_embeddings = opt_bool(cfg, "tie_word_embeddings", gemma, label);
+  c.qk_norm = c.family == Family::Qwen3 || c.family == Family::Gemma3;
+  if (gemma) {
+    if (opt_bool(cfg, "use_bidirectional_attention", false, label))
+      bad_data(label + ": use_bidirectional_attention is not supported (a causal language model attends backwards only)");
+    c.unit_offset_norms = true;
+    c.scale_embeddings = true;
+  }
+  if (c.family == Family::Gemma2 || c.family == Family::Gemma3) {
+    const bool g2 = c.family == Family::Gemma2;
+    c.sandwich_norms = true;
+    c.attn_scale = 1.0 / std::sqrt(opt_positive(cfg, "query_pre_attn_scalar", 256.0, label));
+    // Absent keys take the family's defaults; null means none.
+    auto cap = [&](const char* key, double dflt) {
+      if (!cfg.contains(key)) return dflt;
+      return cfg[key].is_null() ? 0.0 : opt_positive(cfg, key, dflt, label);
+    };
+    c.attn_softcap = cap("attn_logit_softcapping", g2 ? 50.0 : 0.0);
+    c.final_softcap = cap("final_logit_softcapping", g2 ? 30.0 : 0.0);
+    c.sliding_window = opt_int(cfg, "sliding_window", 4096, 0, label);
+    c.sliding_layers = gemma_sliding_layers(cfg, c, label);
+  }
 
-  // RoPE: transformers 4 writes rope_theta and rope_scaling; transformers 5 writes rope_parameters.
-  const json* rp = nullptr;
-  if (cfg.contains("rope_scaling") && cfg["rope_scaling"].is_object()) rp = &cfg["rope_scaling"];
-  else if (cfg.contains("rope_parameters") && cfg["rope_parameters"].is_object()) rp = &cfg["rope_parameters"];
+  // RoPE: transformers 4 writes rope_theta and rope_scaling; transformers 5 writes rope_parameters,
+  // for Gemma 3 one set per layer type ({"full_attention": {...}, "sliding_attention": {...}}).
+  if (c.family == Family::Gemma3) c.rope_theta = 1000000.0;  // Gemma3TextConfig's default global base
   if (present(cfg, "rope_theta")) c.rope_theta = opt_positive(cfg, "rope_theta", c.rope_theta, label);
-  else if (rp) c.rope_theta = opt_positive(*rp, "rope_theta", c.rope_theta, label);
-  if (rp) {
-    const std::string type = opt_string(*rp, "rope_type", opt_string(*rp, "type", "default", label), label);
-    c.rope_scaling.type = type;
-    if (type == "linear" || type == "llama3") {
-      if (!present(*rp, "factor")) bad_data(label + ": rope scaling '" + type + "' needs a positive 'factor'");
-      c.rope_scaling.factor = opt_positive(*rp, "factor", 1.0, label);
-    }
-    if (type == "llama3") {
-      c.rope_scaling.low_freq_factor = opt_positive(*rp, "low_freq_factor", 1.0, label);
-      c.rope_scaling.high_freq_factor = opt_positive(*rp, "high_freq_factor", 4.0, label);
-      c.rope_scaling.original_max_position_embeddings =
-          opt_int(*rp, "original_max_position_embeddings", 8192, 1, label);
-      if (c.rope_scaling.high_freq_factor <= c.rope_scaling.low_freq_factor)
-        bad_data(label + ": llama3 rope scaling needs high_freq_factor > low_freq_factor");
-    } else if (type != "default" && type != "linear") {
-      bad_data(label + ": rope type '" + type + "' is not supported (supported: default, linear, llama3)");
-    }
+  const json* rs = cfg.contains("rope_scaling") && cfg["rope_scaling"].is_object() ? &cfg["rope_scaling"] : nullptr;
+  const json* rp = cfg.contains("rope_parameters") && cfg["rope_parameters"].is_object() ? &cfg["rope_parameters"] : nullptr;
+  const bool per_type = rp && (rp->contains("full_attention") || rp->contains("sliding_attention"));
+  if (per_type) {
+    if (c.family != Family::Gemma3)
+      bad_data(label + ": per-layer-type rope_parameters are supported for Gemma 3 only");
+    auto sub = [&](const char* key) -> const json* {
+      if (!rp->contains(key)) return nullptr;
+      if (!(*rp)[key].is_object()) bad_data(label + ": rope_parameters." + key + " must be an object");
+      return &(*rp)[key];
+    };
+    parse_rope(sub("full_attention"), c.rope_theta, c.rope_scaling, label);
+    c.local_rope_theta = 10000.0;
+    parse_rope(sub("sliding_attention"), c.local_rope_theta, c.local_rope_scaling, label);
+  } else {
+    parse_rope(rs ? rs : rp, c.rope_theta, c.rope_scaling, label);
+    if (c.family == Family::Gemma3)  // transformers 4: local layers take rope_local_base_freq, unscaled
+      c.local_rope_theta = opt_positive(cfg, "rope_local_base_freq", 10000.0, label);
   }
   return c;
 }
 
-std::vector<float> rope_inv_freq(const LlamaConfig& c) {
+std::vector<float> rope_inv_freq(const LlamaConfig& c, bool local) {
   const int64_t half = c.head_dim / 2;
   std::vector<float> f(static_cast<size_t>(half));
+  const double theta = local && c.local_rope_theta > 0 ? c.local_rope_theta : c.rope_theta;
   // As transformers computes it, in fp32: 1 / theta^(2i / head_dim).
   for (int64_t i = 0; i < half; ++i) {
     float e = static_cast<float>(2 * i) / static_cast<float>(c.head_dim);
-    f[i] = static_cast<float>(1.0 / std::pow(static_cast<double>(static_cast<float>(c.rope_theta)), static_cast<double>(e)));
+    f[i] = static_cast<float>(1.0 / std::pow(static_cast<double>(static_cast<float>(theta)), static_cast<double>(e)));
   }
-  const RopeScaling& s = c.rope_scaling;
+  const RopeScaling& s = local && c.local_rope_theta > 0 ? c.local_rope_scaling : c.rope_scaling;
   if (s.type == "linear") {
     for (float& x : f) x = static_cast<float>(x / s.factor);
   } else if (s.type == "llama3") {
@@ -252,6 +367,10 @@ LlamaModel LlamaModel::open(const std::filesystem::path& dir, bool quantized_lin
     const std::string p = "model.layers." + std::to_string(i) + ".";
     expect_shape(ck, p + "input_layernorm.weight", {c.hidden});
     expect_shape(ck, p + "post_attention_layernorm.weight", {c.hidden});
+    if (c.sandwich_norms) {
+      expect_shape(ck, p + "pre_feedforward_layernorm.weight", {c.hidden});
+      expect_shape(ck, p + "post_feedforward_layernorm.weight", {c.hidden});
+    }
     // A quantized checkpoint has no plain weight for its quantized linears: load_block then takes
     // them from the LinearProvider (QuantizedLinears), which checks their shapes.
     const bool plain_linears = !quantized_linears;
@@ -283,7 +402,16 @@ LlamaModel LlamaModel::open(const std::filesystem::path& dir, bool quantized_lin
   }
   expect_shape(ck, m.head_name_, {c.vocab, c.hidden});
   m.inv_freq_ = rope_inv_freq(c);
-  m.final_norm_ = m.load_vector("model.norm.weight", c.hidden);
+  if (c.local_rope_theta > 0) m.inv_freq_local_ = rope_inv_freq(c, /*local=*/true);
+  m.final_norm_ = m.load_norm("model.norm.weight", c.hidden);
+  if (c.scale_embeddings) {
+    // sqrt(hidden) as a Python float, then held in the model's dtype (the embedding table's).
+    const double scale = std::sqrt(static_cast<double>(c.hidden));
+    const DType dt = ck.at("model.embed_tokens.weight").info->dtype;
+    m.embed_scale_ = dt == DType::F16    ? half_to_float(float_to_half(static_cast<float>(scale)))
+                     : dt == DType::BF16 ? bf16_to_float(float_to_bf16(static_cast<float>(scale)))
+                                         : static_cast<float>(scale);
+  }
   return m;
 }
 
@@ -305,6 +433,12 @@ Vector LlamaModel::load_optional_vector(const std::string& name, int64_t n) cons
   return ckpt_->contains(name) ? load_vector(name, n) : Vector();
 }
 
+Vector LlamaModel::load_norm(const std::string& name, int64_t n) const {
+  Vector w = load_vector(name, n);
+  if (cfg_.unit_offset_norms) w.array() += 1.0f;  // Gemma: x̂ · (1 + w), the sum in fp32
+  return w;
+}
+
 BlockWeights LlamaModel::load_block(int64_t i, const LinearProvider* provider, bool linears) const {
   const LlamaConfig& c = cfg_;
   if (i < 0 || i >= c.layers)
@@ -312,6 +446,7 @@ BlockWeights LlamaModel::load_block(int64_t i, const LinearProvider* provider, b
   const int64_t qd = c.heads * c.head_dim, kvd = c.kv_heads * c.head_dim;
   const std::string p = "model.layers." + std::to_string(i) + ".";
   BlockWeights w;
+  w.index = i;
   struct Shape { Linear l; int64_t out, in; };
   const Shape shapes[] = {{Linear::Q, qd, c.hidden},  {Linear::K, kvd, c.hidden},  {Linear::V, kvd, c.hidden},
                           {Linear::O, c.hidden, qd},  {Linear::Gate, c.intermediate, c.hidden},
@@ -330,11 +465,17 @@ BlockWeights LlamaModel::load_block(int64_t i, const LinearProvider* provider, b
       w.weight(s.l) = load_matrix(name + ".weight", s.out, s.in);
     }
   }
-  w.input_norm = load_vector(p + "input_layernorm.weight", c.hidden);
-  w.post_norm = load_vector(p + "post_attention_layernorm.weight", c.hidden);
+  w.input_norm = load_norm(p + "input_layernorm.weight", c.hidden);
+  if (c.sandwich_norms) {
+    w.attn_out_norm = load_norm(p + "post_attention_layernorm.weight", c.hidden);
+    w.post_norm = load_norm(p + "pre_feedforward_layernorm.weight", c.hidden);
+    w.mlp_out_norm = load_norm(p + "post_feedforward_layernorm.weight", c.hidden);
+  } else {
+    w.post_norm = load_norm(p + "post_attention_layernorm.weight", c.hidden);
+  }
   if (c.qk_norm) {
-    w.q_norm = load_vector(p + "self_attn.q_norm.weight", c.head_dim);
-    w.k_norm = load_vector(p + "self_attn.k_norm.weight", c.head_dim);
+    w.q_norm = load_norm(p + "self_attn.q_norm.weight", c.head_dim);
+    w.k_norm = load_norm(p + "self_attn.k_norm.weight", c.head_dim);
   }
   return w;
 }
@@ -388,6 +529,7 @@ Matrix LlamaModel::embed(std::span<const int32_t> tokens) const {
     to_float_into(bytes.subspan(static_cast<size_t>(tokens[t]) * c.hidden * esz, c.hidden * esz), ref.info->dtype,
                   h.data() + static_cast<Eigen::Index>(t) * c.hidden);
   }
+  if (c.scale_embeddings) h *= embed_scale_;
   return h;
 }
 
@@ -407,10 +549,11 @@ void LlamaModel::block_forward(Matrix& hidden, const BlockWeights& w, const Inpu
     rms_norm_rows(k.data(), T * KV, hd, w.k_norm, c.rms_eps);
   }
   // rotate_half convention of HF weights: pairs (i, i + hd/2) share frequency i.
+  const std::vector<float>& inv_freq = c.layer_local_rope(w.index) ? inv_freq_local_ : inv_freq_;
   std::vector<float> cosv(static_cast<size_t>(T * half)), sinv(static_cast<size_t>(T * half));  // [T, hd/2]
   for (Eigen::Index t = 0; t < T; ++t)
     for (Eigen::Index i = 0; i < half; ++i) {
-      const float ang = inv_freq_[i] * static_cast<float>(t);  // fp32 product, as transformers forms it
+      const float ang = inv_freq[i] * static_cast<float>(t);  // fp32 product, as transformers forms it
       cosv[t * half + i] = static_cast<float>(std::cos(static_cast<double>(ang)));
       sinv[t * half + i] = static_cast<float>(std::sin(static_cast<double>(ang)));
     }
@@ -429,14 +572,16 @@ void LlamaModel::block_forward(Matrix& hidden, const BlockWeights& w, const Inpu
   rope(q, H);
   rope(k, KV);
   Matrix attn(T, H * hd);  // [T, H*hd]
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const Eigen::Index window = c.sliding_window > 0 ? c.sliding_window : T + 1;
+  const float scale = c.attn_scale > 0 ? static_cast<float>(c.attn_scale) : 1.0f / std::sqrt(static_cast<float>(hd));
+  const float cap = static_cast<float>(c.attn_softcap);
+  const Eigen::Index window = c.layer_slides(w.index) ? c.sliding_window : T + 1;
   // Threads only when there is real work: tiny models on a busy machine lose more to thread wake-ups.
 #pragma omp parallel for schedule(dynamic) if (T * T * hd * H >= (int64_t{1} << 24))
   for (Eigen::Index h = 0; h < H; ++h) {
     const Eigen::Index kvh = h / group;
     Matrix qh = q.middleCols(h * hd, hd), kh = k.middleCols(kvh * hd, hd), vh = v.middleCols(kvh * hd, hd);
     Matrix s = (qh * kh.transpose()) * scale;  // [T, T]
+    if (cap > 0) s = ((s.array() / cap).tanh() * cap).matrix();
     for (Eigen::Index i = 0; i < T; ++i) {
       const Eigen::Index lo = std::max<Eigen::Index>(0, i - window + 1);
       float mx = -INFINITY;
@@ -453,16 +598,25 @@ void LlamaModel::block_forward(Matrix& hidden, const BlockWeights& w, const Inpu
     attn.middleCols(h * hd, hd) = s * vh;
   }
   if (hook) hook(LinearInput::O, attn);
-  hidden += linear(attn, w.o, w.o_bias);
-  // MLP: pre-norm, down(silu(gate) * up).
+  // Gemma 2/3 normalise each sub-block's output before the residual add.
+  auto add_output = [&](Matrix y, const Vector& out_norm) {
+    if (c.sandwich_norms) rms_norm_rows(y.data(), T, y.cols(), out_norm, c.rms_eps);
+    hidden += y;
+  };
+  add_output(linear(attn, w.o, w.o_bias), w.attn_out_norm);
+  // MLP: pre-norm, down(act(gate) * up).
   x = hidden;
   rms_norm_rows(x.data(), T, x.cols(), w.post_norm, c.rms_eps);
   if (hook) hook(LinearInput::GateUp, x);
   Matrix g = linear(x, w.gate, w.gate_bias);  // [T, inter]
   Matrix u = linear(x, w.up, w.up_bias);      // [T, inter]
-  g = g.array() / (1.0f + (-g.array()).exp()) * u.array();
+  if (c.act == Activation::Silu) {
+    g = g.array() / (1.0f + (-g.array()).exp()) * u.array();
+  } else {
+    g = g.unaryExpr([&](float v) { return activation_ref(c.act, v); }).array() * u.array();
+  }
   if (hook) hook(LinearInput::Down, g);
-  hidden += linear(g, w.down, w.down_bias);
+  add_output(linear(g, w.down, w.down_bias), w.mlp_out_norm);
 }
 
 Matrix LlamaModel::final_norm(const Matrix& hidden) const {
@@ -485,6 +639,10 @@ Matrix LlamaModel::logits(const Matrix& normed) const {
                                     ref.info->dtype);
     Eigen::Map<const Matrix> w(f.data(), n, c.hidden);
     out.middleCols(r0, n) = normed * w.transpose();
+  }
+  if (c.final_softcap > 0) {  // Gemma 2: logits -> cap · tanh(logits / cap)
+    const float cap = static_cast<float>(c.final_softcap);
+    out = ((out.array() / cap).tanh() * cap).matrix();
   }
   return out;
 }

@@ -1,6 +1,8 @@
 // Llama-family decoder forward pass on the CPU (fp32, Eigen + OpenMP), for calibration and perplexity
 // (spec: ../shared/spec/gptq.md §7). Llama 2/3 (GQA, RoPE theta and llama3 scaling), Mistral (sliding
-// window), Qwen2/2.5 (q/k/v bias), Qwen3 (per-head q/k RMSNorm). Structured block by block so the
+// window), Qwen2/2.5 (q/k/v bias), Qwen3 (per-head q/k RMSNorm), Gemma 1/2/3 text models ((1 + w) norms,
+// scaled embeddings, GeGLU; Gemma 2/3: norms around both sub-blocks, query_pre_attn_scalar, soft-capped
+// scores and logits, sliding-window layers with their own RoPE base). Structured block by block so the
 // calibration runner can capture each linear's input, quantize, and run the block again with
 // dequantized weights: embed -> block_forward x L -> final_norm -> logits.
 #pragma once
@@ -23,7 +25,10 @@ namespace marlinc::calib {
 using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using Vector = Eigen::VectorXf;
 
-enum class Family { Llama, Mistral, Qwen2, Qwen3 };
+enum class Family { Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma2, Gemma3 };
+// The MLP's gate activation: silu (SwiGLU), gelu with tanh approximation (GeGLU as Gemma runs it:
+// gelu_pytorch_tanh, gelu_new) or exact gelu (erf).
+enum class Activation { Silu, GeluTanh, Gelu };
 
 struct RopeScaling {
   std::string type = "default";  // default | linear | llama3
@@ -42,7 +47,28 @@ struct LlamaConfig {
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
   bool tie_embeddings = false;
-  bool qk_norm = false;  // Qwen3
+  bool qk_norm = false;  // Qwen3, Gemma 3
+  Activation act = Activation::Silu;
+  // Gemma: every RMSNorm scales by (1 + w); load_block and the final norm add the 1 (in fp32, as
+  // transformers does), so the norm arithmetic is the same for every family.
+  bool unit_offset_norms = false;
+  // Gemma 2/3: the attention and MLP outputs are normalised before the residual add
+  // (post_attention_layernorm, post_feedforward_layernorm) and the MLP's input norm is
+  // pre_feedforward_layernorm.
+  bool sandwich_norms = false;
+  bool scale_embeddings = false;  // Gemma: embeddings times sqrt(hidden) (LlamaModel::embed_scale)
+  double attn_scale = 0;          // scores' scale; 0: head_dim^-1/2 (Gemma 2/3: query_pre_attn_scalar^-1/2)
+  double attn_softcap = 0;        // scores -> cap·tanh(scores / cap) before the mask; 0: none (Gemma 2)
+  double final_softcap = 0;       // the same on the logits (Gemma 2)
+  // Per layer: whether it attends through the sliding window (Gemma 2/3's layer_types). Empty: every
+  // layer does when sliding_window > 0 (Mistral).
+  std::vector<bool> sliding_layers;
+  // Gemma 3's sliding layers' RoPE (rope_local_base_freq); local_rope_theta 0: as every other layer.
+  double local_rope_theta = 0;
+  RopeScaling local_rope_scaling;
+
+  bool layer_slides(int64_t layer) const;  // the layer's attention is windowed (sliding_window > 0)
+  bool layer_local_rope(int64_t layer) const;  // the layer uses the local RoPE table
 
   // Parses config.json. Unknown architectures, activations or rope types are refused by name, with
   // what is supported. `label` names the file in messages.
@@ -62,10 +88,14 @@ enum class LinearInput { QKV, O, GateUp, Down };
 std::vector<Linear> linears_of(LinearInput g);
 
 struct BlockWeights {
+  int64_t index = 0;  // the decoder layer: selects its attention window and RoPE table
   Matrix q, k, v, o, gate, up, down;  // [out, in] fp32
   Vector q_bias, k_bias, v_bias, o_bias, gate_bias, up_bias, down_bias;  // [out] or empty
-  Vector input_norm, post_norm;  // [hidden]
-  Vector q_norm, k_norm;         // [head_dim] (Qwen3) or empty
+  // The attention's and the MLP's input norms, [hidden] (Llama's input_layernorm and
+  // post_attention_layernorm; Gemma 2/3's input_layernorm and pre_feedforward_layernorm).
+  Vector input_norm, post_norm;
+  Vector attn_out_norm, mlp_out_norm;  // [hidden] Gemma 2/3's output norms, or empty
+  Vector q_norm, k_norm;         // [head_dim] (Qwen3, Gemma 3) or empty
   Matrix& weight(Linear l);
   const Matrix& weight(Linear l) const;
   const Vector& bias(Linear l) const;
@@ -92,6 +122,9 @@ class LlamaModel {
   static LlamaModel open(const std::filesystem::path& dir, bool quantized_linears = false);
 
   const LlamaConfig& config() const { return cfg_; }
+  // What embed() multiplies the embeddings by: 1, or for Gemma sqrt(hidden) rounded to the embedding
+  // table's dtype, as the model runs in it (transformers and vLLM keep the factor in the model dtype).
+  float embed_scale() const { return embed_scale_; }
   const Checkpoint& checkpoint() const { return *ckpt_; }
 
   // linears = false: norms and biases only (the GPU pass uploads the linears' checkpoint bytes).
@@ -117,17 +150,23 @@ class LlamaModel {
   Matrix load_matrix(const std::string& name, int64_t rows, int64_t cols) const;
   Vector load_vector(const std::string& name, int64_t n) const;
   Vector load_optional_vector(const std::string& name, int64_t n) const;
+  Vector load_norm(const std::string& name, int64_t n) const;  // a norm weight, with Gemma's + 1
 
   LlamaConfig cfg_;
   std::shared_ptr<Checkpoint> ckpt_;
-  std::vector<float> inv_freq_;  // [head_dim/2] RoPE frequencies after scaling
+  std::vector<float> inv_freq_;        // [head_dim/2] RoPE frequencies after scaling
+  std::vector<float> inv_freq_local_;  // [head_dim/2] Gemma 3's sliding layers', or empty
+  float embed_scale_ = 1.0f;
   Vector final_norm_;            // [hidden]
   std::string head_name_;        // lm_head.weight or the tied embedding
 };
 
 // RMSNorm of each row of x [T, n] with weight w [n]: x / sqrt(mean(x^2) + eps) * w. Scalar reference.
 Matrix rms_norm_ref(const Matrix& x, const Vector& w, double eps);
-// RoPE inverse frequencies [head_dim/2] for a config (default, linear or llama3 scaling).
-std::vector<float> rope_inv_freq(const LlamaConfig& cfg);
+// RoPE inverse frequencies [head_dim/2] for a config (default, linear or llama3 scaling); local: the
+// table of Gemma 3's sliding layers (local_rope_theta and local_rope_scaling).
+std::vector<float> rope_inv_freq(const LlamaConfig& cfg, bool local = false);
+// The MLP's gate activation of one value, in fp32 (the GPU pass forms the same expressions).
+float activation_ref(Activation a, float g);
 
 }  // namespace marlinc::calib

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Golden forward outputs of transformers for tiny random models of each architecture the calibration
 forward pass supports (quantizer/calib/llama.h): Llama 3 (llama3 RoPE scaling, GQA), Mistral (a sliding
-window shorter than the sequence), Qwen2 (q/k/v biases) and Qwen3 (per-head q/k RMSNorm, head_dim !=
-hidden / heads, tied embeddings). tests/calib/test_forward_arch.cpp checks marlinc's CPU forward against
+window shorter than the sequence), Qwen2 (q/k/v biases), Qwen3 (per-head q/k RMSNorm, head_dim !=
+hidden / heads, tied embeddings) and Gemma 1/2/3 (text). tests/calib/test_forward_arch.cpp checks marlinc's CPU forward against
 them, tests/gpu/test_forward_cuda.cpp its GPU forward ([gpu][forward]).
 
 Needs torch and transformers (the GPU machine has both); the outputs are committed, so the tests never
@@ -23,6 +23,9 @@ COMMON = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_att
               num_key_value_heads=2, vocab_size=128, max_position_embeddings=256, rms_norm_eps=1e-5,
               initializer_range=0.15, hidden_act="silu")
 
+GEMMA = dict(head_dim=32, hidden_act="gelu_pytorch_tanh", hidden_activation="gelu_pytorch_tanh",
+             tie_word_embeddings=True)
+
 MODELS = {
     "llama3": ("LlamaConfig", "LlamaForCausalLM",
                dict(rope_theta=500000.0, tie_word_embeddings=False,
@@ -35,20 +38,48 @@ MODELS = {
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM",
               dict(rope_theta=1000000.0, head_dim=32, use_sliding_window=False, tie_word_embeddings=True,
                    attention_bias=False)),
+    # Gemma: (1 + w) RMSNorm, embeddings times sqrt(hidden), GeGLU (tanh gelu), head_dim != hidden / heads, MQA.
+    "gemma": ("GemmaConfig", "GemmaForCausalLM",
+              dict(GEMMA, num_key_value_heads=1, rope_theta=10000.0)),
+    # Gemma 2: four norms per block, query_pre_attn_scalar, attention and final logit soft-caps small enough
+    # to bite at these weights' scale, sliding window on even layers.
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",
+               dict(GEMMA, rope_theta=10000.0, query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
+                    final_logit_softcapping=3.0, sliding_window=8)),
+    # Gemma 3 (text): Gemma 2's block with (1 + w) q/k norms, no soft-caps, an explicit non-periodic layer
+    # pattern, local RoPE base for sliding layers and linear scaling on the global ones.
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
+               dict(GEMMA, num_hidden_layers=3, query_pre_attn_scalar=24, sliding_window=8,
+                    layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
 }
+# What every Gemma entry shares on top of COMMON.
+GEMMA_ROPE3 = dict(
+    new=dict(rope_parameters={"full_attention": dict(rope_type="linear", factor=2.0, rope_theta=1000000.0),
+                               "sliding_attention": dict(rope_type="default", rope_theta=10000.0)}),
+    old=dict(rope_theta=1000000.0, rope_local_base_freq=10000.0, rope_scaling=dict(rope_type="linear", factor=2.0)))
 SEQ_LENS = (24, 7)
 
 
 def main(out_root: Path) -> None:
+    # One stream for all models, in MODELS' order: models added at the end leave the earlier fixtures as
+    # they were.
     torch.manual_seed(1234)
     for name, (cfg_cls, model_cls, extra) in MODELS.items():
-        cfg = getattr(transformers, cfg_cls)(**COMMON, **extra)
+        args = {**COMMON, **extra}
+        if name == "gemma3":  # transformers 5 takes per-layer-type RoPE parameters; 4.x the older keys
+            try:
+                cfg = getattr(transformers, cfg_cls)(**args, **GEMMA_ROPE3["new"])
+                assert cfg.rope_parameters["full_attention"]["factor"] == 2.0
+            except Exception:
+                cfg = getattr(transformers, cfg_cls)(**args, **GEMMA_ROPE3["old"])
+        else:
+            cfg = getattr(transformers, cfg_cls)(**args)
         model = getattr(transformers, model_cls)(cfg).eval()
         with torch.no_grad():
             # Norm weights and biases start at 1 and 0; perturb them so that the test sees them.
             for pname, p in model.named_parameters():
-                if pname.endswith("norm.weight"):
-                    p.copy_(1.0 + 0.2 * torch.randn_like(p))
+                if pname.endswith("norm.weight"):  # Gemma's norms scale by (1 + w): perturb around 0
+                    p.copy_((0.0 if name.startswith("gemma") else 1.0) + 0.2 * torch.randn_like(p))
                 elif pname.endswith(".bias"):
                     p.copy_(0.3 * torch.randn_like(p))
         out = out_root / name

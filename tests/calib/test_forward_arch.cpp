@@ -1,10 +1,15 @@
 // The CPU forward pass against transformers for every architecture calibration supports, on tiny random
 // models written by tests/calib/make_arch_golden.py (transformers 5.17, committed under tests/data):
 // Llama 3 RoPE scaling, Mistral's sliding window (8, shorter than the 24-token sequence), Qwen2's q/k/v
-// biases, Qwen3's per-head q/k norms with head_dim != hidden / heads and tied embeddings. stories260K
+// biases, Qwen3's per-head q/k norms with head_dim != hidden / heads and tied embeddings, Gemma's (1 + w)
+// norms, scaled embeddings and GeGLU with one KV head, Gemma 2's four norms per block, query_pre_attn_scalar,
+// attention and final soft-caps and alternating sliding layers, Gemma 3's q/k norms, explicit layer_types
+// and per-layer-type RoPE (local base for sliding layers, linear scaling on the global one). stories260K
 // (test_forward.cpp) covers the plain Llama path on a trained model; tests/gpu/test_forward_cuda.cpp runs
 // the GPU pass on the same fixtures.
+#include <cmath>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -29,43 +34,96 @@ constexpr double kArchRelTol = 1e-5;  // measured 3e-7 to 1e-6
 
 std::filesystem::path golden_dir() { return std::filesystem::path(MARLINC_SOURCE_DIR) / "tests" / "data" / "arch-golden"; }
 
+// Within fp32 rounding (Catch2 v2 and v3 spell Approx differently).
+bool near(double a, double b) { return std::abs(a - b) <= 1e-6 * std::abs(b); }
+
 struct Case {
   const char* dir;
   Family family;
 };
 
+// The sequences and transformers' outputs of a fixture.
+struct Golden {
+  SafetensorsFile file;
+  std::vector<std::vector<int32_t>> tokens;  // seq0, seq1
+};
+Golden read_golden(const std::filesystem::path& dir) {
+  Golden g{SafetensorsFile::open(dir / "golden.safetensors"), {}};
+  for (int s = 0; s < 2; ++s) {
+    const TensorInfo* ti = g.file.find("seq" + std::to_string(s) + ".tokens");
+    REQUIRE(ti != nullptr);
+    auto tv = g.file.view<int32_t>(*ti);
+    g.tokens.emplace_back(tv.begin(), tv.end());
+  }
+  return g;
+}
+
+// Opens a copy of fixture `name` whose config.json has `edit` applied: the same weights under another
+// configuration, to show that what the edit removes changes the logits.
+calib::Matrix logits_with_config(const std::string& name, const std::function<void(nlohmann::json&)>& edit,
+                                 const std::vector<int32_t>& tokens, test::TempDir& tmp) {
+  const std::filesystem::path dir = golden_dir() / name;
+  std::filesystem::copy_file(dir / "model.safetensors", tmp.path / "model.safetensors",
+                             std::filesystem::copy_options::overwrite_existing);
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(dir / "config.json"));
+  edit(cfg);
+  std::ofstream(tmp.path / "config.json") << cfg.dump();
+  return LlamaModel::open(tmp.path).forward(tokens);
+}
+
 }  // namespace
 
-TEST_CASE("Llama 3 / Mistral / Qwen2 / Qwen3 forward passes match transformers' logits", "[forward]") {
+TEST_CASE("Llama 3 / Mistral / Qwen2 / Qwen3 / Gemma 1-3 forward passes match transformers' logits", "[forward]") {
   const Case cases[] = {{"llama3", Family::Llama}, {"mistral", Family::Mistral}, {"qwen2", Family::Qwen2},
-                        {"qwen3", Family::Qwen3}};
+                        {"qwen3", Family::Qwen3},  {"gemma", Family::Gemma},     {"gemma2", Family::Gemma2},
+                        {"gemma3", Family::Gemma3}};
   for (const Case& c : cases) {
     const std::filesystem::path dir = golden_dir() / c.dir;
     INFO(dir.string());
     auto model = LlamaModel::open(dir);
     const LlamaConfig& cfg = model.config();
     CHECK(cfg.family == c.family);
-    CHECK(cfg.layers == 2);
+    CHECK(cfg.layers == (c.family == Family::Gemma3 ? 3 : 2));
     // What each fixture is there to exercise, read back from its config.
     if (c.family == Family::Llama) CHECK(cfg.rope_scaling.type == "llama3");
     if (c.family == Family::Mistral) CHECK(cfg.sliding_window == 8);
-    if (c.family == Family::Qwen3) {
+    if (c.family == Family::Qwen3 || c.family == Family::Gemma3) {
       CHECK(cfg.qk_norm);
       CHECK(cfg.tie_embeddings);
       CHECK(cfg.head_dim * cfg.heads != cfg.hidden);
     }
-    auto golden = SafetensorsFile::open(dir / "golden.safetensors");
+    if (c.family == Family::Gemma) {
+      CHECK(cfg.act == Activation::GeluTanh);
+      CHECK(cfg.unit_offset_norms);
+      CHECK(cfg.kv_heads == 1);
+      CHECK(model.embed_scale() == 8.0f);  // sqrt(64)
+    }
+    if (c.family == Family::Gemma2) {
+      CHECK(cfg.sandwich_norms);
+      CHECK(cfg.attn_softcap == 2.0);
+      CHECK(cfg.final_softcap == 3.0);
+      CHECK(near(cfg.attn_scale, 1.0 / std::sqrt(24.0)));
+      CHECK(cfg.layer_slides(0));
+      CHECK_FALSE(cfg.layer_slides(1));
+    }
+    if (c.family == Family::Gemma3) {
+      CHECK(cfg.sliding_layers == std::vector<bool>{true, false, true});
+      CHECK(cfg.rope_scaling.type == "linear");
+      CHECK(cfg.rope_theta == 1e6);
+      CHECK(cfg.local_rope_theta == 1e4);
+      CHECK(cfg.local_rope_scaling.type == "default");
+      CHECK(cfg.attn_softcap == 0);
+      CHECK(cfg.final_softcap == 0);
+    }
+    Golden golden = read_golden(dir);
     for (int s = 0; s < 2; ++s) {
       const std::string p = "seq" + std::to_string(s) + ".";
-      const TensorInfo* ti = golden.find(p + "tokens");
-      REQUIRE(ti != nullptr);
-      auto tv = golden.view<int32_t>(*ti);
-      const std::vector<int32_t> tokens(tv.begin(), tv.end());
+      const std::vector<int32_t>& tokens = golden.tokens[size_t(s)];
       std::vector<Matrix> hidden;
       const Matrix logits = model.forward(tokens, nullptr, &hidden);
-      REQUIRE(hidden.size() == 2);
-      const double e_logits = rel_err(logits, golden_matrix(golden, p + "logits"));
-      const double e_l0 = rel_err(hidden[0], golden_matrix(golden, p + "hidden_layer0"));
+      REQUIRE(int64_t(hidden.size()) == cfg.layers);
+      const double e_logits = rel_err(logits, golden_matrix(golden.file, p + "logits"));
+      const double e_l0 = rel_err(hidden[0], golden_matrix(golden.file, p + "hidden_layer0"));
       INFO(p << " " << tokens.size() << " tokens: rel error logits " << e_logits << ", after layer 0 " << e_l0);
       CHECK(e_logits <= kArchRelTol);
       CHECK(e_l0 <= kArchRelTol);
@@ -92,4 +150,97 @@ TEST_CASE("The Mistral fixture's window is live: without it the logits differ", 
   auto wide = LlamaModel::open(tmp.path);
   REQUIRE(wide.config().sliding_window == 0);
   CHECK(rel_err(wide.forward(tokens), golden_matrix(golden, "seq0.logits")) > 100 * kArchRelTol);
+}
+
+TEST_CASE("Each Gemma feature the fixtures exercise is live: without it the logits differ", "[forward]") {
+  // Guards the fixtures: a feature whose effect vanished at these weights would pass unnoticed above.
+  using Edit = std::function<void(nlohmann::json&)>;
+  struct Off {
+    const char* fixture;
+    const char* what;
+    Edit edit;
+  };
+  const Off offs[] = {
+      {"gemma", "exact gelu instead of the tanh form", [](nlohmann::json& c) { c["hidden_activation"] = "gelu"; }},
+      {"gemma2", "no attention soft-cap", [](nlohmann::json& c) { c["attn_logit_softcapping"] = nullptr; }},
+      {"gemma2", "no final soft-cap", [](nlohmann::json& c) { c["final_logit_softcapping"] = nullptr; }},
+      {"gemma2", "head_dim scaling", [](nlohmann::json& c) { c["query_pre_attn_scalar"] = 32; }},
+      {"gemma2", "no sliding layer", [](nlohmann::json& c) { c["layer_types"] = {"full_attention", "full_attention"}; }},
+      {"gemma3", "the global RoPE on sliding layers",
+       [](nlohmann::json& c) { c["rope_parameters"]["sliding_attention"] = c["rope_parameters"]["full_attention"]; }},
+      {"gemma3", "layer 2 global",
+       [](nlohmann::json& c) { c["layer_types"] = {"sliding_attention", "full_attention", "full_attention"}; }},
+  };
+  for (const Off& o : offs) {
+    INFO(o.fixture << ": " << o.what);
+    Golden golden = read_golden(golden_dir() / o.fixture);
+    test::TempDir tmp("gemma-off");
+    const Matrix off = logits_with_config(o.fixture, o.edit, golden.tokens[0], tmp);
+    // 10x the tolerance, 100x the errors measured with the feature on (exact gelu moves these logits least:
+    // 1.6e-4).
+    CHECK(rel_err(off, golden_matrix(golden.file, "seq0.logits")) > 10 * kArchRelTol);
+  }
+}
+
+TEST_CASE("Gemma configs: transformers 4 keys, defaults, and refusals by name", "[forward]") {
+  nlohmann::json g3 = {{"architectures", {"Gemma3ForCausalLM"}}, {"hidden_size", 1152}, {"intermediate_size", 6912},
+                       {"num_hidden_layers", 13}, {"num_attention_heads", 4}, {"num_key_value_heads", 1},
+                       {"head_dim", 256}, {"vocab_size", 262144}, {"rope_theta", 1000000.0},
+                       {"rope_local_base_freq", 10000.0}, {"rope_scaling", nullptr}, {"sliding_window", 512},
+                       {"sliding_window_pattern", 6}, {"query_pre_attn_scalar", 256}};
+  LlamaConfig c = LlamaConfig::from_json(g3, "g3/config.json");
+  CHECK(c.family == Family::Gemma3);
+  CHECK(c.tie_embeddings);  // Gemma's default
+  CHECK(c.act == Activation::GeluTanh);
+  CHECK(c.attn_softcap == 0);
+  CHECK(c.local_rope_theta == 10000.0);
+  CHECK(c.rope_theta == 1e6);
+  for (int64_t i = 0; i < 13; ++i) CHECK(c.layer_slides(i) == ((i + 1) % 6 != 0));  // layers 5 and 11 global
+  CHECK(rope_inv_freq(c, true)[1] != rope_inv_freq(c)[1]);
+  g3["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 8.0}};  // Gemma 3 4B+: the global layers only
+  c = LlamaConfig::from_json(g3, "g3/config.json");
+  CHECK(near(rope_inv_freq(c)[1], std::pow(1e6, -2.0 / 256) / 8));
+  CHECK(near(rope_inv_freq(c, true)[1], std::pow(1e4, -2.0 / 256)));
+
+  nlohmann::json g2 = {{"model_type", "gemma2"}, {"hidden_size", 2304}, {"intermediate_size", 9216},
+                       {"num_hidden_layers", 4}, {"num_attention_heads", 8}, {"num_key_value_heads", 4},
+                       {"head_dim", 256}, {"vocab_size", 256000}};
+  c = LlamaConfig::from_json(g2, "g2/config.json");
+  CHECK(c.family == Family::Gemma2);
+  CHECK(c.attn_softcap == 50.0);  // Gemma2Config's defaults where the keys are absent
+  CHECK(c.final_softcap == 30.0);
+  CHECK(c.sliding_window == 4096);
+  CHECK(c.sliding_layers == std::vector<bool>{true, false, true, false});
+  CHECK(near(c.attn_scale, 1.0 / 16.0));
+
+  auto refused = [](nlohmann::json j, const std::string& why) {
+    try {
+      LlamaConfig::from_json(j, "m/config.json");
+      FAIL("accepted: " << j.dump());
+    } catch (const Error& e) {
+      INFO(e.what());
+      CHECK(std::string(e.what()).find("m/config.json") != std::string::npos);
+      CHECK(std::string(e.what()).find(why) != std::string::npos);
+    }
+  };
+  nlohmann::json bad = g2;
+  bad["layer_types"] = {"sliding_attention"};
+  refused(bad, "'layer_types' must be a list of num_hidden_layers (4) strings");
+  bad["layer_types"] = {"sliding_attention", "chunked_attention", "full_attention", "full_attention"};
+  refused(bad, "layer_types[1] is 'chunked_attention'");
+  bad = g2;
+  bad["hidden_activation"] = "relu";
+  refused(bad, "hidden_activation 'relu' is not supported (supported: silu, gelu_pytorch_tanh, gelu_new, gelu)");
+  bad = g2;
+  bad["use_bidirectional_attention"] = true;
+  refused(bad, "use_bidirectional_attention is not supported");
+  bad = g2;
+  bad["rope_parameters"] = {{"full_attention", {{"rope_type", "default"}}}};
+  refused(bad, "per-layer-type rope_parameters are supported for Gemma 3 only");
+  bad = g3;
+  bad["attn_logit_softcapping"] = -1;
+  refused(bad, "'attn_logit_softcapping' must be a positive finite number");
+  bad = g3;
+  bad["architectures"] = {"Gemma3ForConditionalGeneration"};
+  refused(bad, "architecture Gemma3ForConditionalGeneration is not supported");
 }

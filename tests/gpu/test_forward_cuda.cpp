@@ -1,6 +1,6 @@
 // GPU tests of the calibration forward pass (quantizer/calib/forward_cuda.cu): against transformers'
-// golden stories260K outputs and its outputs for tiny Llama 3 / Mistral / Qwen2 / Qwen3 models
-// (tests/data/arch-golden), against the CPU pass (llama.cpp) on synthetic Qwen2 / Qwen3 / Mistral
+// golden stories260K outputs and its outputs for tiny Llama 3 / Mistral / Qwen2 / Qwen3 / Gemma 1-3
+// models (tests/data/arch-golden), against the CPU pass (llama.cpp) on synthetic Qwen2 / Qwen3 / Mistral
 // blocks (biases, q/k norm, GQA, sliding window), and the Hessian sums against the CPU accumulator
 // fed with the CPU pass's inputs. The GPU rounds GEMM inputs to 16 bits, so everything is compared
 // with named tolerances; what must be exact (a capture-only pass leaves the hidden states alone,
@@ -163,9 +163,9 @@ TEST_CASE("GPU forward: stories260K matches transformers' golden outputs within 
   check_golden(GpuAct::BF16, CudaForward::kDefaultChunkTokens, kGpuBf16RelTol);
 }
 
-TEST_CASE("GPU forward: Llama 3 / Mistral / Qwen2 / Qwen3 match transformers' logits within fp16 tolerance",
+TEST_CASE("GPU forward: Llama 3 / Mistral / Qwen2 / Qwen3 / Gemma 1-3 match transformers' logits within fp16 tolerance",
           "[gpu][forward]") {
-  for (const char* name : {"llama3", "mistral", "qwen2", "qwen3"}) {
+  for (const char* name : {"llama3", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3"}) {
     const std::filesystem::path dir = std::filesystem::path(MARLINC_SOURCE_DIR) / "tests" / "data" / "arch-golden" / name;
     const LlamaModel m = LlamaModel::open(dir);
     auto g = SafetensorsFile::open(dir / "golden.safetensors");
@@ -208,9 +208,13 @@ TEST_CASE("GPU forward: Qwen2 biases, Qwen3 q/k norm, Mistral's window and GQA m
   }
 }
 
-TEST_CASE("GPU forward: Hessian sums equal the CPU accumulator's, capture-only passes leave the hidden states",
-          "[gpu][forward][hessian]") {
-  const LlamaModel m = LlamaModel::open(std::filesystem::path(MARLINC_SOURCE_DIR) / "data" / "sample" / "model");
+namespace {
+
+// Block 0 of the model at `dir`: the GPU's four Hessian sums against the CPU accumulator fed with the CPU
+// pass's inputs, capture-only passes leaving the hidden states as they were, then the update against the CPU.
+void check_hessians_and_update(const std::filesystem::path& dir) {
+  INFO(dir.string());
+  const LlamaModel m = LlamaModel::open(dir);
   const LlamaConfig& c = m.config();
   const auto samples = random_samples(7, 2, 60, int32_t(c.vocab), 9);
   auto f = make_gpu_forward(m, samples, GpuAct::F16, 100);
@@ -254,8 +258,19 @@ TEST_CASE("GPU forward: Hessian sums equal the CPU accumulator's, capture-only p
   run_block(*f, {}, true, 0);
   double worst = 0;
   for (size_t s = 0; s < samples.size(); ++s) worst = std::max(worst, rel_err(download_hidden(*f, s, c.hidden), cpu_out[s]));
-  std::printf("gpu block update vs cpu (sample model): max rel err %.2e\n", worst);
+  std::printf("gpu block update vs cpu (%s): max rel err %.2e\n", dir.filename().c_str(), worst);
   CHECK(worst <= kGpuF16RelTol);
+}
+
+}  // namespace
+
+TEST_CASE("GPU forward: Hessian sums equal the CPU accumulator's, capture-only passes leave the hidden states",
+          "[gpu][forward][hessian]") {
+  const std::filesystem::path src(MARLINC_SOURCE_DIR);
+  check_hessians_and_update(src / "data" / "sample" / "model");
+  // Gemma 2 / 3: output norms, GeGLU, the soft-cap and a sliding layer 0 in what the groups capture.
+  check_hessians_and_update(src / "tests" / "data" / "arch-golden" / "gemma2");
+  check_hessians_and_update(src / "tests" / "data" / "arch-golden" / "gemma3");
 }
 
 TEST_CASE("GPU forward: bad shapes and unloaded blocks are refused by name", "[gpu][forward]") {
