@@ -98,6 +98,9 @@ std::string target_rule_tp(TargetFormat t, const ModuleDesc& d, int tp, const Tp
 struct ModuleLayout {
   bool zero_points = false;  // every module stores zero points (Marlin: 4-bit modules)
   bool g_idx = false;        // every module stores g_idx (Marlin: with its row permutation)
+  // Sparse-Marlin: record q.mask's positions (verify re-packs what a file recorded) instead of the §3.2 rule
+  // on the values, which is what the reference packers write.
+  bool recorded_24_positions = false;
 };
 // The tensors write_module will produce for a module described by `d` (same names, dtypes, shapes).
 std::vector<TensorSpec> plan_module(TargetFormat t, const ModuleDesc& d, ModuleLayout layout = {});
@@ -106,8 +109,11 @@ std::vector<PackedTensor> write_module(TargetFormat t, const QuantizedLinear& q,
 std::vector<PackedTensor> write_gptq(const QuantizedLinear& q, bool v2);
 // force_g_idx: store g_idx/perm even when trivial (ModuleLayout::g_idx).
 std::vector<PackedTensor> write_marlin(const QuantizedLinear& q, bool force_g_idx = false);
-// Needs q.mask, or codes that are already 2:4 (at most 2 non-zero codes per aligned 4 rows).
-std::vector<PackedTensor> write_marlin24(const QuantizedLinear& q);
+// Needs q.mask, or codes that are already 2:4 (at most 2 non-zero codes per aligned 4 rows). Which 2 of
+// every 4 positions are recorded follows the §3.2 rule on the values (pruned ones zero), as the reference
+// packers do: where a kept weight rounds to zero, that can differ from q.mask, with the same values.
+// recorded_positions: keep q.mask's positions instead.
+std::vector<PackedTensor> write_marlin24(const QuantizedLinear& q, bool recorded_positions = false);
 std::vector<PackedTensor> write_awq(const QuantizedLinear& q);
 std::vector<PackedTensor> write_compressed_tensors(const QuantizedLinear& q, bool force_g_idx = false);
 

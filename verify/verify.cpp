@@ -118,7 +118,10 @@ CheckResult check_structure(const ModuleDesc& d, const FormatInfo& fi, const Qua
 CheckResult check_layout(const Checkpoint& ck, const ModuleDesc& d, const QuantizedLinear& q) {
   auto target = writer_for(d.format);
   if (!target) return {"layout", true, "not re-packed: no writer for " + format_name(d.format)};
-  std::vector<PackedTensor> packed = write_module(*target, q);
+  // Sparse-Marlin: the positions the file recorded (a kept zero may sit at either of two places).
+  ModuleLayout layout;
+  layout.recorded_24_positions = true;
+  std::vector<PackedTensor> packed = write_module(*target, q, layout);
   for (const PackedTensor& t : packed) {
     // Sparse-Marlin files may use the original packer's names (`meta`, `s_24`); the bytes are the same.
     auto ref = ck.find(d.format == Format::Marlin24 ? marlin24_stored_name(ck, t.spec.name) : t.spec.name);

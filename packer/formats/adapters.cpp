@@ -185,7 +185,7 @@ std::vector<TensorSpec> plan_module(TargetFormat t, const ModuleDesc& d, ModuleL
 }
 
 std::vector<PackedTensor> write_module(TargetFormat t, const QuantizedLinear& q, ModuleLayout layout) {
-  if (t == TargetFormat::Marlin24) return write_marlin24(q);
+  if (t == TargetFormat::Marlin24) return write_marlin24(q, layout.recorded_24_positions);
   // Dense targets store every weight: pruned 2:4 positions become the zero code, which dequantizes to 0.
   const QuantizedLinear* src = &q;
   QuantizedLinear dense;

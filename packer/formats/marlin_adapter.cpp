@@ -265,12 +265,24 @@ std::vector<uint8_t> mask_24_from_codes(const QuantizedLinear& q) {
   return mask;
 }
 
-std::vector<PackedTensor> write_marlin24(const QuantizedLinear& q) {
+std::vector<PackedTensor> write_marlin24(const QuantizedLinear& q, bool recorded_positions) {
   if (!q.trivial_g_idx())
     bad_data(q.name + ": Sparse-Marlin has no act-order (non-trivial g_idx); re-quantize with static groups");
-  const std::vector<uint8_t> mask = q.mask.empty() ? mask_24_from_codes(q) : q.mask;
   if (!q.sym) bad_data(q.name + ": Sparse-Marlin stores symmetric codes only; this layer has zero points");
-  marlin::Sparse24 sp = marlin::pack_24(q.codes.data(), mask.data(), q.k, q.n, q.bits);
+  // The values the file holds: pruned positions are the zero code, so the §3.2 rule sees only kept
+  // weights (and may record a pruned position where a kept weight rounded to zero).
+  const QuantizedLinear* v = &q;
+  QuantizedLinear zeroed;
+  if (!q.mask.empty() && !recorded_positions) {
+    zeroed = q;
+    zeroed.mask.clear();
+    const uint8_t mid = uint8_t(1u << (q.bits - 1));
+    for (size_t i = 0; i < q.codes.size(); ++i)
+      if (!q.mask[i]) zeroed.codes[i] = mid;
+    v = &zeroed;
+  }
+  const std::vector<uint8_t> mask = v->mask.empty() ? mask_24_from_codes(*v) : v->mask;
+  marlin::Sparse24 sp = marlin::pack_24(v->codes.data(), mask.data(), q.k, q.n, q.bits);
   const int64_t G = q.groups();
   std::vector<PackedTensor> out;
   out.push_back(fmt::make_tensor(tname(q.name, "B_24"), DType::I32, {q.k / 32, q.n * q.bits / 2}, sp.B24));

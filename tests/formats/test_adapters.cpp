@@ -13,6 +13,7 @@
 #include "packer/crc32.h"
 #include "packer/formats/convert.h"
 #include "packer/gptq.h"
+#include "packer/marlin.h"
 #include "tests/common.h"
 #include "tests/formats/synth_checkpoint.h"
 
@@ -145,6 +146,55 @@ TEST_CASE("2:4 pattern P1/P2 and S3 through mask_24_from_codes and write_marlin2
   }
   REQUIRE(msg.find("rows 4..7 of column 5") != std::string::npos);
   REQUIRE_THROWS_AS(write_marlin24(q), Error);
+}
+
+TEST_CASE("A SparseGPT mask whose kept weight rounds to zero: positions by the 3.2 rule on the values", "[formats][adapters]") {
+  // Column 0, rows 0..3: the mask keeps rows 0 and 1, and row 0's code is the zero code (a kept weight
+  // that rounded to 0); rows 2..3 are pruned but hold stray codes. The reference packers see the values
+  // (0, v, 0, 0): one non-zero at index 1, recorded at positions 1 and 2 (table: 0100 -> 1,2).
+  QuantizedLinear q = d1_layer(2);
+  std::fill(q.codes.begin(), q.codes.end(), uint8_t(8));
+  q.mask.assign(q.codes.size(), 0);
+  for (int64_t g = 0; g < kK / 4; ++g)
+    for (int64_t n = 0; n < kN; ++n) {
+      q.mask[size_t((4 * g) * kN + n)] = q.mask[size_t((4 * g + 1) * kN + n)] = 1;
+      const int v = int((g + n) % 14);
+      q.codes[size_t((4 * g + 1) * kN + n)] = uint8_t(v < 7 ? v + 1 : v + 2);  // 1..7, 9..15: never 8
+      q.codes[size_t((4 * g + 2) * kN + n)] = 3;  // pruned: must not be stored
+    }
+  // The same values as a dense layer: pruned positions hold the zero code, no mask.
+  QuantizedLinear dense = q;
+  dense.mask.clear();
+  for (size_t i = 0; i < q.codes.size(); ++i)
+    if (!q.mask[i]) dense.codes[i] = 8;
+  const auto by_rule = write_marlin24(q);
+  const auto from_dense = write_marlin24(dense);
+  for (const char* t : {"layer.B_24", "layer.B_meta", "layer.s"}) {
+    INFO(t);
+    CHECK(find(by_rule, t).bytes == find(from_dense, t).bytes);
+  }
+  // Recorded positions keep the mask's pair (0, 1): other metadata, the same values once unpacked.
+  const auto recorded = write_marlin24(q, /*recorded_positions=*/true);
+  CHECK(find(recorded, "layer.B_meta").bytes != find(by_rule, "layer.B_meta").bytes);
+  std::vector<uint8_t> c1(q.codes.size()), m1(q.codes.size()), c2(q.codes.size()), m2(q.codes.size());
+  auto as_i32 = [](const PackedTensor& t) {
+    std::vector<int32_t> v(t.bytes.size() / 4);
+    std::memcpy(v.data(), t.bytes.data(), t.bytes.size());
+    return v;
+  };
+  auto as_i16 = [](const PackedTensor& t) {
+    std::vector<int16_t> v(t.bytes.size() / 2);
+    std::memcpy(v.data(), t.bytes.data(), t.bytes.size());
+    return v;
+  };
+  marlin::unpack_24(as_i32(find(by_rule, "layer.B_24")).data(), as_i16(find(by_rule, "layer.B_meta")).data(), kK, kN, 4,
+                    c1.data(), m1.data());
+  marlin::unpack_24(as_i32(find(recorded, "layer.B_24")).data(), as_i16(find(recorded, "layer.B_meta")).data(), kK, kN,
+                    4, c2.data(), m2.data());
+  CHECK(c1 == dense.codes);
+  CHECK(c2 == dense.codes);
+  CHECK(m2 == q.mask);
+  CHECK(m1 != q.mask);
 }
 
 TEST_CASE("Sparse-Marlin stores fp16 scales: bf16 ones are converted when exact, refused otherwise", "[formats][adapters]") {
