@@ -197,6 +197,22 @@ void check_arithmetic(LayerReport& L, const QuantizedLinear& q, const VerifyOpti
   L.checks.push_back(c);
 }
 
+// The kept weights of a layer a dense format stores 2:4-pruned (GPTQ + SparseGPT written as gptq, marlin
+// or compressed-tensors): when every aligned 4 weights along k of every column hold at least two zeros
+// (wq [k, n] dequantized), the non-zero ones, [k, n]; else empty (a dense layer).
+std::vector<uint8_t> kept_of_24_pattern(const std::vector<float>& wq, int64_t k, int64_t n) {
+  if (k % 4 != 0) return {};
+  for (int64_t g = 0; g < k / 4; ++g)
+    for (int64_t c = 0; c < n; ++c) {
+      int zeros = 0;
+      for (int t = 0; t < 4; ++t) zeros += wq[size_t((4 * g + t) * n + c)] == 0.0f;
+      if (zeros < 2) return {};
+    }
+  std::vector<uint8_t> kept(wq.size());
+  for (size_t i = 0; i < wq.size(); ++i) kept[i] = wq[i] != 0.0f;
+  return kept;
+}
+
 // Against the original weights: the whole-layer error against a naive round-to-nearest's on the same
 // scheme, the stored scales against the original groups' min-max scales, per-column errors, and in
 // layers that round to nearest each weight's distance in steps.
@@ -225,6 +241,12 @@ void check_reference(LayerReport& L, const QuantizedLinear& q, const Checkpoint&
     return;
   }
   const std::vector<float> wq = dequantize(q);                               // [k, n]
+  // A 2:4 layer in a dense format is measured as one: against a 2:4 naive quantizer, its zeros taken as
+  // pruned (a kept weight that rounded to zero is then left out too: it is within half a step).
+  QuantizedLinear pattern;
+  if (q.mask.empty()) pattern.mask = kept_of_24_pattern(wq, q.k, q.n);
+  const bool dense_24 = !pattern.mask.empty();
+  const std::vector<uint8_t>& kept = dense_24 ? pattern.mask : q.mask;  // [k, n] or empty
   // Whole-layer error, the worst single weight in quantization steps (a flipped code bit or a wrong
   // scale shows there), and per-column errors (swapped scale columns show there).
   double dw = 0, nw = 0, worst_steps = 0;
@@ -236,7 +258,7 @@ void check_reference(LayerReport& L, const QuantizedLinear& q, const Checkpoint&
     for (int64_t k = 0; k < q.k; ++k) {
       double a = w[size_t(c * q.k + k)], b = wq[size_t(k * q.n + c)];
       dc += (a - b) * (a - b); nc += a * a;
-      if (!q.mask.empty() && !q.mask[size_t(k * q.n + c)]) continue;  // pruned: the original is not kept
+      if (!kept.empty() && !kept[size_t(k * q.n + c)]) continue;  // pruned: the original is not kept
       double steps = std::fabs(a - b) / std::fabs(double(q.scale_of(k, c)));
       hist.add(steps);
       if (steps > worst_steps) { worst_steps = steps; worst_r = k; worst_c = c; }
@@ -249,8 +271,14 @@ void check_reference(LayerReport& L, const QuantizedLinear& q, const Checkpoint&
   const double col_median = sorted_cols[size_t(q.n / 2)];
   int64_t worst_col = std::max_element(col_err.begin(), col_err.end()) - col_err.begin();
   L.weight_rel_err = nw > 0 ? std::sqrt(dw / nw) : 0;
-  L.naive_rel_err = naive_rtn_error(w.data(), q.n, q.k, {q.bits, q.group_size, q.sym, !q.mask.empty()});
-  L.scale_ratio = median_scale_ratio(w.data(), q);
+  L.naive_rel_err = naive_rtn_error(w.data(), q.n, q.k, {q.bits, q.group_size, q.sym, !kept.empty()});
+  if (dense_24) {
+    QuantizedLinear view = q;
+    view.mask = pattern.mask;
+    L.scale_ratio = median_scale_ratio(w.data(), view);
+  } else {
+    L.scale_ratio = median_scale_ratio(w.data(), q);
+  }
   L.far_fraction = hist.fraction_above(kNearStep);
   const bool nearest = L.far_fraction <= kRtnMaxFarFraction;
   std::string problems;
@@ -295,7 +323,8 @@ void check_reference(LayerReport& L, const QuantizedLinear& q, const Checkpoint&
   std::string summary = "weight error " + fmt_double(L.weight_rel_err) + " (" + vs_naive +
                         " naive round-to-nearest), output error " + fmt_double(L.output_rel_err) + ", scales " +
                         fmt_double(L.scale_ratio) + "x min-max, worst weight " + fmt_double(worst_steps) + " steps, " + far +
-                        " beyond " + fmt_double(kNearStep) + (nearest ? " (round to nearest)" : " (error feedback: steps not gated)");
+                        " beyond " + fmt_double(kNearStep) + (nearest ? " (round to nearest)" : " (error feedback: steps not gated)") +
+                        (dense_24 ? "; 2:4 pattern in a dense format, measured as 2:4" : "");
   L.checks.push_back({"reference", problems.empty(), problems.empty() ? summary : problems + " (" + summary + ")"});
 }
 

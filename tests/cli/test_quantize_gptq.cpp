@@ -117,6 +117,38 @@ TEST_CASE("gptq + 2:4 on the sample: a Marlin-24 checkpoint verify accepts, the 
   CHECK(slurp(td.path / "t1" / "model.safetensors") == slurp(td.path / "m24" / "model.safetensors"));
 }
 
+TEST_CASE("gptq --sparsity 2:4 written in dense formats: verify --reference measures the layers as 2:4", "[cli][gptq]") {
+  // A dense naive round-to-nearest keeps every weight; against it SparseGPT's pruned half read as a 5x
+  // error and every layer failed (found by a docs audit).
+  TempDir td("gptq-24-dense");
+  const fs::path sample = marlinc::test::sample_model();
+  for (const char* format : {"gptq", "compressed-tensors"}) {
+    INFO(format);
+    const fs::path out = td.path / format;
+    Result r = run_cli("quantize " + q(sample) + " " + q(out) + " --method gptq --sparsity 2:4 --samples 8 --format " +
+                       format, td.path);
+    INFO(r.out << r.err);
+    REQUIRE(r.rc == 0);
+    Result v = run_cli("verify " + q(out) + " --reference " + q(sample) + " --json", td.path);
+    INFO(v.out << v.err);
+    CHECK(v.rc == 0);
+    const auto cert = nlohmann::json::parse(v.out);
+    for (const auto& l : cert.at("layers")) {
+      CHECK(l.at("ok") == true);
+      for (const auto& c : l.at("checks"))
+        if (c.at("check") == "reference")
+          CHECK(c.at("detail").get<std::string>().find("2:4 pattern in a dense format") != std::string::npos);
+    }
+  }
+  // A dense output is still measured as dense.
+  Result r = run_cli("quantize " + q(sample) + " " + q(td.path / "dense") + " --method rtn --format gptq", td.path);
+  REQUIRE(r.rc == 0);
+  Result v = run_cli("verify " + q(td.path / "dense") + " --reference " + q(sample) + " --json", td.path);
+  CHECK(v.rc == 0);
+  CHECK(v.out.find("\"reference\"") != std::string::npos);
+  CHECK(v.out.find("2:4 pattern") == std::string::npos);
+}
+
 TEST_CASE("gptq on a bf16 model: Marlin keeps bf16 scales, Marlin-24 fp16, and verify accepts both", "[cli][gptq]") {
   // The grid rounds each scale to the type the output stores (bf16, or fp16 for Sparse-Marlin), so
   // verify's step check against the model (each code the nearest for its scale, up to GPTQ's moves)
