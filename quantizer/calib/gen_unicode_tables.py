@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Regenerates unicode_tables.cpp: code point ranges of the general categories L (letters) and
-N (numbers), which the byte-level BPE pre-tokenizer regexes use as \\p{L} and \\p{N}, and the
-code points that NFC normalization may change (Qwen's NFC normalizer is checked to be a no-op).
+N (numbers), which the byte-level BPE pre-tokenizer regexes use as \\p{L} and \\p{N}, the code
+points that NFC normalization may change (text without them skips normalization), and what NFC
+itself needs (Qwen's and GPT-NeoX's normalizer): canonical combining classes, canonical
+decompositions and the primary composites.
 Run: python3 gen_unicode_tables.py > unicode_tables.cpp (uses this Python's unicodedata)."""
 import sys
 import unicodedata
@@ -61,4 +63,52 @@ def nfc_unsafe(cp):
     return (unicodedata.combining(c) != 0 or unicodedata.normalize("NFC", c) != c or cp in seconds
             or 0x1161 <= cp <= 0x1175 or 0x11A8 <= cp <= 0x11C2)
 emit("kNfcUnsafeRanges", ranges(nfc_unsafe))
+
+
+def emit_rows(name, ctype, rows, fmt):
+    print(f"const {ctype} {name}[] = {{  // {len(rows)} entries")
+    line = " "
+    for r in rows:
+        item = " " + fmt(r) + ","
+        if len(line) + len(item) > 100:
+            print(line)
+            line = " "
+        line += item
+    print(line)
+    print("};")
+    print(f"const size_t {name}_count = sizeof({name}) / sizeof({name}[0]);\n")
+
+
+# Canonical combining classes, as runs of equal non-zero class.
+ccc_runs = []
+for cp in range(0x110000):
+    if 0xD800 <= cp <= 0xDFFF:
+        continue
+    cc = unicodedata.combining(chr(cp))
+    if cc == 0:
+        continue
+    if ccc_runs and ccc_runs[-1][1] == cp - 1 and ccc_runs[-1][2] == cc:
+        ccc_runs[-1][1] = cp
+    else:
+        ccc_runs.append([cp, cp, cc])
+emit_rows("kCombiningClasses", "CccRange", ccc_runs, lambda r: f"{{0x{r[0]:X}, 0x{r[1]:X}, {r[2]}}}")
+
+# One level of canonical decomposition (one or two code points; second 0 for a singleton). Hangul
+# syllables are decomposed algorithmically and are not listed.
+decomp, comp = [], []
+for cp in range(0x110000):
+    if 0xD800 <= cp <= 0xDFFF or 0xAC00 <= cp <= 0xD7A3:
+        continue
+    d = unicodedata.decomposition(chr(cp))
+    if not d or d.startswith("<"):
+        continue
+    parts = [int(x, 16) for x in d.split()]
+    decomp.append((cp, parts[0], parts[1] if len(parts) == 2 else 0))
+    # A primary composite: a pair that NFC composes back (composition exclusions and non-starter
+    # decompositions do not).
+    if len(parts) == 2 and unicodedata.normalize("NFC", chr(cp)) == chr(cp):
+        comp.append((parts[0], parts[1], cp))
+emit_rows("kDecompositions", "Decomposition", decomp, lambda r: f"{{0x{r[0]:X}, 0x{r[1]:X}, 0x{r[2]:X}}}")
+comp.sort()
+emit_rows("kCompositions", "Composition", comp, lambda r: f"{{0x{r[0]:X}, 0x{r[1]:X}, 0x{r[2]:X}}}")
 print("}  // namespace marlinc::calib::detail")

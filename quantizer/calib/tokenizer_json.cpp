@@ -470,25 +470,10 @@ class JsonTokenizer final : public Tokenizer {
           if (!s.empty()) s.insert(0, st.a);
           break;
         case NormKind::Replace: replace_all(s, st.a, st.b); break;
-        case NormKind::Nfc:
-          // Text made only of characters that NFC leaves alone (the overwhelming case) is its own NFC.
-          for (size_t i = 0; i < s.size();) {
-            Utf8Char c = utf8_decode(s, i);
-            if (!is_nfc_safe(c.cp))
-              bad_data(label_ + ": the NFC normalizer would change U+" + hex_cp(c.cp) + " at byte " + std::to_string(i) +
-                       " of the text, and only already-normalized text is supported; normalize the calibration "
-                       "text to NFC first");
-            i += c.len;
-          }
-          break;
+        case NormKind::Nfc: s = nfc(s); break;
       }
     }
     return s;
-  }
-  static std::string hex_cp(char32_t cp) {
-    char buf[16];
-    std::snprintf(buf, sizeof buf, "%04X", static_cast<unsigned>(cp));
-    return buf;
   }
 
   void encode_segment(std::string_view seg, bool first_segment, std::vector<int32_t>& out) const {

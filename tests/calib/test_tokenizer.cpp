@@ -1,6 +1,7 @@
 // Tokenizers against real files (Llama-2 golden ids, stories260K calibration ids) and a small
 // byte-level BPE tokenizer.json built here.
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -301,6 +302,60 @@ TEST_CASE("Byte-level BPE tokenizer.json (Llama-3 style) built in the test", "[t
     msg = e.what();
   }
   CHECK(msg.find("BertNormalizer") != std::string::npos);
+}
+
+namespace {
+std::string utf8_of_hex(const std::string& hex) {
+  std::string out;
+  std::istringstream ss(hex);
+  for (std::string h; ss >> h;) utf8_append(out, char32_t(std::stoul(h, nullptr, 16)));
+  return out;
+}
+}  // namespace
+
+TEST_CASE("NFC equals Python's unicodedata on every composing code point and random mark runs", "[tokenizer][nfc]") {
+  // tests/data/nfc-vectors.txt: tests/calib/make_nfc_vectors.py, from the Unicode version the tables were
+  // generated from.
+  std::ifstream f(std::filesystem::path(MARLINC_SOURCE_DIR) / "tests" / "data" / "nfc-vectors.txt");
+  REQUIRE(f.good());
+  size_t vectors = 0, changed = 0, wrong = 0;
+  for (std::string line; std::getline(f, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t semi = line.find(';');
+    REQUIRE(semi != std::string::npos);
+    const std::string in = utf8_of_hex(line.substr(0, semi)), want = utf8_of_hex(line.substr(semi + 1));
+    const std::string got = nfc(in);
+    ++vectors;
+    changed += in != want;
+    if (got != want && ++wrong <= 5) FAIL_CHECK("NFC of " << line.substr(0, semi) << " should be " << line.substr(semi + 1));
+  }
+  CHECK(vectors == 10919);
+  CHECK(changed > 4000);  // the vectors exercise normalization, not only the fast path
+  CHECK(wrong == 0);
+  // Invalid bytes stay as they are and nothing composes across them.
+  CHECK(nfc("e\xcc\x81") == "\xc3\xa9");          // e + U+0301 -> U+00E9
+  CHECK(nfc("e\x80\xcc\x81") == "e\x80\xcc\x81");
+  CHECK(nfc("e\xcc\x81\xff") == "\xc3\xa9\xff");
+  CHECK(nfc("plain ASCII") == "plain ASCII");
+}
+
+TEST_CASE("An NFC normalizer tokenizes decomposed text as its composed form (Qwen2 and GPT-NeoX style)", "[tokenizer][nfc]") {
+  // Before, any combining mark was refused ("only already-normalized text is supported"), so already-NFC
+  // Hindi or Bengali calibration text could not be used with Qwen's tokenizers (found by an audit
+  // against Hugging Face tokenizers).
+  int32_t bos = -1;
+  std::map<std::string, int32_t> vocab;
+  json tj = byte_level_tokenizer(false, bos, vocab);
+  tj["normalizer"] = {{"type", "NFC"}};
+  auto tok = tokenizer_from_json_text(tj.dump(), "", "test-nfc");
+  const std::string composed = "caf\xc3\xa9 \xe0\xa4\xb9\xe0\xa4\xbf\xe0\xa4\xa8\xe0\xa5\x8d\xe0\xa4\xa6\xe0\xa5\x80";  // café हिन्दी
+  const std::string decomposed = "cafe\xcc\x81 \xe0\xa4\xb9\xe0\xa4\xbf\xe0\xa4\xa8\xe0\xa5\x8d\xe0\xa4\xa6\xe0\xa5\x80";
+  CHECK(tok->encode(decomposed, false) == tok->encode(composed, false));
+  CHECK(tok->encode(composed, false).size() > 4);
+  // Without the normalizer the two differ.
+  tj.erase("normalizer");
+  auto plain = tokenizer_from_json_text(tj.dump(), "", "test-plain");
+  CHECK(plain->encode(decomposed, false) != plain->encode(composed, false));
 }
 
 TEST_CASE("tokenizer.json ids and nesting from a crafted file are refused by name, not allocated", "[tokenizer]") {
