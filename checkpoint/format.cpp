@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <optional>
 #include <regex>
 #include <set>
 
@@ -239,9 +240,11 @@ std::vector<std::string> quantized_modules(const Checkpoint& ck, Format f) {
   return out;  // std::map iteration is already sorted
 }
 
-std::vector<QuantizedModuleShape> quantized_module_shapes(const Checkpoint& ck, const FormatInfo& fi) {
+std::vector<QuantizedModuleShape> quantized_module_shapes(const Checkpoint& ck, const FormatInfo& fi,
+                                                          std::vector<std::pair<std::string, std::string>>* malformed) {
   std::vector<QuantizedModuleShape> out;
   for (const std::string& p : quantized_modules(ck, fi.format)) {
+   try {
     QuantizedModuleShape m;
     m.prefix = p;
     auto add = [&](const std::string& name) {
@@ -368,6 +371,10 @@ std::vector<QuantizedModuleShape> quantized_module_shapes(const Checkpoint& ck, 
     if (m.bits != 2 && m.bits != 3 && m.bits != 4 && m.bits != 8)
       bad_data(ck.source().string() + ": " + p + ": packed shapes imply " + std::to_string(m.bits) + " bits per weight");
     out.push_back(std::move(m));
+   } catch (const Error& e) {
+    if (!malformed || e.kind() != ErrorKind::BadData) throw;
+    malformed->emplace_back(p, e.what());
+   }
   }
   return out;
 }
@@ -468,11 +475,25 @@ FormatInfo detect_format(const Checkpoint& ck) {
     case Kind::CtPack: fi.format = Format::CompressedTensorsPack; break;
     case Kind::CtMarlin24: fi.format = Format::CompressedTensorsMarlin24; break;
     case Kind::QWeight: {
-      // GPTQ stores qweight [k/pf, n] (same n as scales), AWQ [k, n/pf]: the shapes decide.
-      const std::string p = quantized_modules(ck, Format::GptqV1).front();
+      // GPTQ stores qweight [k/pf, n] (same n as scales), AWQ [k, n/pf]: the shapes decide, by majority
+      // (one broken module must not turn a GPTQ checkpoint into an AWQ one).
+      auto awq_layout = [&](const std::string& mp) -> std::optional<bool> {
+        const TensorInfo &wi = info(ck, join(mp, "qweight")), &si = info(ck, join(mp, "scales"));
+        if (wi.shape.size() != 2 || si.shape.size() != 2) return std::nullopt;  // broken: no vote
+        return wi.shape[1] != si.shape[1];
+      };
+      const std::vector<std::string> qmods = quantized_modules(ck, Format::GptqV1);
+      int gptq_like = 0, awq_like = 0;
+      for (const std::string& mp : qmods)
+        if (auto a = awq_layout(mp)) (*a ? awq_like : gptq_like)++;
+      const bool awq_shape = awq_like > gptq_like;
+      std::string p = qmods.front();  // a module of the majority's layout
+      for (const std::string& mp : qmods)
+        if (awq_layout(mp) == std::optional<bool>(awq_shape)) {
+          p = mp;
+          break;
+        }
       const TensorInfo& w = need_2d(ck, join(p, "qweight"), {});
-      const TensorInfo& s = need_2d(ck, join(p, "scales"), {});
-      const bool awq_shape = w.shape[1] != s.shape[1];
       fi.format = awq_shape ? Format::Awq : Format::GptqV1;
       const bool awq_label = method == "awq" || ckfmt == "gemm" || get_str(qc, "version") == "gemm";
       if (awq_shape != awq_label && !fi.label_in_config.empty())
@@ -527,7 +548,11 @@ FormatInfo detect_format(const Checkpoint& ck) {
   fi.sym = sparse_kind ? true : sym.value_or(true);
   fi.desc_act = sparse_kind ? false : desc.value_or(false);
 
-  auto mods = quantized_module_shapes(ck, fi);
+  // Modules whose shapes are broken are left to the caller (verify fails each as a layer); the rest
+  // describe the checkpoint. All broken: the first error stands.
+  std::vector<std::pair<std::string, std::string>> malformed;
+  auto mods = quantized_module_shapes(ck, fi, &malformed);
+  if (mods.empty() && !malformed.empty()) bad_data(malformed.front().second);
   note_skipped_modules(qc, mods, fi.notes);
   // The Marlin families' packed shapes fix the bit width; a config that says otherwise is wrong.
   if (marlin_kind && bits && *bits != mods.front().bits && !fi.other_bits.count(mods.front().bits))

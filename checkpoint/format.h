@@ -69,8 +69,11 @@ struct QuantizedModuleShape {
   uint64_t stored_bytes = 0;  // all tensors of the module (packed weight, scales, zeros, g_idx, meta)
   std::vector<std::string> tensors;  // those tensors' names (a bias stays a plain tensor)
 };
-// Throws BadData naming the tensor when a module's tensors have inconsistent shapes.
-std::vector<QuantizedModuleShape> quantized_module_shapes(const Checkpoint& ck, const FormatInfo& fi);
+// Throws BadData naming the tensor when a module's tensors have inconsistent shapes; with `malformed`,
+// such a module is left out and its prefix and error recorded there instead (so one broken module
+// does not hide the others: verify fails it as a layer).
+std::vector<QuantizedModuleShape> quantized_module_shapes(
+    const Checkpoint& ck, const FormatInfo& fi, std::vector<std::pair<std::string, std::string>>* malformed = nullptr);
 
 struct MarlinRuleCheck {
   bool ok = true;

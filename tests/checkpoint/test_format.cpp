@@ -111,7 +111,6 @@ TEST_CASE("a GPTQ qweight that fits neither GPTQ's nor AWQ's layout names both")
   TempDir tmp("fbadw");
   std::vector<TensorData> ts;
   add_plain(ts);
-  add_gptq(ts, kQ, 256, 256, 128, 0x77777777u);
   ts.push_back(filled(std::string(kUp) + ".qweight", DType::I32, {32, 768}, 11));
   ts.push_back(filled(std::string(kUp) + ".scales", DType::F16, {2, 512}, 12));  // n = 512: mismatched
   write_checkpoint(tmp.path / "m", ts, {{"config.json", gptq_config("gptq")}});
@@ -125,6 +124,29 @@ TEST_CASE("a GPTQ qweight that fits neither GPTQ's nor AWQ's layout names both")
   CAPTURE(msg);
   CHECK(contains(msg, std::string(kUp) + ".qweight"));
   CHECK(contains(msg, "neither GPTQ's [k/8, n] nor AWQ's [k, n/8]"));
+}
+
+TEST_CASE("one malformed module beside good ones: the format is the others' and the module is set aside by name") {
+  // The layout vote is by majority, and detect_format describes the checkpoint from the well-formed
+  // modules; verify then fails the broken one as a layer (tests/verify).
+  TempDir tmp("fbadone");
+  std::vector<TensorData> ts;
+  add_plain(ts);
+  add_gptq(ts, kQ, 256, 256, 128, 0x77777777u);
+  ts.push_back(filled(std::string(kUp) + ".qweight", DType::I32, {32, 768}, 11));
+  ts.push_back(filled(std::string(kUp) + ".scales", DType::F16, {2, 512}, 12));
+  write_checkpoint(tmp.path / "m", ts, {{"config.json", gptq_config("gptq")}});
+  auto ck = Checkpoint::open(tmp.path / "m");
+  const FormatInfo fi = detect_format(ck);
+  CHECK(fi.format == Format::GptqV1);
+  std::vector<std::pair<std::string, std::string>> malformed;
+  const auto mods = quantized_module_shapes(ck, fi, &malformed);
+  REQUIRE(mods.size() == 1);
+  CHECK(mods[0].prefix == kQ);
+  REQUIRE(malformed.size() == 1);
+  CHECK(malformed[0].first == kUp);
+  CHECK(contains(malformed[0].second, std::string(kUp) + ".qweight"));
+  CHECK_THROWS_AS(quantized_module_shapes(ck, fi), Error);  // without the list: the error, as before
 }
 
 TEST_CASE("GPTQ without config: bits from g_idx, act-order from g_idx data") {

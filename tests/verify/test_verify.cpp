@@ -86,8 +86,10 @@ void write_reference(const fs::path& dir) {
 }
 
 // bf16_scales: the scales stored as bf16 (a bf16 model's output), times scale_factor.
+// edit: changes the packed modules before they are written (shapes included).
 void write_quantized(const fs::path& dir, TargetFormat t, WriterOptions opts = {}, bool bf16_scales = false,
-                     float scale_factor = 1.f) {
+                     float scale_factor = 1.f,
+                     const std::function<void(std::vector<std::vector<PackedTensor>>&)>& edit = {}) {
   const bool sparse = t == TargetFormat::Marlin24;
   std::vector<std::vector<PackedTensor>> mods;
   std::vector<TensorSpec> plan;
@@ -98,8 +100,10 @@ void write_quantized(const fs::path& dir, TargetFormat t, WriterOptions opts = {
       q.scale_type = ScaleType::BF16;
     }
     mods.push_back(write_module(t, q));
-    for (auto& p : mods.back()) plan.push_back(p.spec);
   }
+  if (edit) edit(mods);
+  for (auto& m : mods)
+    for (auto& p : m) plan.push_back(p.spec);
   CheckpointWriter w(dir, plan, opts);
   for (auto& m : mods)
     for (auto& p : m) w.write(p.spec.name, p.bytes);
@@ -471,6 +475,38 @@ TEST_CASE("one module that cannot be read fails alone, naming its tensor, while 
   CHECK(failed_checks(*k).find("model.layers.0.self_attn.k_proj.g_idx") != std::string::npos);
   for (auto& l : r.layers)
     if (l.name != k->name) CHECK(l.ok());
+}
+
+TEST_CASE("GPTQ modules with wrong shapes fail alone and do not turn the checkpoint into AWQ", "[verify]") {
+  // Found by a docs audit: a module's wrong qzeros (or qweight) shape stopped the whole run with one
+  // error, no layer table and no certificate; a qweight of AWQ's width in the first module made the
+  // format AWQ.
+  test::TempDir tmp("verify-bad-shapes");
+  auto narrow = [](PackedTensor& t, int64_t cols) {  // keep the first `cols` columns of a 2-D int32 tensor
+    const int64_t rows = t.spec.shape[0], old = t.spec.shape[1];
+    std::vector<uint8_t> b(size_t(rows * cols * 4));
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(b.data() + r * cols * 4, t.bytes.data() + r * old * 4, size_t(cols * 4));
+    t.bytes = std::move(b);
+    t.spec.shape[1] = cols;
+  };
+  write_quantized(tmp.path / "q", TargetFormat::GptqV1, {}, false, 1.f, [&](std::vector<std::vector<PackedTensor>>& mods) {
+    for (auto& t : mods[1])
+      if (t.spec.name == "model.layers.0.self_attn.k_proj.qzeros") narrow(t, 1);
+    for (auto& t : mods[3])
+      if (t.spec.name == "model.layers.0.mlp.down_proj.qweight") narrow(t, t.spec.shape[1] / 8);
+  });
+  const VerifyReport r = verify_checkpoint(tmp.path / "q", {});
+  CHECK(r.format == "gptq-v1");
+  REQUIRE(r.layers.size() == kLayers.size());
+  for (const char* bad : {"model.layers.0.self_attn.k_proj", "model.layers.0.mlp.down_proj"}) {
+    const LayerReport* l = layer(r, bad);
+    REQUIRE(l != nullptr);
+    CHECK(!l->ok());
+    CHECK(failed_checks(*l).find(std::string(bad) + (l->name.find("k_proj") != std::string::npos ? ".qzeros" : ".qweight")) !=
+          std::string::npos);
+  }
+  for (auto& l : r.layers)
+    if (l.name.find("k_proj") == std::string::npos && l.name.find("down_proj") == std::string::npos) CHECK(l.ok());
 }
 
 TEST_CASE("act-order g_idx under a config that says desc_act false fails verification", "[verify]") {
