@@ -26,7 +26,7 @@ namespace {
 struct QuantizeArgs {
   std::string in, out, format = "marlin", method = "rtn", json, shard_size = "5GB";
   int group = 128, bits = 4, tp = 1;
-  bool clip = true, overwrite = false, include_lm_head = false;
+  bool clip = true, no_clip = false, overwrite = false, include_lm_head = false;
   std::vector<std::string> skip;
   // gptq
   std::string calib, calib_format = "auto", order = "natural", sparsity = "none", device = "cpu";
@@ -156,15 +156,18 @@ void register_quantize(CLI::App& app) {
   auto a = std::make_shared<QuantizeArgs>();
   cmd->add_option("MODEL_DIR", a->in, "Hugging Face checkpoint (directory or .safetensors file)")->required();
   cmd->add_option("OUT_DIR", a->out, "output directory (written atomically)")->required();
-  cmd->add_option("--method", a->method, "rtn (data-free) or gptq (calibrated, sequential over blocks)")
+  cmd->add_option("--method", a->method, "rtn (data-free; the default) or gptq (calibrated, sequential over blocks)")
       ->check(CLI::IsMember({"rtn", "gptq"}));
-  cmd->add_option("--format", a->format, "marlin, marlin24 (gptq + 2:4), gptq, gptq_v2, compressed-tensors or awq");
-  cmd->add_option("--group", a->group, "group size along k: -1 (per channel), 32, 64 or 128");
-  cmd->add_option("--bits", a->bits, "4 or 8")->check(CLI::IsMember({4, 8}));
-  cmd->add_flag("--clip,!--no-clip", a->clip, "search a clipping factor per group (default on)");
+  cmd->add_option("--format", a->format, "marlin (the default), marlin24 (gptq + 2:4), gptq, gptq_v2, compressed-tensors or awq");
+  cmd->add_option("--group", a->group, "group size along k: -1 (per channel), 32, 64 or 128 (default 128)");
+  cmd->add_option("--bits", a->bits, "4 (the default) or 8")->check(CLI::IsMember({4, 8}));
+  // Two flags, not CLI11's "--clip,!--no-clip", whose help reads "--no-clip{false}"; giving both is an error.
+  auto* clip_on = cmd->add_flag("--clip")->description("search a clipping factor per group (the default)");
+  auto* clip_off = cmd->add_flag("--no-clip", a->no_clip, "round to nearest on the min-max grid, no clipping search");
+  clip_on->excludes(clip_off);
   cmd->add_option("--skip", a->skip, "leave modules whose name contains PATTERN unquantized (repeatable)");
   cmd->add_flag("--include-lm-head", a->include_lm_head, "quantize lm_head too (embeddings never: they are not linear layers)");
-  cmd->add_option("--shard-size", a->shard_size, "largest shard, e.g. 5GB, 500MB, 0 = one file");
+  cmd->add_option("--shard-size", a->shard_size, "largest shard, e.g. 5GB, 500MB, 0 = one file (default 5GB)");
   cmd->add_flag("--overwrite", a->overwrite, "replace OUT_DIR and everything in it if it holds an earlier output (*.safetensors)");
   cmd->add_option("--tp", a->tp,
                   "tensor-parallel size the output will be served at: layers whose part on one GPU breaks the "
@@ -176,7 +179,7 @@ void register_quantize(CLI::App& app) {
   gptq_opt(cmd->add_option("--calib", a->calib,
                            "gptq: calibration text, JSONL with \"text\", or pre-tokenized JSONL (default: samples the "
                            "model generates itself; real text is better)"));
-  gptq_opt(cmd->add_option("--calib-format", a->calib_format, "gptq: auto, text, text-whole, jsonl or tokens"))
+  gptq_opt(cmd->add_option("--calib-format", a->calib_format, "gptq: auto (the default), text, text-whole, jsonl or tokens"))
       ->check(CLI::IsMember({"auto", "text", "text-whole", "jsonl", "tokens"}));
   gptq_opt(cmd->add_option("--samples", a->samples, "gptq: calibration samples (whole documents), default 128; without "
                                                     "--calib, at most this many (32) generated ones"));
@@ -184,16 +187,16 @@ void register_quantize(CLI::App& app) {
   gptq_opt(cmd->add_option("--max-len", a->max_len, "gptq: longest document kept, never truncated (default 2048)"));
   gptq_opt(cmd->add_option("--seed", a->seed, "gptq: sampling seed (default 0)"));
   gptq_opt(cmd->add_option("--order", a->order,
-                           "gptq: column order natural, static (act-order, static groups), gar or dynamic (act-order "
+                           "gptq: column order natural (the default), static (act-order, static groups), gar or dynamic (act-order "
                            "g_idx: GPTQ, compressed-tensors, and Marlin with marlinc's perm extension, "
                            "docs/FORMATS.md; not AWQ or marlin24)"))
       ->check(CLI::IsMember({"natural", "static", "gar", "dynamic"}));
-  gptq_opt(cmd->add_option("--sparsity", a->sparsity, "gptq: none or 2:4 (SparseGPT jointly with 4-bit)"))
+  gptq_opt(cmd->add_option("--sparsity", a->sparsity, "gptq: none (the default) or 2:4 (SparseGPT jointly with 4-bit)"))
       ->check(CLI::IsMember({"none", "2:4"}));
   gptq_opt(cmd->add_flag("--true-sequential", a->true_sequential,
                          "gptq: re-run each block after every linear group is quantized"));
-  gptq_opt(cmd->add_option("--damp", a->damp, "gptq: relative damping (raised automatically when Cholesky fails)"));
-  gptq_opt(cmd->add_option("--device", a->device, "gptq: cpu or cuda"))->check(CLI::IsMember({"cpu", "cuda"}));
+  gptq_opt(cmd->add_option("--damp", a->damp, "gptq: relative damping (default 0.01; raised automatically when Cholesky fails)"));
+  gptq_opt(cmd->add_option("--device", a->device, "gptq: cpu (the default) or cuda"))->check(CLI::IsMember({"cpu", "cuda"}));
   gptq_opt(cmd->add_flag("--restart", a->restart,
                          "gptq: discard an unfinished job (OUT_DIR.marlinc-job/) instead of resuming it, and start "
                          "fresh"));
@@ -202,7 +205,10 @@ void register_quantize(CLI::App& app) {
       "output; the same command run again resumes from the last finished block and writes the same bytes as an "
       "uninterrupted run. A job made with another model, calibration or output-changing option is refused, naming "
       "what differs; --restart discards it. The job directory is removed once the output is complete.");
-  cmd->callback([a] { set_status(run_quantize(*a)); });
+  cmd->callback([a] {
+    a->clip = !a->no_clip;
+    set_status(run_quantize(*a));
+  });
 }
 
 }  // namespace marlinc::cli

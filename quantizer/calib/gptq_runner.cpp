@@ -1,6 +1,7 @@
 #include "quantizer/calib/gptq_runner.h"
 
 
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -22,6 +23,16 @@
 namespace marlinc::calib {
 
 namespace {
+
+// The double nearest the float's shortest decimal form: the record says "damp": 0.01, not the float's
+// exact 0.009999999776482582.
+double float_as_decimal(float v) {
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  double d = 0;
+  std::from_chars(buf, r.ptr, d);
+  return d;
+}
 
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
@@ -384,7 +395,7 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
 
   nlohmann::json record = {{"method", "gptq"},
                            {"clip", base.clip == GptqOptions::Marlin ? "marlin" : "none"},
-                           {"damp", base.damp},
+                           {"damp", float_as_decimal(base.damp)},
                            {"sparsity", base.sparse24 ? "2:4" : "none"},
                            {"true_sequential", go.true_sequential},
                            {"calibration", I.calibration}};

@@ -89,6 +89,7 @@ TEST_CASE("gptq on stories260K: held-out perplexity RTN > GPTQ > GPTQ + clip, cl
   CHECK(rec.at("method") == "gptq");
   CHECK(rec.at("calibration").at("name") == "calib.txt");
   CHECK(rec.at("calibration").at("samples") == kCalibSamples);
+  CHECK(rec.at("damp").get<double>() == 0.01);  // the option's value, not the float's 0.009999999776482582
 }
 
 TEST_CASE("gptq + 2:4 on the sample: a Marlin-24 checkpoint verify accepts, the same bytes on 1 and 2 threads",
