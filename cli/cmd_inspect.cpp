@@ -182,7 +182,8 @@ void register_inspect(CLI::App& app) {
                   "check the Marlin rules on one GPU's part of each layer at this tensor-parallel size (vLLM's "
                   "split: o/down projections along k, the rest along n; default 1)")
       ->check(CLI::Range(1, 65536));
-  cmd->footer("Exit codes: 0 success, 1 bad data (the error names file, tensor and rule), 2 bad usage.");
+  cmd->footer("Exit codes: 0 success, 1 bad data (the error names file, tensor and rule) or an unreadable file, 2 bad "
+              "usage (options, paths that do not exist), 3 internal error.");
   cmd->callback([] {
     run_inspect(path, as_json, tp);
     std::fflush(stdout);

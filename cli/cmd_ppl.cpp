@@ -39,7 +39,10 @@ void run_ppl(const PplArgs& a) {
   std::error_code ec;
   if (std::filesystem::is_directory(a.text, ec)) bad_usage("--text " + a.text + ": is a directory; give a text file");
   std::ifstream f(a.text, std::ios::binary);
-  if (!f) fail(ErrorKind::Io, a.text + ": cannot open the --text file");
+  if (!f) {
+    if (!std::filesystem::exists(a.text, ec)) bad_usage("--text " + a.text + ": no such file");
+    fail(ErrorKind::Io, a.text + ": cannot open the --text file");
+  }
   std::ostringstream ss;
   ss << f.rdbuf();
   if (const size_t bad = detail::utf8_invalid_at(ss.str()); bad != std::string_view::npos)

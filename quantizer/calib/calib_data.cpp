@@ -81,9 +81,17 @@ std::vector<size_t> seeded_permutation(size_t n, uint64_t seed) {
 
 namespace {
 
+// A path that does not exist is the user's to fix (exit 2, as for the model directory); one that exists
+// but cannot be read is the system's (exit 1).
+[[noreturn]] void cannot_open(const std::filesystem::path& p) {
+  std::error_code ec;
+  if (!std::filesystem::exists(p, ec)) bad_usage("--calib " + p.string() + ": no such file");
+  fail(ErrorKind::Io, p.string() + ": cannot open the calibration file");
+}
+
 std::string read_file(const std::filesystem::path& p) {
   std::ifstream f(p, std::ios::binary);
-  if (!f) fail(ErrorKind::Io, p.string() + ": cannot open the calibration file");
+  if (!f) cannot_open(p);
   std::ostringstream ss;
   ss << f.rdbuf();
   if (f.bad()) fail(ErrorKind::Io, p.string() + ": read failed");
@@ -130,7 +138,7 @@ CalibFormat detect_format(const std::string& bytes) {
 CalibFormat resolve_calib_format(const std::filesystem::path& path, CalibFormat format) {
   if (format != CalibFormat::Auto) return format;
   std::ifstream f(path, std::ios::binary);
-  if (!f) fail(ErrorKind::Io, path.string() + ": cannot open the calibration file");
+  if (!f) cannot_open(path);
   std::string line;
   while (std::getline(f, line) && line.find_first_not_of(" \t\r") == std::string::npos) {
   }

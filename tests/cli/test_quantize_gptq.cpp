@@ -265,9 +265,12 @@ TEST_CASE("gptq options that do not fit exit 2 naming the option, leaving no out
   r = run_cli("quantize " + q(sample) + " " + q(td.path / "o") + " --method gptq --calib-format tokens --calib " +
                   q(td.path / "missing.txt"),
               td.path);
-  CHECK(r.rc == 1);
-  CHECK(r.err.find("missing.txt") != std::string::npos);
+  CHECK(r.rc == 2);  // a path that does not exist is a usage error, as a missing model directory is
+  CHECK(r.err.find("--calib " + (td.path / "missing.txt").string() + ": no such file") != std::string::npos);
   CHECK(!fs::exists(td.path / "o"));
+  r = run_cli("ppl " + q(sample) + " --text " + q(td.path / "missing.txt"), td.path);
+  CHECK(r.rc == 2);
+  CHECK(r.err.find("--text " + (td.path / "missing.txt").string() + ": no such file") != std::string::npos);
   // Token ids under the default --calib-format auto need no tokenizer (the sample has none).
   std::ofstream(td.path / "ids.jsonl") << "[1, 5, 9, 12, 30, 7, 8, 100, 3, 4]\n[1, 44, 45, 46, 47, 48, 49, 50, 51]\n";
   r = run_cli("quantize " + q(sample) + " " + q(td.path / "ids") + " --method gptq --min-len 4 --calib " +
