@@ -451,8 +451,8 @@ class JsonTokenizer final : public Tokenizer {
         const Added& a = added_[k];
         if (text.compare(i, a.content.size(), a.content) != 0) continue;
         size_t b = i, e = i + a.content.size();
-        if (a.lstrip) while (b > pos && is_ascii_space(text[b - 1])) --b;
-        if (a.rstrip) while (e < text.size() && is_ascii_space(text[e])) ++e;
+        if (a.lstrip) b = strip_back(text, pos, b);
+        if (a.rstrip) e = strip_forward(text, e);
         mbeg = b;
         mend = e;
         mid = a.id;
@@ -460,7 +460,26 @@ class JsonTokenizer final : public Tokenizer {
       }
     }
   }
-  static bool is_ascii_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+  // lstrip / rstrip take Unicode whitespace (Rust's char::is_whitespace, as Hugging Face tokenizers
+  // does: U+00A0 and U+3000 too), a whole character at a time.
+  static size_t strip_forward(std::string_view text, size_t e) {
+    while (e < text.size()) {
+      const Utf8Char c = utf8_decode(text, e);
+      if (!is_whitespace(c.cp) || (c.cp == 0xFFFD && c.len == 1)) break;
+      e += c.len;
+    }
+    return e;
+  }
+  static size_t strip_back(std::string_view text, size_t lo, size_t b) {
+    while (b > lo) {
+      size_t start = b - 1;  // the start of the character that ends at b
+      while (start > lo && b - start < 4 && (static_cast<uint8_t>(text[start]) & 0xC0) == 0x80) --start;
+      const Utf8Char c = utf8_decode(text, start);
+      if (start + c.len != b || !is_whitespace(c.cp)) break;
+      b = start;
+    }
+    return b;
+  }
 
   std::string normalize(std::string_view seg) const {
     std::string s(seg);

@@ -358,6 +358,27 @@ TEST_CASE("An NFC normalizer tokenizes decomposed text as its composed form (Qwe
   CHECK(plain->encode(decomposed, false) != plain->encode(composed, false));
 }
 
+TEST_CASE("lstrip and rstrip of added tokens take Unicode whitespace as Hugging Face tokenizers does", "[tokenizer]") {
+  // Phi-3's chat tokens strip to their right, RoBERTa-style <mask> to its left; HF strips every
+  // White_Space character (found by an audit: only ASCII whitespace was stripped).
+  int32_t bos = -1;
+  std::map<std::string, int32_t> vocab;
+  json tj = byte_level_tokenizer(false, bos, vocab);
+  tj["added_tokens"].push_back({{"id", bos + 2}, {"content", "<|end|>"}, {"special", true}, {"rstrip", true}});
+  tj["added_tokens"].push_back({{"id", bos + 3}, {"content", "<mask>"}, {"special", true}, {"lstrip", true}});
+  auto tok = tokenizer_from_json_text(tj.dump(), "", "test-strip");
+  const auto plain = tok->encode("Hello<|end|>world", false);
+  CHECK(plain == std::vector<int32_t>{vocab.at("Hello"), bos + 2, 'w', vocab.at("or"), vocab.at("ld")});
+  for (const char* ws : {" ", "\xc2\xa0", "\xe3\x80\x80", " \xc2\xa0\t"}) {  // space, U+00A0, U+3000, a mix
+    INFO("whitespace bytes " << ws);
+    CHECK(tok->encode(std::string("Hello<|end|>") + ws + "world", false) == plain);
+    CHECK(tok->encode(std::string("Hello") + ws + "<mask>", false) == std::vector<int32_t>{vocab.at("Hello"), bos + 3});
+  }
+  // Not whitespace: kept (U+00E9 and an invalid byte).
+  CHECK(tok->encode("Hello<|end|>\xc3\xa9", false).size() == 4);
+  CHECK(tok->encode("Hello<|end|>\x80", false).size() == 3);
+}
+
 TEST_CASE("tokenizer.json ids and nesting from a crafted file are refused by name, not allocated", "[tokenizer]") {
   // Found by fuzz_tokenizer_json: one vocab id of 232000000 sized the id -> token table at 7.4 GB.
   int32_t bos = -1;
