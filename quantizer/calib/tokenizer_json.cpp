@@ -324,6 +324,9 @@ class JsonTokenizer final : public Tokenizer {
       for (const json& s : p.at("pretokenizers")) parse_pre_tokenizer(s, depth + 1);
     } else if (type == "Split") {
       const json& pat = p.at("pattern");
+      if (pat.is_object() && pat.contains("String"))
+        unsupported("Split pre-tokenizer with a plain-string pattern '" + pat["String"].get<std::string>().substr(0, 64) +
+                    "' (known: the GPT-2, Llama-3 and Qwen2 regex patterns)");
       std::string regex = pat.contains("Regex") ? pat["Regex"].get<std::string>() : std::string();
       auto fl = flavor_from_pattern(regex);
       if (!fl) unsupported("Split pre-tokenizer pattern '" + regex + "' (known: the GPT-2, Llama-3 and Qwen2 patterns)");

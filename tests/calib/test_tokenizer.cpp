@@ -302,6 +302,16 @@ TEST_CASE("Byte-level BPE tokenizer.json (Llama-3 style) built in the test", "[t
     msg = e.what();
   }
   CHECK(msg.find("BertNormalizer") != std::string::npos);
+  // A Split on a plain string names that string (it was shown as an empty regex).
+  tj = byte_level_tokenizer(false, bos, vocab);
+  tj["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {{"String", "|"}};
+  msg.clear();
+  try {
+    tokenizer_from_json_text(tj.dump(), "", "bad");
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  CHECK(msg.find("Split pre-tokenizer with a plain-string pattern '|'") != std::string::npos);
 }
 
 namespace {
