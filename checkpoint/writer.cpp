@@ -124,6 +124,9 @@ void remove_flat_dir(const char* path) noexcept {
 
 }  // namespace
 
+LiveTempDir::LiveTempDir(const fs::path& dir) : slot_(register_live(dir)) {}
+LiveTempDir::~LiveTempDir() { unregister_live(slot_); }
+
 void remove_live_temp_outputs() noexcept {
   for (auto& slot : g_live)
     if (slot.state.load() == 2) remove_flat_dir(slot.path);

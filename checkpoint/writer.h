@@ -39,6 +39,19 @@ std::vector<std::filesystem::path> stale_temp_outputs(const std::filesystem::pat
 // other files are never touched.
 void remove_live_temp_outputs() noexcept;
 
+// Registers a flat temporary directory for remove_live_temp_outputs() while this object lives: what a
+// fatal signal must not leave half-written (the GPTQ job's directory while its first block goes in).
+class LiveTempDir {
+ public:
+  explicit LiveTempDir(const std::filesystem::path& dir);
+  ~LiveTempDir();
+  LiveTempDir(const LiveTempDir&) = delete;
+  LiveTempDir& operator=(const LiveTempDir&) = delete;
+
+ private:
+  int slot_ = -1;
+};
+
 class CheckpointWriter {
  public:
   // Validates the plan (unique non-empty names, non-negative dims) and creates the temporary directory.

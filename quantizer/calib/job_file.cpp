@@ -11,6 +11,7 @@
 #include <set>
 
 #include "checkpoint/error.h"
+#include "checkpoint/writer.h"
 #include "checkpoint/json_strict.h"
 #include "checkpoint/sha256.h"
 #include "quantizer/calib/job_file_internal.h"
@@ -423,6 +424,7 @@ void GptqJob::save_block(int64_t b, const std::vector<FinishedLayer>& layers) {
   fs::remove_all(tmp, ec);
   if (!fs::create_directories(tmp, ec) || ec)
     fail(ErrorKind::Io, tmp.string() + ": cannot create the job directory: " + ec.message());
+  const LiveTempDir on_signal_remove(tmp);  // a kill before the rename leaves no .new directory
   write_durable(tmp / block_file(b).filename(), bytes);
   finished_ = b + 1;
   write_job_json(tmp);

@@ -396,6 +396,30 @@ TEST_CASE("on a fatal signal, remove_live_temp_outputs deletes the live writers'
   CHECK(fs::exists(tmp.path / "done" / "keep.txt"));
 }
 
+TEST_CASE("on a fatal signal a LiveTempDir's directory goes too and after it ends nothing is registered") {
+  TempDir tmp("wlive");
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    struct sigaction sa {};
+    sa.sa_handler = [](int) { remove_live_temp_outputs(); ::_exit(7); };
+    sigaction(SIGTERM, &sa, nullptr);
+    fs::create_directories(tmp.path / "ended");
+    { LiveTempDir done(tmp.path / "ended"); }  // unregistered: stays
+    fs::create_directories(tmp.path / "job.new");
+    write_text(tmp.path / "job.new" / "block-00000.bin", "bytes");
+    LiveTempDir live(tmp.path / "job.new");
+    ::raise(SIGTERM);
+    ::_exit(4);  // not reached
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 7);
+  CHECK_FALSE(fs::exists(tmp.path / "job.new"));
+  CHECK(fs::is_directory(tmp.path / "ended"));
+}
+
 TEST_CASE("a FIFO in place of a shard is refused at once, not waited on") {
   TempDir tmp("wfifo");
   fs::create_directories(tmp.path / "m");
