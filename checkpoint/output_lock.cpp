@@ -130,9 +130,11 @@ OutputLock::OutputLock(OutputLock&& o) noexcept
 
 OutputLock::~OutputLock() {
   if (fd_ >= 0) {
+    // Out of the signal registry first: once the file is unlinked another run may lock a new one at the
+    // same path, which a signal arriving here must not remove (at worst our own file stays, empty).
+    if (live_slot_ >= 0) g_locks[live_slot_].state.store(0);
     // Removed while still held: a run that opened the file meanwhile sees it unnamed and retries.
     ::unlink(path_.c_str());
-    if (live_slot_ >= 0) g_locks[live_slot_].state.store(0);
     ::close(fd_);
   }
   // Only empty directories go (rmdir refuses others): the output, when committed, keeps its parents.

@@ -40,7 +40,8 @@ void run_ppl(const PplArgs& a) {
   if (std::filesystem::is_directory(a.text, ec)) bad_usage("--text " + a.text + ": is a directory; give a text file");
   std::ifstream f(a.text, std::ios::binary);
   if (!f) {
-    if (!std::filesystem::exists(a.text, ec)) bad_usage("--text " + a.text + ": no such file");
+    (void)std::filesystem::status(a.text, ec);  // a parent that cannot be searched is not "no such file"
+    if (ec == std::errc::no_such_file_or_directory) bad_usage("--text " + a.text + ": no such file");
     fail(ErrorKind::Io, a.text + ": cannot open the --text file");
   }
   std::ostringstream ss;

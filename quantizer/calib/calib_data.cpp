@@ -85,8 +85,9 @@ namespace {
 // but cannot be read is the system's (exit 1).
 [[noreturn]] void cannot_open(const std::filesystem::path& p) {
   std::error_code ec;
-  if (!std::filesystem::exists(p, ec)) bad_usage("--calib " + p.string() + ": no such file");
-  fail(ErrorKind::Io, p.string() + ": cannot open the calibration file");
+  (void)std::filesystem::status(p, ec);  // a parent that cannot be searched is not "no such file"
+  if (ec == std::errc::no_such_file_or_directory) bad_usage("--calib " + p.string() + ": no such file");
+  fail(ErrorKind::Io, p.string() + ": cannot open the calibration file" + (ec ? " (" + ec.message() + ")" : ""));
 }
 
 std::string read_file(const std::filesystem::path& p) {

@@ -197,14 +197,18 @@ LlamaConfig LlamaConfig::from_json(const json& cfg, const std::string& label) {
     bad_data(label + ": use_sliding_window is not supported for Qwen2 (set it false; calibration sequences are short)");
   c.rms_eps = opt_positive(cfg, "rms_norm_eps", 1e-6, label);
   const bool gemma = is_gemma(c.family);
-  // Gemma's MLP reads hidden_activation (transformers ignores hidden_act there and defaults to the tanh
-  // gelu); the others read hidden_act.
-  const std::string act = gemma ? opt_string(cfg, "hidden_activation", "gelu_pytorch_tanh", label)
-                                : opt_string(cfg, "hidden_act", "silu", label);
+  // Gemma 2/3's MLP reads hidden_activation; Gemma 1's reads hidden_act (then hidden_activation), where
+  // transformers 5 takes "gelu" for the tanh form the model was trained with (the first Gemma configs
+  // said "gelu"); the others read hidden_act.
+  const bool gemma1 = c.family == Family::Gemma;
+  std::string act = gemma1 ? opt_string(cfg, "hidden_act", opt_string(cfg, "hidden_activation", "gelu_pytorch_tanh", label), label)
+                    : gemma ? opt_string(cfg, "hidden_activation", "gelu_pytorch_tanh", label)
+                            : opt_string(cfg, "hidden_act", "silu", label);
+  if (gemma1 && act == "gelu") act = "gelu_pytorch_tanh";
   if (act == "silu") c.act = Activation::Silu;
   else if (gemma && (act == "gelu_pytorch_tanh" || act == "gelu_new")) c.act = Activation::GeluTanh;
   else if (gemma && act == "gelu") c.act = Activation::Gelu;
-  else bad_data(label + ": " + (gemma ? "hidden_activation '" : "hidden_act '") + act.substr(0, 64) +
+  else bad_data(label + ": " + (gemma && !gemma1 ? "hidden_activation '" : "hidden_act '") + act.substr(0, 64) +
                 "' is not supported (supported: silu" + (gemma ? ", gelu_pytorch_tanh, gelu_new, gelu)" : ")"));
   c.tie_embeddings = opt_bool(cfg, "tie_word_embeddings", gemma, label);
   c.qk_norm = c.family == Family::Qwen3 || c.family == Family::Gemma3;
@@ -244,8 +248,15 @@ LlamaConfig LlamaConfig::from_json(const json& cfg, const std::string& label) {
       if (!(*rp)[key].is_object()) bad_data(label + ": rope_parameters." + key + " must be an object");
       return &(*rp)[key];
     };
-    parse_rope(sub("full_attention"), c.rope_theta, c.rope_scaling, label);
-    c.local_rope_theta = 10000.0;
+    // What a sub-object leaves out comes from the older top-level keys, as transformers 5 fills them in:
+    // rope_scaling for the global layers, rope_local_base_freq for the sliding ones.
+    if (rs) parse_rope(rs, c.rope_theta, c.rope_scaling, label);
+    const json* full = sub("full_attention");
+    if (full && (full->contains("rope_type") || full->contains("type")))
+      parse_rope(full, c.rope_theta, c.rope_scaling, label);
+    else if (full && present(*full, "rope_theta"))
+      c.rope_theta = opt_positive(*full, "rope_theta", c.rope_theta, label);
+    c.local_rope_theta = opt_positive(cfg, "rope_local_base_freq", 10000.0, label);
     parse_rope(sub("sliding_attention"), c.local_rope_theta, c.local_rope_scaling, label);
   } else {
     parse_rope(rs ? rs : rp, c.rope_theta, c.rope_scaling, label);

@@ -166,10 +166,14 @@ class JsonTokenizer final : public Tokenizer {
     NormKind kind;
     std::string a, b;
   };
-  enum class PreKind { Split, ByteLevel, Metaspace };
+  enum class PreKind { Split, SplitString, ByteLevel, Metaspace };
+  // A plain-string Split's behaviour: where each match goes (Hugging Face's SplitDelimiterBehavior).
+  enum class Delim { Isolated, MergedWithPrevious, MergedWithNext, Removed };
   struct PreStep {
     PreKind kind = PreKind::Split;
     SplitFlavor flavor;        // Split, ByteLevel with use_regex
+    std::string literal;       // SplitString
+    Delim delim = Delim::Isolated;  // SplitString
     bool use_regex = false;    // ByteLevel
     bool prefix_space = false; // ByteLevel add_prefix_space
     std::string replacement;   // Metaspace
@@ -324,9 +328,25 @@ class JsonTokenizer final : public Tokenizer {
       for (const json& s : p.at("pretokenizers")) parse_pre_tokenizer(s, depth + 1);
     } else if (type == "Split") {
       const json& pat = p.at("pattern");
-      if (pat.is_object() && pat.contains("String"))
-        unsupported("Split pre-tokenizer with a plain-string pattern '" + pat["String"].get<std::string>().substr(0, 64) +
-                    "' (known: the GPT-2, Llama-3 and Qwen2 regex patterns)");
+      if (pat.is_object() && pat.contains("String")) {
+        // Gemma's tokenizer.json (transformers 5): Split on " " merged with the previous piece, after a
+        // normalizer that already replaced every space.
+        if (!pat["String"].is_string() || pat["String"].get<std::string>().empty())
+          unsupported("Split pre-tokenizer pattern String that is not a non-empty string");
+        if (p.value("invert", false)) unsupported("Split pre-tokenizer with invert on a plain-string pattern");
+        const std::string behavior = p.value("behavior", std::string("Isolated"));
+        PreStep st;
+        st.kind = PreKind::SplitString;
+        st.literal = pat["String"].get<std::string>();
+        if (behavior == "Isolated") st.delim = Delim::Isolated;
+        else if (behavior == "MergedWithPrevious") st.delim = Delim::MergedWithPrevious;
+        else if (behavior == "MergedWithNext") st.delim = Delim::MergedWithNext;
+        else if (behavior == "Removed") st.delim = Delim::Removed;
+        else unsupported("Split pre-tokenizer behaviour '" + behavior.substr(0, 32) + "' on a plain-string pattern");
+        pre_.push_back(st);
+        return;
+      }
+      if (pat.contains("Regex") && !pat["Regex"].is_string()) unsupported("Split pre-tokenizer pattern Regex that is not a string");
       std::string regex = pat.contains("Regex") ? pat["Regex"].get<std::string>() : std::string();
       auto fl = flavor_from_pattern(regex);
       if (!fl) unsupported("Split pre-tokenizer pattern '" + regex + "' (known: the GPT-2, Llama-3 and Qwen2 patterns)");
@@ -498,6 +518,28 @@ class JsonTokenizer final : public Tokenizer {
     return s;
   }
 
+  // Pieces of p around each occurrence of st.literal, the occurrence placed by st.delim (empty pieces dropped).
+  static void split_literal(const std::string& p, const PreStep& st, std::vector<std::string>& next) {
+    const std::string& lit = st.literal;
+    std::string carry;  // MergedWithNext: the match that starts the next piece
+    size_t start = 0;
+    auto emit = [&](std::string piece) {
+      if (!piece.empty()) next.push_back(std::move(piece));
+    };
+    for (size_t j = p.find(lit); j != std::string::npos; j = p.find(lit, start)) {
+      std::string before = carry + p.substr(start, j - start);
+      carry.clear();
+      switch (st.delim) {
+        case Delim::Isolated: emit(std::move(before)); emit(lit); break;
+        case Delim::MergedWithPrevious: emit(before + lit); break;
+        case Delim::MergedWithNext: emit(std::move(before)); carry = lit; break;
+        case Delim::Removed: emit(std::move(before)); break;
+      }
+      start = j + lit.size();
+    }
+    emit(carry + p.substr(start));
+  }
+
   void encode_segment(std::string_view seg, bool first_segment, std::vector<int32_t>& out) const {
     std::string norm = normalize(seg);
     if (norm.empty()) return;
@@ -509,6 +551,7 @@ class JsonTokenizer final : public Tokenizer {
           case PreKind::Split:
             for (std::string_view v : regex_split(p, st.flavor)) next.emplace_back(v);
             break;
+          case PreKind::SplitString: split_literal(p, st, next); break;
           case PreKind::ByteLevel: {
             if (st.prefix_space && !p.empty() && p[0] != ' ') p.insert(0, " ");
             if (st.use_regex) for (std::string_view v : regex_split(p, st.flavor)) next.emplace_back(v);

@@ -8,6 +8,7 @@
 // (test_forward.cpp) covers the plain Llama path on a trained model; tests/gpu/test_forward_cuda.cpp runs
 // the GPU pass on the same fixtures.
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <fstream>
@@ -16,7 +17,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/half.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/writer.h"
 #include "quantizer/calib/llama.h"
 #include "tests/calib/golden_compare.h"
 #include "tests/common.h"
@@ -161,7 +164,8 @@ TEST_CASE("Each Gemma feature the fixtures exercise is live: without it the logi
     Edit edit;
   };
   const Off offs[] = {
-      {"gemma", "exact gelu instead of the tanh form", [](nlohmann::json& c) { c["hidden_activation"] = "gelu"; }},
+      {"gemma", "silu instead of the tanh gelu", [](nlohmann::json& c) { c["hidden_act"] = "silu"; }},
+      {"gemma2", "exact gelu instead of the tanh form", [](nlohmann::json& c) { c["hidden_activation"] = "gelu"; }},
       {"gemma2", "no attention soft-cap", [](nlohmann::json& c) { c["attn_logit_softcapping"] = nullptr; }},
       {"gemma2", "no final soft-cap", [](nlohmann::json& c) { c["final_logit_softcapping"] = nullptr; }},
       {"gemma2", "head_dim scaling", [](nlohmann::json& c) { c["query_pre_attn_scalar"] = 32; }},
@@ -176,8 +180,7 @@ TEST_CASE("Each Gemma feature the fixtures exercise is live: without it the logi
     Golden golden = read_golden(golden_dir() / o.fixture);
     test::TempDir tmp("gemma-off");
     const Matrix off = logits_with_config(o.fixture, o.edit, golden.tokens[0], tmp);
-    // 10x the tolerance, 100x the errors measured with the feature on (exact gelu moves these logits least:
-    // 1.6e-4).
+    // 10x the tolerance, 100x the errors measured with the feature on (exact gelu moves these logits least).
     CHECK(rel_err(off, golden_matrix(golden.file, "seq0.logits")) > 10 * kArchRelTol);
   }
 }
@@ -201,6 +204,30 @@ TEST_CASE("Gemma configs: transformers 4 keys, defaults, and refusals by name", 
   c = LlamaConfig::from_json(g3, "g3/config.json");
   CHECK(near(rope_inv_freq(c)[1], std::pow(1e6, -2.0 / 256) / 8));
   CHECK(near(rope_inv_freq(c, true)[1], std::pow(1e4, -2.0 / 256)));
+
+  // transformers 5's per-layer-type form with sub-objects that leave keys out: the older top-level keys fill them.
+  nlohmann::json g3v5 = g3;
+  g3v5.erase("rope_theta");
+  g3v5["rope_local_base_freq"] = 20000.0;
+  g3v5["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 4.0}};
+  g3v5["rope_parameters"] = {{"full_attention", {{"rope_theta", 500000.0}}}, {"sliding_attention", {{"rope_type", "default"}}}};
+  c = LlamaConfig::from_json(g3v5, "g3v5/config.json");
+  CHECK(c.rope_theta == 500000.0);
+  CHECK(c.rope_scaling.type == "linear");
+  CHECK(c.rope_scaling.factor == 4.0);
+  CHECK(c.local_rope_theta == 20000.0);
+  CHECK(c.local_rope_scaling.type == "default");
+
+  // Gemma 1 reads hidden_act, "gelu" meaning the tanh form (transformers 5), before hidden_activation.
+  nlohmann::json g1 = {{"architectures", {"GemmaForCausalLM"}}, {"hidden_size", 64}, {"intermediate_size", 96},
+                       {"num_hidden_layers", 1}, {"num_attention_heads", 4}, {"num_key_value_heads", 1},
+                       {"head_dim", 32}, {"vocab_size", 128}, {"hidden_act", "gelu"}, {"hidden_activation", nullptr}};
+  CHECK(LlamaConfig::from_json(g1, "g1/config.json").act == Activation::GeluTanh);
+  g1["hidden_act"] = "silu";
+  g1["hidden_activation"] = "gelu";
+  CHECK(LlamaConfig::from_json(g1, "g1/config.json").act == Activation::Silu);
+  g1.erase("hidden_act");
+  CHECK(LlamaConfig::from_json(g1, "g1/config.json").act == Activation::GeluTanh);
 
   nlohmann::json g2 = {{"model_type", "gemma2"}, {"hidden_size", 2304}, {"intermediate_size", 9216},
                        {"num_hidden_layers", 4}, {"num_attention_heads", 8}, {"num_key_value_heads", 4},
@@ -243,4 +270,47 @@ TEST_CASE("Gemma configs: transformers 4 keys, defaults, and refusals by name", 
   bad = g3;
   bad["architectures"] = {"Gemma3ForConditionalGeneration"};
   refused(bad, "architecture Gemma3ForConditionalGeneration is not supported");
+}
+
+TEST_CASE("Gemma's embedding scale is sqrt(hidden) in the embedding table's dtype", "[forward]") {
+  // The fixtures' sqrt(64) = 8 is exact in every dtype; sqrt(2048) = 45.2548 is 45.25 in bf16 and 45.25 in
+  // fp16 as well (transformers and vLLM multiply in the model dtype), 45.254834 in fp32.
+  const int64_t hid = 2048, vocab = 4;
+  for (DType dt : {DType::BF16, DType::F16, DType::F32}) {
+    INFO(dtype_name(dt));
+    test::TempDir tmp("gemma-scale");
+    const nlohmann::json cfg = {{"architectures", {"GemmaForCausalLM"}}, {"hidden_size", hid}, {"intermediate_size", 2},
+                                {"num_hidden_layers", 1}, {"num_attention_heads", 1}, {"num_key_value_heads", 1},
+                                {"head_dim", 2}, {"vocab_size", vocab}};
+    const std::vector<std::pair<std::string, std::vector<int64_t>>> shapes = {
+        {"model.embed_tokens.weight", {vocab, hid}}, {"model.norm.weight", {hid}},
+        {"model.layers.0.input_layernorm.weight", {hid}}, {"model.layers.0.post_attention_layernorm.weight", {hid}},
+        {"model.layers.0.self_attn.q_proj.weight", {2, hid}}, {"model.layers.0.self_attn.k_proj.weight", {2, hid}},
+        {"model.layers.0.self_attn.v_proj.weight", {2, hid}}, {"model.layers.0.self_attn.o_proj.weight", {hid, 2}},
+        {"model.layers.0.mlp.gate_proj.weight", {2, hid}}, {"model.layers.0.mlp.up_proj.weight", {2, hid}},
+        {"model.layers.0.mlp.down_proj.weight", {hid, 2}}};
+    std::vector<TensorSpec> plan;
+    for (const auto& [name, shape] : shapes) plan.push_back({name, dt, shape});
+    {
+      CheckpointWriter w(tmp.path / "m", plan);
+      for (const auto& [name, shape] : shapes) {
+        int64_t n = 1;
+        for (int64_t d : shape) n *= d;
+        std::vector<uint8_t> bytes(size_t(n) * dtype_size(dt), 0);
+        if (name == "model.embed_tokens.weight")  // every weight 1.0: embed() returns the scale itself
+          for (int64_t i = 0; i < n; ++i) {
+            if (dt == DType::F32) { const float one = 1.0f; std::memcpy(bytes.data() + 4 * i, &one, 4); }
+            else { const uint16_t one = dt == DType::BF16 ? float_to_bf16(1.0f) : float_to_half(1.0f); std::memcpy(bytes.data() + 2 * i, &one, 2); }
+          }
+        w.write(name, bytes);
+      }
+      w.add_file("config.json", cfg.dump());
+      w.commit();
+    }
+    const LlamaModel m = LlamaModel::open(tmp.path / "m");
+    const float want = dt == DType::F32 ? float(std::sqrt(2048.0)) : 45.25f;
+    CHECK(m.embed_scale() == want);
+    const std::vector<int32_t> tok = {2};
+    CHECK(m.embed(tok)(0, 7) == want);
+  }
 }

@@ -302,16 +302,30 @@ TEST_CASE("Byte-level BPE tokenizer.json (Llama-3 style) built in the test", "[t
     msg = e.what();
   }
   CHECK(msg.find("BertNormalizer") != std::string::npos);
-  // A Split on a plain string names that string (it was shown as an empty regex).
+  // A Split on a plain string (Gemma's tokenizer.json from transformers 5: " ", MergedWithPrevious) puts
+  // each match where its behaviour says, as Hugging Face tokenizers does; two spaces in a row keep the
+  // second apart.
+  const std::string G = byte_char(' ');
+  auto with_split = [&](const char* behavior) {
+    json t = byte_level_tokenizer(false, bos, vocab);
+    t["pre_tokenizer"]["pretokenizers"][0] = {{"type", "Split"}, {"pattern", {{"String", " "}}}, {"behavior", behavior}};
+    return tokenizer_from_json_text(t.dump(), "", std::string("split-") + behavior);
+  };
+  const int32_t Gi = vocab.at(G), w = 'w', orr = vocab.at("or"), ld = vocab.at("ld"), H = vocab.at("Hello");
+  CHECK(with_split("MergedWithPrevious")->encode("Hello world", false) == std::vector<int32_t>{H, Gi, w, orr, ld});
+  CHECK(with_split("MergedWithPrevious")->encode("Hello  world", false) == std::vector<int32_t>{H, Gi, Gi, w, orr, ld});
+  CHECK(with_split("MergedWithNext")->encode("Hello world", false) == std::vector<int32_t>{H, vocab.at(G + "world")});
+  CHECK(with_split("Isolated")->encode("Hello world", false) == std::vector<int32_t>{H, Gi, w, orr, ld});
+  CHECK(with_split("Removed")->encode("Hello world", false) == std::vector<int32_t>{H, w, orr, ld});
   tj = byte_level_tokenizer(false, bos, vocab);
-  tj["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {{"String", "|"}};
+  tj["pre_tokenizer"]["pretokenizers"][0] = {{"type", "Split"}, {"pattern", {{"String", " "}}}, {"behavior", "Contiguous"}};
   msg.clear();
   try {
     tokenizer_from_json_text(tj.dump(), "", "bad");
   } catch (const Error& e) {
     msg = e.what();
   }
-  CHECK(msg.find("Split pre-tokenizer with a plain-string pattern '|'") != std::string::npos);
+  CHECK(msg.find("Split pre-tokenizer behaviour 'Contiguous' on a plain-string pattern") != std::string::npos);
 }
 
 namespace {
