@@ -65,13 +65,6 @@ std::string opt_string(const json& o, const char* key, const std::string& dflt, 
   return o[key].get<std::string>();
 }
 
-double opt_number(const json& o, const char* key, double dflt, const std::string& label) {
-  if (!present(o, key)) return dflt;
-  if (!o[key].is_number() || !std::isfinite(o[key].get<double>()))
-    bad_data(label + ": '" + key + "' must be a finite number");
-  return o[key].get<double>();
-}
-
 // One RoPE parameter set: `rp` is rope_scaling (transformers 4) or a rope_parameters object
 // (transformers 5, which also holds rope_theta there); `theta` already holds the top-level or default base.
 void parse_rope(const json* rp, double& theta, RopeScaling& s, const std::string& label) {
