@@ -5,11 +5,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
 #include <cstring>
 
 #include "checkpoint/error.h"
+#include "checkpoint/signal_cleanup.h"
+#include "checkpoint/writer.h"
 
 namespace fs = std::filesystem;
 
@@ -20,31 +21,6 @@ namespace {
 constexpr size_t kHolderShown = 200;
 // Opening the lock file races with its removal by a finishing holder; each lost race retries.
 constexpr int kAcquireAttempts = 64;
-
-// Held lock files, for remove_live_output_locks() in a signal handler: fixed storage, as the writer's
-// registry of temporary outputs (0 free, 1 being filled, 2 ready).
-constexpr int kLiveLocks = 4;
-constexpr size_t kLivePath = 4096;
-struct LiveLock {
-  std::atomic<int> state{0};
-  char path[kLivePath];
-};
-LiveLock g_locks[kLiveLocks];
-static_assert(std::atomic<int>::is_always_lock_free, "the signal handler reads the slot states");
-
-int register_lock(const fs::path& p) {
-  const std::string& s = p.native();
-  if (s.size() >= kLivePath) return -1;  // the empty file stays after a signal; the next run reuses it
-  for (int i = 0; i < kLiveLocks; ++i) {
-    int expect = 0;
-    if (g_locks[i].state.compare_exchange_strong(expect, 1)) {
-      std::memcpy(g_locks[i].path, s.c_str(), s.size() + 1);
-      g_locks[i].state.store(2);
-      return i;
-    }
-  }
-  return -1;
-}
 
 std::string holder_of(int fd) {
   char buf[kHolderShown];
@@ -66,13 +42,7 @@ bool still_named(int fd, const fs::path& p) {
 
 }  // namespace
 
-fs::path output_lock_path(const fs::path& out) {
-  fs::path o = out.lexically_normal();
-  if (!o.has_filename() && o.has_parent_path()) o = o.parent_path();
-  fs::path p = o;
-  p += ".marlinc-lock";
-  return p;
-}
+fs::path output_lock_path(const fs::path& out) { return beside_output(out, ".marlinc-lock"); }
 
 OutputLock OutputLock::acquire(const fs::path& out, const std::string& holder) {
   if (out.empty()) bad_usage("output directory is empty");
@@ -114,7 +84,7 @@ OutputLock OutputLock::acquire(const fs::path& out, const std::string& holder) {
       // The description is only for a refused run's message; the lock itself holds.
     }
     lock.fd_ = fd;
-    lock.live_slot_ = register_lock(lock.path_);
+    lock.live_slot_ = register_cleanup(lock.path_, CleanupKind::File);
     return lock;
   }
   fail(ErrorKind::Io, lock.path_.string() + ": the lock file kept being replaced while taking it (" +
@@ -132,7 +102,7 @@ OutputLock::~OutputLock() {
   if (fd_ >= 0) {
     // Out of the signal registry first: once the file is unlinked another run may lock a new one at the
     // same path, which a signal arriving here must not remove (at worst our own file stays, empty).
-    if (live_slot_ >= 0) g_locks[live_slot_].state.store(0);
+    unregister_cleanup(live_slot_);
     // Removed while still held: a run that opened the file meanwhile sees it unnamed and retries.
     ::unlink(path_.c_str());
     ::close(fd_);
@@ -141,9 +111,6 @@ OutputLock::~OutputLock() {
   for (const fs::path& d : created_dirs_) ::rmdir(d.c_str());
 }
 
-void remove_live_output_locks() noexcept {
-  for (auto& slot : g_locks)
-    if (slot.state.load() == 2) ::unlink(slot.path);
-}
+void remove_live_output_locks() noexcept { run_cleanup(CleanupKind::File); }
 
 }  // namespace marlinc

@@ -1,10 +1,8 @@
 #include "checkpoint/writer.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/error.h"
+#include "checkpoint/signal_cleanup.h"
 
 namespace marlinc {
 
@@ -71,66 +70,12 @@ std::string shard_name(const std::string& base, size_t i, size_t n) {
 
 std::atomic<unsigned> g_writer_seq{0};
 
-// Temporary directories of live writers, for remove_live_temp_outputs() in a signal handler: fixed
-// storage (no allocation), each slot published by its state (0 free, 1 being filled, 2 ready).
-constexpr int kLiveSlots = 16;
-constexpr size_t kLivePath = 4096;
-struct LiveTemp {
-  std::atomic<int> state{0};
-  char path[kLivePath];
-};
-LiveTemp g_live[kLiveSlots];
-static_assert(std::atomic<int>::is_always_lock_free, "the signal handler reads the slot states");
-
-int register_live(const fs::path& p) {
-  const std::string& s = p.native();
-  if (s.size() >= kLivePath) return -1;  // not cleaned on a signal; the next run reports it as stale
-  for (int i = 0; i < kLiveSlots; ++i) {
-    int expect = 0;
-    if (g_live[i].state.compare_exchange_strong(expect, 1)) {
-      std::memcpy(g_live[i].path, s.c_str(), s.size() + 1);
-      g_live[i].state.store(2);
-      return i;
-    }
-  }
-  return -1;
-}
-
-void unregister_live(int slot) {
-  if (slot >= 0) g_live[slot].state.store(0);
-}
-
-// Deletes the files of directory `path` and the directory, with async-signal-safe calls only (a
-// writer's output is flat: shards, index, config and tokenizer files).
-void remove_flat_dir(const char* path) noexcept {
-  const int dfd = ::open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) return;
-  alignas(8) char buf[4096];
-  for (;;) {
-    const long n = ::syscall(SYS_getdents64, dfd, buf, sizeof buf);
-    if (n <= 0) break;
-    for (long off = 0; off < n;) {
-      // struct linux_dirent64: u64 ino, s64 off, u16 reclen, u8 type, char name[]
-      unsigned short reclen;
-      std::memcpy(&reclen, buf + off + 16, sizeof reclen);
-      const char* name = buf + off + 19;
-      if (!(name[0] == '.' && (name[1] == 0 || (name[1] == '.' && name[2] == 0)))) ::unlinkat(dfd, name, 0);
-      off += reclen;
-    }
-  }
-  ::close(dfd);
-  ::rmdir(path);
-}
-
 }  // namespace
 
-LiveTempDir::LiveTempDir(const fs::path& dir) : slot_(register_live(dir)) {}
-LiveTempDir::~LiveTempDir() { unregister_live(slot_); }
+LiveTempDir::LiveTempDir(const fs::path& dir) : slot_(register_cleanup(dir, CleanupKind::FlatDir)) {}
+LiveTempDir::~LiveTempDir() { unregister_cleanup(slot_); }
 
-void remove_live_temp_outputs() noexcept {
-  for (auto& slot : g_live)
-    if (slot.state.load() == 2) remove_flat_dir(slot.path);
-}
+void remove_live_temp_outputs() noexcept { run_cleanup(CleanupKind::FlatDir); }
 
 CheckpointWriter::CheckpointWriter(fs::path out_dir, std::vector<TensorSpec> plan, WriterOptions opts)
     : out_dir_(std::move(out_dir)), opts_(std::move(opts)) {
@@ -235,7 +180,7 @@ CheckpointWriter::CheckpointWriter(fs::path out_dir, std::vector<TensorSpec> pla
   fs::remove_all(tmp_dir_, ec);
   if (!fs::create_directory(tmp_dir_, ec) || ec)
     fail(ErrorKind::Io, tmp_dir_.string() + ": cannot create temporary output directory: " + ec.message());
-  live_slot_ = register_live(tmp_dir_);
+  live_slot_ = register_cleanup(tmp_dir_, CleanupKind::FlatDir);
   try {
     for (Shard& sh : shards_) {
       const fs::path p = tmp_dir_ / sh.file_name;
@@ -261,7 +206,7 @@ void CheckpointWriter::abort_output() noexcept {
   }
   std::error_code ec;
   if (!tmp_dir_.empty()) fs::remove_all(tmp_dir_, ec);
-  unregister_live(live_slot_);
+  unregister_cleanup(live_slot_);
   live_slot_ = -1;
 }
 
@@ -357,7 +302,7 @@ void CheckpointWriter::commit() {
           fs::rename(tmp_dir_, leftover_, ec);
           if (ec) leftover_ = tmp_dir_;
         }
-        unregister_live(live_slot_);
+        unregister_cleanup(live_slot_);
         live_slot_ = -1;
         fsync_path(out_dir_.has_parent_path() ? out_dir_.parent_path() : fs::path("."), true);
         return;
@@ -372,7 +317,7 @@ void CheckpointWriter::commit() {
       fail(ErrorKind::Io, out_dir_.string() + ": cannot rename temporary output into place: " + ec.message());
     }
     committed_ = true;
-    unregister_live(live_slot_);
+    unregister_cleanup(live_slot_);
     live_slot_ = -1;
     if (!old.empty()) {
       if (!opts_.test_keep_replaced) fs::remove_all(old, ec);
@@ -458,6 +403,13 @@ std::string leftover_note(const CheckpointWriter& w) {
   return w.leftover().empty() ? std::string()
                               : "the output this run replaced could not be removed (read-only contents?); it is now at " +
                                     w.leftover().string() + ": remove it yourself";
+}
+
+fs::path beside_output(const fs::path& out, const std::string& suffix) {
+  fs::path o = out.lexically_normal();
+  if (!o.has_filename() && o.has_parent_path()) o = o.parent_path();
+  o += suffix;
+  return o;
 }
 
 std::vector<fs::path> stale_temp_outputs(const fs::path& out_dir) {

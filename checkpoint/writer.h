@@ -29,6 +29,10 @@ struct WriterOptions {
   bool test_keep_replaced = false;
 };
 
+// `<out><suffix>` beside the output directory (a trailing slash on `out` is ignored): where what belongs
+// to an output but cannot live inside it goes (the GPTQ resume job, the run's lock).
+std::filesystem::path beside_output(const std::filesystem::path& out, const std::string& suffix);
+
 // Temporary outputs of earlier writers for out_dir (`<out>.tmp-<pid>-<n>` beside it) whose process no
 // longer runs on this machine: what a killed run left behind. Listed, never removed (a writer on
 // another machine sharing the directory could own one); the CLI points them out.

@@ -98,13 +98,18 @@ __device__ float block_sum(float v) {
   return t;
 }
 
+// 1 / sqrt(mean(xr²) + eps) of one row [n], by the whole block.
+__device__ float row_inv_rms(const float* xr, int64_t n, float eps) {
+  float ss = 0.0f;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) ss += xr[j] * xr[j];
+  return 1.0f / sqrtf(block_sum(ss) / float(n) + eps);
+}
+
 // Gemma 2/3's output norms: y[r] += w ⊙ x[r] / sqrt(mean(x[r]²) + eps), x the sub-block's fp32 output,
 // y the fp32 residual stream. One block per row.
 __global__ void rms_norm_add_kernel(const float* x /*[rows, n]*/, int64_t n, const float* w, float eps, float* y) {
   const float* xr = x + int64_t(blockIdx.x) * n;
-  float ss = 0.0f;
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) ss += xr[j] * xr[j];
-  const float inv = 1.0f / sqrtf(block_sum(ss) / float(n) + eps);
+  const float inv = row_inv_rms(xr, n, eps);
   float* yr = y + int64_t(blockIdx.x) * n;
   for (int64_t j = threadIdx.x; j < n; j += blockDim.x) yr[j] += w[j] * (xr[j] * inv);
 }
@@ -113,9 +118,7 @@ __global__ void rms_norm_add_kernel(const float* x /*[rows, n]*/, int64_t n, con
 template <class T>
 __global__ void rms_norm_kernel(const float* x /*[rows, n]*/, int64_t n, const float* w, float eps, T* y) {
   const float* xr = x + int64_t(blockIdx.x) * n;
-  float ss = 0.0f;
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) ss += xr[j] * xr[j];
-  const float inv = 1.0f / sqrtf(block_sum(ss) / float(n) + eps);
+  const float inv = row_inv_rms(xr, n, eps);
   T* yr = y + int64_t(blockIdx.x) * n;
   for (int64_t j = threadIdx.x; j < n; j += blockDim.x) yr[j] = to_act<T>(w[j] * (xr[j] * inv));
 }

@@ -24,11 +24,11 @@ def ranges(pred):
     return out
 
 
-def emit(name, rs):
-    print(f"const CodeRange {name}[] = {{  // {len(rs)} ranges")
+def emit_rows(name, ctype, rows, fmt, noun="entries"):
+    print(f"const {ctype} {name}[] = {{  // {len(rows)} {noun}")
     line = " "
-    for a, b in rs:
-        item = f" {{0x{a:X}, 0x{b:X}}},"
+    for r in rows:
+        item = " " + fmt(r) + ","
         if len(line) + len(item) > 100:
             print(line)
             line = " "
@@ -36,6 +36,10 @@ def emit(name, rs):
     print(line)
     print("};")
     print(f"const size_t {name}_count = sizeof({name}) / sizeof({name}[0]);\n")
+
+
+def emit(name, rs):
+    emit_rows(name, "CodeRange", rs, lambda r: f"{{0x{r[0]:X}, 0x{r[1]:X}}}", "ranges")
 
 
 cat = lambda cp: unicodedata.category(chr(cp))
@@ -64,19 +68,6 @@ def nfc_unsafe(cp):
             or 0x1161 <= cp <= 0x1175 or 0x11A8 <= cp <= 0x11C2)
 emit("kNfcUnsafeRanges", ranges(nfc_unsafe))
 
-
-def emit_rows(name, ctype, rows, fmt):
-    print(f"const {ctype} {name}[] = {{  // {len(rows)} entries")
-    line = " "
-    for r in rows:
-        item = " " + fmt(r) + ","
-        if len(line) + len(item) > 100:
-            print(line)
-            line = " "
-        line += item
-    print(line)
-    print("};")
-    print(f"const size_t {name}_count = sizeof({name}) / sizeof({name}[0]);\n")
 
 
 # Canonical combining classes, as runs of equal non-zero class.

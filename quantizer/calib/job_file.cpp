@@ -259,13 +259,7 @@ void diff(const json& a, const json& b, const std::string& label, std::vector<st
 
 }  // namespace
 
-fs::path job_dir_for(const fs::path& out) {
-  fs::path o = out.lexically_normal();
-  if (!o.has_filename() && o.has_parent_path()) o = o.parent_path();
-  fs::path dir = o;
-  dir += ".marlinc-job";
-  return dir;
-}
+fs::path job_dir_for(const fs::path& out) { return beside_output(out, ".marlinc-job"); }
 
 std::string JobInputs::fingerprint() const {
   Sha256 h;

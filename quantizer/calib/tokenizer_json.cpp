@@ -1,6 +1,8 @@
 // tokenizer.json reader (Hugging Face `tokenizers` format): BPE model, added tokens, the normalizers,
-// pre-tokenizers, post-processors and decoders Llama/Mistral/Qwen files use. Anything else is refused
-// by name rather than silently tokenized differently.
+// pre-tokenizers, post-processors and decoders Llama/Mistral/Qwen/Gemma files use. Anything else is
+// refused by name rather than silently tokenized differently, with one exception: added tokens are all
+// matched on the raw text, so the `normalized` and `single_word` flags (which base models' special
+// tokens leave false) are not applied.
 #include <algorithm>
 #include <array>
 #include <cstdio>

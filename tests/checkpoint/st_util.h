@@ -1,10 +1,15 @@
 // Test helpers: hand-built safetensors bytes (so malformed files can be made on purpose) and a small
 // synthetic-checkpoint builder on top of CheckpointWriter.
 #pragma once
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -12,6 +17,29 @@
 #include "checkpoint/writer.h"
 
 namespace marlinc::test {
+
+// What a SIGTERM handler runs in exit_status_after_sigterm's child (a handler takes no captures).
+inline void (*g_sigterm_cleanup)() = nullptr;
+
+// Forks; the child installs a SIGTERM handler that runs `cleanup` (as the CLI's handler does) and exits 7,
+// runs `setup` (which may _exit with another status when a precondition fails) and raises SIGTERM. Returns
+// the child's exit status, -1 when it did not exit normally (an exception, a crash).
+inline int exit_status_after_sigterm(void (*cleanup)(), const std::function<void()>& setup) {
+  const pid_t child = ::fork();
+  if (child < 0) return -2;
+  if (child == 0) {
+    g_sigterm_cleanup = cleanup;
+    struct sigaction sa {};
+    sa.sa_handler = [](int) { g_sigterm_cleanup(); ::_exit(7); };
+    sigaction(SIGTERM, &sa, nullptr);
+    setup();
+    ::raise(SIGTERM);
+    ::_exit(4);  // not reached
+  }
+  int status = 0;
+  if (::waitpid(child, &status, 0) != child || !WIFEXITED(status)) return -1;
+  return WEXITSTATUS(status);
+}
 
 // 8-byte little-endian length + header text (unpadded) + data.
 inline std::vector<uint8_t> raw_safetensors(const std::string& header, const std::vector<uint8_t>& data,

@@ -120,25 +120,15 @@ TEST_CASE("output lock: missing parents are made for the run and removed when th
 
 TEST_CASE("output lock: on a fatal signal the held lock files are removed", "[writer][lock]") {
   TempDir tmp("lock4");
-  const pid_t child = ::fork();
-  REQUIRE(child >= 0);
-  if (child == 0) {
-    struct sigaction sa {};
-    sa.sa_handler = [](int) { remove_live_output_locks(); ::_exit(7); };
-    sigaction(SIGTERM, &sa, nullptr);
-    std::optional<OutputLock> l;
-    try {
-      l.emplace(OutputLock::acquire(tmp.path / "out", "r"));
-    } catch (...) {
-      ::_exit(3);
-    }
-    if (!fs::exists(tmp.path / "out.marlinc-lock")) ::_exit(4);
-    ::raise(SIGTERM);
-    ::_exit(5);  // not reached
-  }
-  int status = 0;
-  REQUIRE(::waitpid(child, &status, 0) == child);
-  REQUIRE(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == 7);
+  CHECK(exit_status_after_sigterm(remove_live_output_locks, [&] {
+          std::optional<OutputLock> l;
+          try {
+            l.emplace(OutputLock::acquire(tmp.path / "out", "r"));
+          } catch (...) {
+            ::_exit(3);
+          }
+          if (!fs::exists(tmp.path / "out.marlinc-lock")) ::_exit(5);
+          ::raise(SIGTERM);
+        }) == 7);
   CHECK(fs::is_empty(tmp.path));
 }

@@ -372,24 +372,13 @@ TEST_CASE("on a fatal signal, remove_live_temp_outputs deletes the live writers'
   TempDir tmp("wsig");
   fs::create_directories(tmp.path / "done");
   write_text(tmp.path / "done" / "keep.txt", "a finished output stays");
-  const pid_t child = ::fork();
-  REQUIRE(child >= 0);
-  if (child == 0) {
-    // What the CLI's handler does, ending with a status the parent can tell from a crash.
-    struct sigaction sa {};
-    sa.sa_handler = [](int) { remove_live_temp_outputs(); ::_exit(7); };
-    sigaction(SIGTERM, &sa, nullptr);
-    CheckpointWriter w(tmp.path / "out", {{"x", DType::U8, {4}}, {"y", DType::U8, {4}}});
-    w.write("x", std::vector<uint8_t>{1, 2, 3, 4});
-    w.add_file("config.json", "{}");
-    if (!fs::exists(w.temp_dir() / "model.safetensors")) ::_exit(3);
-    ::raise(SIGTERM);
-    ::_exit(4);  // not reached
-  }
-  int status = 0;
-  REQUIRE(::waitpid(child, &status, 0) == child);
-  REQUIRE(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == 7);
+  CHECK(exit_status_after_sigterm(remove_live_temp_outputs, [&] {
+          CheckpointWriter w(tmp.path / "out", {{"x", DType::U8, {4}}, {"y", DType::U8, {4}}});
+          w.write("x", std::vector<uint8_t>{1, 2, 3, 4});
+          w.add_file("config.json", "{}");
+          if (!fs::exists(w.temp_dir() / "model.safetensors")) ::_exit(3);
+          ::raise(SIGTERM);  // while the writer lives
+        }) == 7);
   std::vector<std::string> left;
   for (const auto& e : fs::directory_iterator(tmp.path)) left.push_back(e.path().filename().string());
   CHECK(left == std::vector<std::string>{"done"});
@@ -398,24 +387,14 @@ TEST_CASE("on a fatal signal, remove_live_temp_outputs deletes the live writers'
 
 TEST_CASE("on a fatal signal a LiveTempDir's directory goes too and after it ends nothing is registered") {
   TempDir tmp("wlive");
-  const pid_t child = ::fork();
-  REQUIRE(child >= 0);
-  if (child == 0) {
-    struct sigaction sa {};
-    sa.sa_handler = [](int) { remove_live_temp_outputs(); ::_exit(7); };
-    sigaction(SIGTERM, &sa, nullptr);
-    fs::create_directories(tmp.path / "ended");
-    { LiveTempDir done(tmp.path / "ended"); }  // unregistered: stays
-    fs::create_directories(tmp.path / "job.new");
-    write_text(tmp.path / "job.new" / "block-00000.bin", "bytes");
-    LiveTempDir live(tmp.path / "job.new");
-    ::raise(SIGTERM);
-    ::_exit(4);  // not reached
-  }
-  int status = 0;
-  REQUIRE(::waitpid(child, &status, 0) == child);
-  REQUIRE(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == 7);
+  CHECK(exit_status_after_sigterm(remove_live_temp_outputs, [&] {
+          fs::create_directories(tmp.path / "ended");
+          { LiveTempDir done(tmp.path / "ended"); }  // unregistered: stays
+          fs::create_directories(tmp.path / "job.new");
+          write_text(tmp.path / "job.new" / "block-00000.bin", "bytes");
+          LiveTempDir live(tmp.path / "job.new");
+          ::raise(SIGTERM);
+        }) == 7);
   CHECK_FALSE(fs::exists(tmp.path / "job.new"));
   CHECK(fs::is_directory(tmp.path / "ended"));
 }
