@@ -483,16 +483,13 @@ FormatInfo detect_format(const Checkpoint& ck) {
         return wi.shape[1] != si.shape[1];
       };
       const std::vector<std::string> qmods = quantized_modules(ck, Format::GptqV1);
-      int gptq_like = 0, awq_like = 0;
-      for (const std::string& mp : qmods)
-        if (auto a = awq_layout(mp)) (*a ? awq_like : gptq_like)++;
-      const bool awq_shape = awq_like > gptq_like;
-      std::string p = qmods.front();  // a module of the majority's layout
-      for (const std::string& mp : qmods)
-        if (awq_layout(mp) == std::optional<bool>(awq_shape)) {
-          p = mp;
-          break;
-        }
+      std::vector<std::optional<bool>> layouts;
+      for (const std::string& mp : qmods) layouts.push_back(awq_layout(mp));
+      const bool awq_shape = std::count(layouts.begin(), layouts.end(), std::optional<bool>(true)) >
+                             std::count(layouts.begin(), layouts.end(), std::optional<bool>(false));
+      // A module of the majority's layout (the first one when none could vote).
+      const auto at = std::find(layouts.begin(), layouts.end(), std::optional<bool>(awq_shape));
+      const std::string& p = qmods[at == layouts.end() ? 0 : size_t(at - layouts.begin())];
       const TensorInfo& w = need_2d(ck, join(p, "qweight"), {});
       fi.format = awq_shape ? Format::Awq : Format::GptqV1;
       const bool awq_label = method == "awq" || ckfmt == "gemm" || get_str(qc, "version") == "gemm";

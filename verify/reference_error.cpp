@@ -68,7 +68,7 @@ double naive_rtn_error(const float* W, int64_t n, int64_t k, const NaiveScheme& 
   return den > 0 ? std::sqrt(num / den) : 0.0;
 }
 
-double median_scale_ratio(const float* W, const QuantizedLinear& q) {
+double median_scale_ratio(const float* W, const QuantizedLinear& q, std::span<const uint8_t> kept) {
   const int64_t G = q.groups();
   const double maxq = double((1 << q.bits) - 1);
   const bool bf16 = q.scale_type == ScaleType::BF16;
@@ -80,7 +80,7 @@ double median_scale_ratio(const float* W, const QuantizedLinear& q) {
     for (long long c = 0; c < q.n; ++c) {
       std::fill(lo.begin(), lo.end(), 0.0), std::fill(hi.begin(), hi.end(), 0.0);
       for (int64_t r = 0; r < q.k; ++r) {
-        if (!q.mask.empty() && !q.mask[size_t(r * q.n + c)]) continue;
+        if (!kept.empty() && !kept[size_t(r * q.n + c)]) continue;
         const size_t j = size_t(q.group_of(r));
         const double w = W[size_t(c) * size_t(q.k) + size_t(r)];
         lo[j] = std::min(lo[j], w), hi[j] = std::max(hi[j], w);

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "packer/quantized_linear.h"
@@ -31,7 +32,8 @@ double naive_rtn_error(const float* W /*[n, k]*/, int64_t n, int64_t k, const Na
 // for any quantizer of q's grid (clip searches shrink some groups; GPTQ's error feedback moves the
 // weights it derives scales from by a little), far from 1 where the scales were scaled or swapped.
 // 0 when no group has a non-zero range.
-double median_scale_ratio(const float* W /*[n, k]*/, const QuantizedLinear& q);
+// `kept` [k, n] (1 = kept) or empty: the weights that count (q.mask for a 2:4 layer).
+double median_scale_ratio(const float* W /*[n, k]*/, const QuantizedLinear& q, std::span<const uint8_t> kept);
 
 // Distribution of per-weight distances |w − ŵ| / scale, in quantization steps, binned at
 // 1/kBinsPerStep up to kMaxSteps (beyond: the last bin): how many of a layer's weights sit further from

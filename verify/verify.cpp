@@ -243,10 +243,9 @@ void check_reference(LayerReport& L, const QuantizedLinear& q, const Checkpoint&
   const std::vector<float> wq = dequantize(q);                               // [k, n]
   // A 2:4 layer in a dense format is measured as one: against a 2:4 naive quantizer, its zeros taken as
   // pruned (a kept weight that rounded to zero is then left out too: it is within half a step).
-  QuantizedLinear pattern;
-  if (q.mask.empty()) pattern.mask = kept_of_24_pattern(wq, q.k, q.n);
-  const bool dense_24 = !pattern.mask.empty();
-  const std::vector<uint8_t>& kept = dense_24 ? pattern.mask : q.mask;  // [k, n] or empty
+  const std::vector<uint8_t> pattern = q.mask.empty() ? kept_of_24_pattern(wq, q.k, q.n) : std::vector<uint8_t>();
+  const bool dense_24 = !pattern.empty();
+  const std::vector<uint8_t>& kept = dense_24 ? pattern : q.mask;  // [k, n] or empty
   // Whole-layer error, the worst single weight in quantization steps (a flipped code bit or a wrong
   // scale shows there), and per-column errors (swapped scale columns show there).
   double dw = 0, nw = 0, worst_steps = 0;
@@ -272,13 +271,7 @@ void check_reference(LayerReport& L, const QuantizedLinear& q, const Checkpoint&
   int64_t worst_col = std::max_element(col_err.begin(), col_err.end()) - col_err.begin();
   L.weight_rel_err = nw > 0 ? std::sqrt(dw / nw) : 0;
   L.naive_rel_err = naive_rtn_error(w.data(), q.n, q.k, {q.bits, q.group_size, q.sym, !kept.empty()});
-  if (dense_24) {
-    QuantizedLinear view = q;
-    view.mask = pattern.mask;
-    L.scale_ratio = median_scale_ratio(w.data(), view);
-  } else {
-    L.scale_ratio = median_scale_ratio(w.data(), q);
-  }
+  L.scale_ratio = median_scale_ratio(w.data(), q, kept);
   L.far_fraction = hist.fraction_above(kNearStep);
   const bool nearest = L.far_fraction <= kRtnMaxFarFraction;
   std::string problems;
