@@ -55,13 +55,16 @@ void check_layer(LayerRow& l, bool sparse, int tp, const TpHeads& heads) {
 }
 
 // Linear weights of a plain checkpoint that a quantizer would take (2-D "*.weight" inside decoder
-// blocks), checked against the kernel rules for 4-bit group 128: what quantizing would run into.
+// blocks, not mixture-of-experts routers), checked against the kernel rules for 4-bit group 128: what
+// quantizing would run into.
 std::vector<LayerRow> candidate_layers(const Checkpoint& ck, int tp, const TpHeads& heads) {
   std::vector<LayerRow> rows;
+  const std::set<std::string> expert_parents = moe_expert_parents(ck.tensor_names());
   for (const std::string& name : ck.tensor_names()) {
     const TensorInfo& t = *ck.at(name).info;
     if (t.shape.size() != 2 || name.size() < 7 || name.compare(name.size() - 7, 7, ".weight") != 0) continue;
     if (name.find("layers.") == std::string::npos) continue;
+    if (is_moe_router(name.substr(0, name.size() - 7), expert_parents)) continue;
     const int64_t n = t.shape[0], k = t.shape[1];  // nn.Linear stores [out, in]
     rows.push_back({name.substr(0, name.size() - 7), k, n, 4, 128, {}, {}});
     check_layer(rows.back(), false, tp, heads);

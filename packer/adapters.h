@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -152,6 +153,15 @@ struct QuantSummary {
 inline bool is_embedding(const std::string& prefix) {
   return prefix.find("embed") != std::string::npos || prefix.find("wte") != std::string::npos;
 }
+
+// Mixture-of-experts routers: linears named `router`, `router.layer` or `shared_expert_gate`, and `gate`
+// (or Hunyuan's `gate.wg`) in a block P that holds experts (`<P>.experts.*`): Mixtral, Qwen2/3-MoE,
+// DeepSeek, OLMoE, Jamba, Llama 4, gpt-oss, Granite-MoE, DBRX. Every quantizing tool and loader keeps them
+// in 16 bits (vLLM builds them with no quant config, so a quantized one would not load), and their n (the
+// number of experts) is often a multiple of 64 that would otherwise pass the Marlin rules.
+// `expert_parents` is moe_expert_parents(tensor names).
+std::set<std::string> moe_expert_parents(const std::vector<std::string>& tensor_names);
+bool is_moe_router(const std::string& prefix, const std::set<std::string>& expert_parents);
 
 // The linear layers an output of `ck` leaves unquantized, for QuantSummary::plain_linears: every 2-D
 // `<p>.weight` whose prefix `quantized` rejects, except embeddings (nn.Embedding, not linear), plus

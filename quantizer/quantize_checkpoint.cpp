@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <map>
+#include <set>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/convert_dtype.h"
@@ -20,7 +21,8 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }
 
 // Why a 2-D `<p>.weight` is not quantized ("" = quantize it).
-std::string skip_reason(const std::string& prefix, const TensorInfo& t, const QuantizeOptions& o) {
+std::string skip_reason(const std::string& prefix, const TensorInfo& t, const QuantizeOptions& o,
+                        const std::set<std::string>& expert_parents) {
   if (t.shape.size() != 2) return "not a 2-D weight";
   if (t.dtype != DType::F16 && t.dtype != DType::BF16 && t.dtype != DType::F32) return "dtype is not F16/BF16/F32";
   // Embeddings are nn.Embedding, not linear layers: no loader reads them quantized.
@@ -28,6 +30,8 @@ std::string skip_reason(const std::string& prefix, const TensorInfo& t, const Qu
     return "embeddings stay unquantized (they are not linear layers)";
   if (prefix.find("lm_head") != std::string::npos && !o.include_lm_head)
     return "lm_head stays unquantized (--include-lm-head)";
+  if (is_moe_router(prefix, expert_parents))
+    return "mixture-of-experts routers stay unquantized (loaders build them in 16 bits)";
   for (const auto& pat : o.skip)
     if (prefix.find(pat) != std::string::npos) return "matches --skip " + pat;
   return "";
@@ -64,13 +68,14 @@ QuantPlan plan_quantization(const Checkpoint& ck, const QuantizeOptions& o, Quan
               "); use `marlinc convert` to change its format");
   if (o.tp < 1) bad_usage("--tp " + std::to_string(o.tp) + ": the tensor-parallel size is at least 1");
   const TpHeads heads = tp_heads(ck.config());
+  const std::set<std::string> expert_parents = moe_expert_parents(ck.tensor_names());
   QuantPlan P;
   for (const auto& name : ck.tensor_names()) {
     auto ref = ck.at(name);
     const TensorInfo& t = *ref.info;
     if (ends_with(name, ".weight")) {
       const std::string prefix = name.substr(0, name.size() - 7);
-      std::string why = skip_reason(prefix, t, o);
+      std::string why = skip_reason(prefix, t, o, expert_parents);
       if (why.empty() && t.shape.size() == 2) {
         ModuleDesc d;
         d.prefix = prefix; d.format = target_format(o.to); d.n = t.shape[0]; d.k = t.shape[1];

@@ -1,11 +1,16 @@
 // The config `quantize` writes names every linear it leaves unquantized, so loaders do not expect
 // quantized tensors there: compressed-tensors `ignore`, GPTQ `dynamic` "-:" rules, AWQ
 // `modules_to_not_convert`.
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <map>
+#include <random>
+#include <set>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/error.h"
+#include "checkpoint/half.h"
 #include "checkpoint/writer.h"
 #include "packer/adapters.h"
 #include "quantizer/quantize_checkpoint.h"
@@ -195,4 +200,69 @@ TEST_CASE("a bf16 model's outputs hold bf16 scales its codes were chosen for, ma
   CHECK(grid_bf16(o24, job));
   job.desc.scale_type = ScaleType::F16;
   CHECK_FALSE(grid_bf16(o24, job));
+}
+
+TEST_CASE("mixture-of-experts routers are recognised by their names beside experts", "[quantizer][config]") {
+  const std::set<std::string> parents = moe_expert_parents({"model.layers.0.mlp.experts.3.down_proj.weight",
+                                                            "model.layers.1.block_sparse_moe.experts.0.w1.weight",
+                                                            "model.layers.2.mlp.gate_proj.weight"});
+  CHECK(parents == std::set<std::string>{"model.layers.0.mlp", "model.layers.1.block_sparse_moe"});
+  CHECK(is_moe_router("model.layers.0.mlp.gate", parents));                 // Qwen2/3-MoE, DeepSeek, OLMoE
+  CHECK(is_moe_router("model.layers.1.block_sparse_moe.gate", parents));    // Mixtral
+  CHECK(is_moe_router("model.layers.0.mlp.shared_expert_gate", parents));   // Qwen2-MoE
+  CHECK(is_moe_router("model.layers.0.mlp.gate.wg", parents));              // Hunyuan
+  CHECK(is_moe_router("model.layers.5.feed_forward.router", parents));      // Llama 4, Jamba, gpt-oss
+  CHECK(is_moe_router("model.layers.5.block_sparse_moe.router.layer", parents));  // Granite-MoE
+  CHECK_FALSE(is_moe_router("model.layers.2.mlp.gate", parents));           // a dense block's `gate`
+  CHECK_FALSE(is_moe_router("model.layers.2.mlp.gate.wg", parents));
+  CHECK_FALSE(is_moe_router("model.layers.0.mlp.experts.3.gate_proj", parents));
+  CHECK_FALSE(is_moe_router("model.layers.0.mlp.gate_proj", parents));
+  CHECK_FALSE(is_moe_router("gate", parents));
+}
+
+TEST_CASE("quantize keeps mixture-of-experts routers in 16 bits and names them in the config", "[quantizer][config]") {
+  // A one-block Qwen3-MoE-shaped model with 64 experts' router (n = 64 passes every Marlin rule), two of the
+  // experts, a shared expert gate, and a dense block whose MLP linear happens to be called `gate`.
+  test::TempDir td("qmoe");
+  const int64_t h = 128;
+  std::vector<TensorSpec> plan;
+  auto add = [&](const std::string& name, int64_t n, int64_t k) { plan.push_back({name, DType::F16, {n, k}}); };
+  const std::string moe = "model.layers.0.mlp.", dense = "model.layers.1.mlp.";
+  add(moe + "gate.weight", 64, h);
+  add(moe + "shared_expert_gate.weight", 1, h);
+  for (int e = 0; e < 2; ++e)
+    for (const char* l : {"gate_proj", "up_proj", "down_proj"}) add(moe + "experts." + std::to_string(e) + "." + l + ".weight", h, h);
+  add(dense + "gate.weight", h, h);
+  {
+    CheckpointWriter w(td.path / "model", plan);
+    std::mt19937 rng(7);
+    std::normal_distribution<float> nd(0.f, 0.05f);
+    for (const auto& s : plan) {
+      std::vector<uint16_t> v(size_t(s.shape[0] * s.shape[1]));
+      for (auto& x : v) x = float_to_half(nd(rng));
+      w.write(s.name, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(v.data()), v.size() * 2));
+    }
+    w.add_file("config.json", nlohmann::json{{"architectures", {"Qwen3MoeForCausalLM"}}, {"num_experts", 64}}.dump(2));
+    w.commit();
+  }
+  for (TargetFormat to : {TargetFormat::Marlin, TargetFormat::GptqV1, TargetFormat::CompressedTensors}) {
+    INFO(target_name(to));
+    QuantizeOptions o;
+    o.to = to;
+    const fs::path out = td.path / ("out-" + target_name(to));
+    const QuantizeReport rep = quantize_checkpoint(td.path / "model", out, o);
+    CHECK(rep.layers.size() == 7);  // six expert linears and the dense block's `gate`
+    std::map<std::string, std::string> why(rep.skipped.begin(), rep.skipped.end());
+    CHECK(why[moe + "gate"].find("mixture-of-experts routers stay unquantized") == 0);
+    CHECK(why[moe + "shared_expert_gate"].find("mixture-of-experts routers stay unquantized") == 0);
+    const Checkpoint ck = Checkpoint::open(out);
+    CHECK(ck.at(moe + "gate.weight").info->dtype == DType::F16);
+    CHECK_FALSE(ck.contains(moe + "gate.qweight"));
+    if (to == TargetFormat::CompressedTensors) {
+      const nlohmann::json ignore = ck.config().at("quantization_config").at("ignore");
+      CHECK(std::find(ignore.begin(), ignore.end(), moe + "gate") != ignore.end());
+      CHECK(std::find(ignore.begin(), ignore.end(), moe + "shared_expert_gate") != ignore.end());
+    }
+    if (to == TargetFormat::GptqV1) CHECK(ck.quantize_config().at("dynamic").contains("-:^model\\.layers\\.0\\.mlp\\.gate$"));
+  }
 }
