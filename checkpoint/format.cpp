@@ -450,7 +450,11 @@ FormatInfo detect_format(const Checkpoint& ck) {
     if (auto g = group_of(*w, "group_size")) group = g;
     else if (get_str(*w, "strategy") == "channel") group = -1;
     if (auto s = get_bool(*w, "symmetric")) sym = s;
-    desc = get(*w, "actorder") != nullptr;
+    // Only "group" (alias "dynamic", or the older `true`) stores weight_g_idx and reorders at run time;
+    // "weight" (alias "static") is how GPTQ ordered its columns while calibrating, with contiguous groups
+    // (llm-compressor's default).
+    const std::string order = get_str(*w, "actorder");
+    desc = order == "group" || order == "dynamic" || get_bool(*w, "actorder").value_or(false);
   }
   // Per-module schemes: GPTQModel `dynamic` overrides ("+:regex" or a bare regex; "-:" skips a module)
   // and every compressed-tensors scheme. Only the values are kept: which module each names is a regex

@@ -187,9 +187,9 @@ void register_quantize(CLI::App& app) {
   gptq_opt(cmd->add_option("--max-len", a->max_len, "gptq: longest document kept, never truncated (default 2048)"));
   gptq_opt(cmd->add_option("--seed", a->seed, "gptq: sampling seed (default 0)"));
   gptq_opt(cmd->add_option("--order", a->order,
-                           "gptq: column order natural (the default), static (act-order, static groups), gar or dynamic (act-order "
-                           "g_idx: GPTQ, compressed-tensors, and Marlin with marlinc's perm extension, "
-                           "docs/FORMATS.md; not AWQ or marlin24)"))
+                           "gptq: column order natural (the default), static (act-order, static groups), gar (group-aware "
+                           "act-order) or dynamic (act-order g_idx: GPTQ, compressed-tensors, and Marlin with marlinc's perm "
+                           "extension, docs/FORMATS.md; not AWQ or marlin24; vLLM no longer runs g_idx since 2026-09)"))
       ->check(CLI::IsMember({"natural", "static", "gar", "dynamic"}));
   gptq_opt(cmd->add_option("--sparsity", a->sparsity, "gptq: none (the default) or 2:4 (SparseGPT jointly with 4-bit)"))
       ->check(CLI::IsMember({"none", "2:4"}));

@@ -138,6 +138,9 @@ struct QuantSummary {
   int group_size = 128;
   bool sym = true;
   bool desc_act = false;
+  // Calibrated in activation order with contiguous groups (no g_idx): compressed-tensors actorder "weight"
+  // for grouped schemes (vLLM refuses an actorder on per-channel ones).
+  bool weight_act_order = false;
   std::vector<std::string> dequantized;  // module prefixes kept as plain weights
   // Prefixes of other plain rank-2 `.weight` tensors (lm_head, embeddings...): compressed-tensors lists
   // them in `ignore` because its scheme targets every Linear.

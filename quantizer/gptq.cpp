@@ -16,6 +16,16 @@
 
 namespace marlinc {
 
+std::string order_name(GptqOptions::Order o) {
+  switch (o) {
+    case GptqOptions::Natural: return "natural";
+    case GptqOptions::StaticActOrder: return "static";
+    case GptqOptions::Gar: return "gar";
+    case GptqOptions::DynamicActOrder: return "dynamic";
+  }
+  return "?";
+}
+
 namespace gptq {
 
 std::vector<RowMatrixXd> clip_weights(const GptqOptions& o, const Prepared& P) {

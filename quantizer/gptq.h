@@ -38,6 +38,7 @@ struct GptqOptions {
   // Ignored for group_size -1 (Marlin searches only grouped scales). With StaticActOrder the groups
   // are fitted up front, before U's processing-order blocks exist, so the objective is δᵀH_ggδ.
   enum Clip { None, Marlin };
+
   Clip clip = None;
   bool sparse24 = false;   // SparseGPT 2:4 jointly with quantization (natural order only, k % 4 == 0)
   enum class Device { Cpu, Cuda };
@@ -45,6 +46,8 @@ struct GptqOptions {
   std::string name;        // tensor/module name for errors; copied to QuantizedLinear::name
   bool bf16_scales = false;  // the grid's scales are bf16 (a bf16 model's output), else fp16
 };
+// --order's spelling: natural, static, gar, dynamic.
+std::string order_name(GptqOptions::Order o);
 
 struct GptqStats {
   double loss = 0;            // OBS estimate Σ (w − q)²/d² / 2 over the layer

@@ -141,6 +141,7 @@ void finish_output(CheckpointWriter& w, const Checkpoint& ck, const QuantizeOpti
                    const nlohmann::json& extra_quant) {
   QuantSummary s;
   s.bits = o.bits; s.group_size = o.group_size; s.sym = true; s.desc_act = o.act_order;
+  s.weight_act_order = o.calibration_act_order && !o.act_order;
   s.act_order_marlin = o.to == TargetFormat::Marlin && o.act_order;  // g_idx + perm: marlinc's extension
   // Linears left unquantized (lm_head, --skip, layers the target cannot hold): the config names them
   // so loaders do not expect quantized tensors there.

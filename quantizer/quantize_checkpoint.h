@@ -26,6 +26,9 @@ struct QuantizeOptions {
   std::vector<std::string> skip;       // substrings of module names to leave unquantized
   bool include_lm_head = false;        // lm_head is left alone unless asked; embeddings always are
   bool act_order = false;              // every module stores g_idx, configs say desc_act (GPTQ --order dynamic)
+  // GPTQ visited the columns in activation order with contiguous groups (--order static or gar): no
+  // g_idx; compressed-tensors configs of grouped schemes say actorder "weight", as llm-compressor's do.
+  bool calibration_act_order = false;
   uint64_t max_shard_bytes = 5'000'000'000ull;
   bool overwrite = false;
   int tp = 1;                          // layers whose tensor-parallel part breaks the target's rules stay unquantized

@@ -117,7 +117,7 @@ json compressed_tensors_dict(const QuantSummary& s) {
               {"strategy", group > 0 ? "group" : "channel"},
               {"block_structure", nullptr},
               {"dynamic", false},
-              {"actorder", s.desc_act ? json("group") : json(nullptr)},
+              {"actorder", s.desc_act ? json("group") : (s.weight_act_order && group > 0 ? json("weight") : json(nullptr))},
               {"observer", "minmax"},
               {"observer_kwargs", json::object()}};
     return w;

@@ -396,11 +396,16 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
   nlohmann::json record = {{"method", "gptq"},
                            {"clip", base.clip == GptqOptions::Marlin ? "marlin" : "none"},
                            {"damp", float_as_decimal(base.damp)},
+                           {"order", order_name(base.order)},
                            {"sparsity", base.sparse24 ? "2:4" : "none"},
                            {"true_sequential", go.true_sequential},
                            {"calibration", I.calibration}};
   t_io = Clock::now();
   finish_output(w, ck, qo, P, rep, nlohmann::json{{"marlinc", record}});
+  if (base.order == GptqOptions::DynamicActOrder)
+    rep.notes.push_back("--order dynamic stores act-order groups (g_idx), which current serving stacks no longer run: "
+                        "vLLM removed g_idx support in September 2026 (vllm#54809) and compressed-tensors 0.20 refuses "
+                        "actorder \"group\"; --order static or gar also calibrate in activation order and store no g_idx");
   I.seconds_io += since(t_io);
   I.seconds_forward = pass->times().forward;
   I.seconds_hessian = pass->times().hessian;
@@ -421,6 +426,7 @@ QuantizeReport gptq_quantize_checkpoint(const std::filesystem::path& in, const s
     // --order dynamic writes a non-trivial g_idx in every module, and configs that say so.
     QuantizeOptions o = qo;
     o.act_order = go.gptq.order == GptqOptions::DynamicActOrder;
+    o.calibration_act_order = go.gptq.order == GptqOptions::StaticActOrder || go.gptq.order == GptqOptions::Gar;
     return run_gptq(in, out, o, go, on_layer, log, info, resumable);
   } catch (const Error& e) {
     if (!resumable) throw;

@@ -23,16 +23,6 @@ std::string float_text(float v) {
   return std::string(buf, r.ptr);
 }
 
-std::string order_name(GptqOptions::Order o) {
-  switch (o) {
-    case GptqOptions::Natural: return "natural";
-    case GptqOptions::StaticActOrder: return "static";
-    case GptqOptions::Gar: return "gar";
-    case GptqOptions::DynamicActOrder: return "dynamic";
-  }
-  return "?";
-}
-
 }  // namespace
 
 JobInputs job_inputs(const Checkpoint& ck, const QuantizeOptions& qo, const GptqOptions& g, bool true_sequential,

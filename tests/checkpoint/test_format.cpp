@@ -293,6 +293,24 @@ TEST_CASE("AWQ and compressed-tensors checkpoints") {
     CHECK(mods[0].k == 256);
     CHECK(mods[0].n == 768);
   }
+  SECTION("compressed-tensors actorder: only group/dynamic/true mean g_idx") {
+    std::vector<TensorData> ts;
+    add_plain(ts);
+    ts.push_back(filled(std::string(kQ) + ".weight_packed", DType::I32, {768, 256 / 8}, 1));
+    ts.push_back(filled(std::string(kQ) + ".weight_scale", DType::BF16, {768, 2}, 2));
+    ts.push_back(typed<int64_t>(std::string(kQ) + ".weight_shape", DType::I64, {2}, {768, 256}));
+    // llm-compressor's default is "static" (= "weight"): calibration order only, contiguous groups.
+    for (const auto& [order, act] : std::vector<std::pair<std::string, bool>>{
+             {"\"static\"", false}, {"\"weight\"", false}, {"\"Weight\"", false}, {"false", false},
+             {"\"group\"", true}, {"\"dynamic\"", true}, {"true", true}}) {
+      INFO("actorder " << order);
+      const fs::path dir = tmp.path / ("m" + std::to_string(std::hash<std::string>{}(order)));
+      write_checkpoint(dir, ts, {{"config.json", R"({"quantization_config":{"quant_method":"compressed-tensors","format":"pack-quantized",
+        "config_groups":{"group_0":{"targets":["Linear"],"weights":{"num_bits":4,"type":"int","symmetric":true,"group_size":128,"strategy":"group","actorder":)" +
+                                                     order + "}}}}}"}});
+      CHECK(detect_format(Checkpoint::open(dir)).desc_act == act);
+    }
+  }
   SECTION("compressed-tensors marlin-24") {
     std::vector<TensorData> ts;
     ts.push_back(filled(std::string(kQ) + ".weight_packed", DType::I32, {256 / 32, 2 * 512}, 1));

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/format.h"
 #include "tests/cli/cli_runner.h"
 #include "tests/common.h"
 #include "tests/quantizer/bf16_sample.h"
@@ -228,6 +229,8 @@ TEST_CASE("gptq --order dynamic to Marlin writes the act-order extension, the by
   Result r = run_cli("quantize " + q(sample) + " " + q(td.path / "m") + opts + " --format marlin", td.path);
   INFO(r.err);
   REQUIRE(r.rc == 0);
+  CHECK(r.out.find("note: --order dynamic stores act-order groups (g_idx), which current serving stacks no longer run") !=
+        std::string::npos);
 #ifndef MARLINC_SANITIZED  // the second GPTQ run and the comparison in the plain build only (a minute instrumented)
   REQUIRE(run_cli("quantize " + q(sample) + " " + q(td.path / "g") + opts + " --format gptq", td.path).rc == 0);
   REQUIRE(run_cli("convert " + q(td.path / "g") + " " + q(td.path / "c") + " --to marlin", td.path).rc == 0);
@@ -244,6 +247,30 @@ TEST_CASE("gptq --order dynamic to Marlin writes the act-order extension, the by
   const Result v = run_cli("verify --cpu " + q(td.path / "m"), td.path);
   INFO(v.out);
   CHECK(v.rc == 0);
+}
+
+// --order static / gar calibrate in activation order with contiguous groups: no g_idx, and compressed-tensors
+// says actorder "weight" as llm-compressor does (only for grouped schemes: vLLM refuses an actorder on
+// per-channel ones). The record names the order whatever the format.
+TEST_CASE("gptq --order static into compressed-tensors says actorder weight and stores no g_idx", "[cli][gptq]") {
+  TempDir td("gptq-static-ct");
+  const fs::path sample = marlinc::test::sample_model();
+  const std::string opts = " --method gptq --order static --samples 4 --max-len 64 --format compressed-tensors";
+  for (const char* group : {"128", "-1"}) {
+    INFO("group " << group);
+    const fs::path out = td.path / (std::string("g") + group);
+    const Result r = run_cli("quantize " + q(sample) + " " + q(out) + opts + " --group " + group, td.path);
+    INFO(r.err);
+    REQUIRE(r.rc == 0);
+    CHECK(r.out.find("--order dynamic") == std::string::npos);  // no g_idx note
+    const marlinc::Checkpoint ck = marlinc::Checkpoint::open(out);
+    const nlohmann::json& qc = ck.config().at("quantization_config");
+    const nlohmann::json& actorder = qc.at("config_groups").at("group_0").at("weights").at("actorder");
+    CHECK(actorder == (std::string(group) == "128" ? nlohmann::json("weight") : nlohmann::json(nullptr)));
+    CHECK(qc.at("marlinc").at("order") == "static");
+    CHECK_FALSE(ck.contains("model.layers.0.self_attn.q_proj.weight_g_idx"));
+    CHECK_FALSE(marlinc::detect_format(ck).desc_act);  // read back as no act-order
+  }
 }
 
 TEST_CASE("gptq options that do not fit exit 2 naming the option, leaving no output", "[cli][gptq]") {

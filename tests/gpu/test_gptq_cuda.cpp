@@ -69,16 +69,6 @@ bool have_gpu() {
     }                                                     \
   } while (0)
 
-const char* order_name(GptqOptions::Order o) {
-  switch (o) {
-    case GptqOptions::Natural: return "natural";
-    case GptqOptions::StaticActOrder: return "static-act";
-    case GptqOptions::Gar: return "gar";
-    case GptqOptions::DynamicActOrder: return "dynamic-act";
-  }
-  return "?";
-}
-
 // Runs both back ends, prints the measured agreement and checks the agreement the back end promises.
 void compare(const Layer& s, GptqOptions o) {
   o.device = GptqOptions::Device::Cpu;
@@ -93,7 +83,7 @@ void compare(const Layer& s, GptqOptions o) {
   const double loss_rel = std::fabs(gs.loss - cs.loss) / cs.loss;
   std::printf("[gptq-cuda] n %5lld k %5lld bits %d group %4d order %-11s clip %d 2:4 %d block %3d | codes %.3e "
               "scales %.3e mask %.3e | loss cpu %.9g gpu %.9g rel %.3e\n",
-              (long long)s.n, (long long)s.k, o.bits, o.group_size, order_name(o.order), int(o.clip), int(o.sparse24),
+              (long long)s.n, (long long)s.k, o.bits, o.group_size, order_name(o.order).c_str(), int(o.clip), int(o.sparse24),
               o.block, codes, scales, mask, cs.loss, gs.loss, loss_rel);
   g.validate();
   CHECK(g.name == c.name);
