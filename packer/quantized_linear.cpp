@@ -70,4 +70,74 @@ std::vector<float> dequantize(const QuantizedLinear& q) {
   return w;
 }
 
+namespace {
+
+// Columns [c0, c0 + w) of each row of a row-major [rows, cols] table, appended to out.
+template <class T>
+void take_columns(const std::vector<T>& src, int64_t rows, int64_t cols, int64_t c0, int64_t w, std::vector<T>& out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto row = src.begin() + r * cols;
+    out.insert(out.end(), row + c0, row + c0 + w);
+  }
+}
+
+// A row-major [rows, w_total] table from parts [rows, w_i] placed side by side.
+template <class T>
+std::vector<T> side_by_side(const std::vector<const std::vector<T>*>& parts, const std::vector<int64_t>& widths,
+                            int64_t rows) {
+  std::vector<T> out;
+  for (int64_t r = 0; r < rows; ++r)
+    for (size_t p = 0; p < parts.size(); ++p) {
+      const auto row = parts[p]->begin() + r * widths[p];
+      out.insert(out.end(), row, row + widths[p]);
+    }
+  return out;
+}
+
+}  // namespace
+
+QuantizedLinear slice_n(const QuantizedLinear& q, int64_t n0, int64_t n) {
+  if (n0 < 0 || n <= 0 || n0 + n > q.n)
+    bad_data(q.name + ": output features [" + std::to_string(n0) + ", " + std::to_string(n0 + n) + ") are outside its n = " +
+             std::to_string(q.n));
+  QuantizedLinear s;
+  s.name = q.name;
+  s.k = q.k, s.n = n, s.bits = q.bits, s.group_size = q.group_size, s.sym = q.sym, s.scale_type = q.scale_type;
+  s.g_idx = q.g_idx;
+  take_columns(q.codes, q.k, q.n, n0, n, s.codes);
+  take_columns(q.scales, q.groups(), q.n, n0, n, s.scales);
+  if (!q.zeros.empty()) take_columns(q.zeros, q.groups(), q.n, n0, n, s.zeros);
+  if (!q.mask.empty()) take_columns(q.mask, q.k, q.n, n0, n, s.mask);
+  return s;
+}
+
+QuantizedLinear concat_n(const std::vector<QuantizedLinear>& parts, const std::string& name) {
+  if (parts.empty()) bad_data(name + ": no part to join");
+  const QuantizedLinear& a = parts[0];
+  QuantizedLinear out;
+  out.name = name;
+  out.k = a.k, out.n = 0, out.bits = a.bits, out.group_size = a.group_size, out.sym = a.sym, out.scale_type = a.scale_type;
+  out.g_idx = a.g_idx;
+  std::vector<const std::vector<uint8_t>*> codes, zeros, masks;
+  std::vector<const std::vector<uint16_t>*> scales;
+  std::vector<int64_t> widths;
+  for (const QuantizedLinear& p : parts) {
+    if (p.k != a.k || p.bits != a.bits || p.group_size != a.group_size || p.sym != a.sym || p.scale_type != a.scale_type ||
+        p.g_idx != a.g_idx || p.mask.empty() != a.mask.empty())
+      bad_data(name + ": part " + p.name + " differs from " + a.name +
+               " in k, bits, group size, symmetry, scale type, g_idx or 2:4-ness, so they cannot form one module");
+    out.n += p.n;
+    widths.push_back(p.n);
+    codes.push_back(&p.codes);
+    scales.push_back(&p.scales);
+    zeros.push_back(&p.zeros);
+    masks.push_back(&p.mask);
+  }
+  out.codes = side_by_side(codes, widths, a.k);
+  out.scales = side_by_side(scales, widths, a.groups());
+  if (!a.sym) out.zeros = side_by_side(zeros, widths, a.groups());
+  if (!a.mask.empty()) out.mask = side_by_side(masks, widths, a.k);
+  return out;
+}
+
 }  // namespace marlinc

@@ -46,4 +46,12 @@ struct QuantizedLinear {
 // Dequantize the whole layer into w[k, n] (row-major, float).
 std::vector<float> dequantize(const QuantizedLinear& q);
 
+// Output features [n0, n0 + n) of q: a fused module's part (Phi-3's qkv_proj holds q|k|v). BadData when
+// the range leaves q.
+QuantizedLinear slice_n(const QuantizedLinear& q, int64_t n0, int64_t n);
+// The parts side by side along n, in order (the fused module `name`). Every column keeps its codes,
+// scales, zero points and mask, so slice_n takes each part back exactly. The parts must agree on k,
+// bits, group size, symmetry, scale type, g_idx and whether they are 2:4 (BadData naming the part).
+QuantizedLinear concat_n(const std::vector<QuantizedLinear>& parts, const std::string& name);
+
 }  // namespace marlinc
