@@ -53,7 +53,7 @@ void run_ppl(const PplArgs& a) {
   const bool quantized = detect_format(Checkpoint::open(a.model_dir)).format != Format::Plain;
   auto model = LlamaModel::open(a.model_dir, quantized);
   std::optional<QuantizedLinears> qlin;
-  if (quantized) qlin.emplace(model.checkpoint());
+  if (quantized) qlin.emplace(model.checkpoint(), model.config());
   auto tok = load_tokenizer(a.model_dir);
   if (tok->vocab_size() > model.config().vocab)
     bad_data(a.model_dir + ": the tokenizer has " + std::to_string(tok->vocab_size()) + " tokens but config.json vocab_size is " +

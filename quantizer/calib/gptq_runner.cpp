@@ -58,22 +58,25 @@ double peak_estimate(const LlamaConfig& c, size_t tokens) {
 // the pass's block, so the forward pass after it gives the next block the inputs the uninterrupted
 // run gave it.
 void replay_block(const GptqJob& job, int64_t b, const QuantPlan& P, const QuantizeOptions& qo, CheckpointWriter& w,
-                  QuantizeReport& rep, CalibPass& pass,
+                  QuantizeReport& rep, CalibPass& pass, const LlamaConfig& c,
                   const std::function<void(size_t, const QuantizedLayerReport&)>& report) {
   std::vector<FinishedLayer> saved = job.load_block(b);
   const std::string file = job.block_file(b).string();
-  // What a fresh run produces for this block, in its order: the planned linears, group by group.
-  std::vector<std::pair<Linear, size_t>> expected;  // (linear, index into P.jobs)
+  // What a fresh run produces for this block, in its order: the planned modules, group by group (a
+  // fused module once, with the linears it holds).
+  std::vector<std::pair<std::vector<Linear>, size_t>> expected;  // (linears, index into P.jobs)
   for (LinearInput g : kGroups)
     for (Linear l : linears_of(g)) {
-      const auto it = P.job_of_tensor.find(linear_name(b, l) + ".weight");
-      if (it != P.job_of_tensor.end()) expected.emplace_back(l, it->second);
+      const auto it = P.job_of_tensor.find(linear_source(c, b, l).prefix + ".weight");
+      if (it == P.job_of_tensor.end()) continue;
+      if (!expected.empty() && expected.back().second == it->second) expected.back().first.push_back(l);
+      else expected.push_back({{l}, it->second});
     }
   if (saved.size() != expected.size())
     bad_data(file + ": holds " + std::to_string(saved.size()) + " layers, but this run quantizes " +
              std::to_string(expected.size()) + " in block " + std::to_string(b));
   for (size_t i = 0; i < saved.size(); ++i) {
-    const auto [l, j] = expected[i];
+    const auto& [ls, j] = expected[i];
     const QuantJob& qj = P.jobs[j];
     FinishedLayer& f = saved[i];
     if (f.q.name != qj.prefix || f.q.n != qj.desc.n || f.q.k != qj.desc.k)
@@ -81,7 +84,10 @@ void replay_block(const GptqJob& job, int64_t b, const QuantPlan& P, const Quant
                std::to_string(f.q.k) + "], expected " + qj.prefix + " [" + std::to_string(qj.desc.n) + ", " +
                std::to_string(qj.desc.k) + "]");
     const QuantizedLinear q = write_quantized(w, qo, qj, std::move(f.q), rep);
-    pass.set_weight(l, q);
+    for (Linear l : ls) {
+      const LinearSource s = linear_source(c, b, l);
+      pass.set_weight(l, s.fused() ? slice_n(q, s.row0, s.rows) : q);
+    }
     report(j, f.report);
   }
 }
@@ -309,34 +315,67 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
       std::vector<GptqOptions> os;
       std::vector<size_t> jobs;
       for (Linear l : linears_of(g)) {
-        const std::string prefix = linear_name(b, l);
-        auto it = P.job_of_tensor.find(prefix + ".weight");
+        const LinearSource src = linear_source(c, b, l);
+        auto it = P.job_of_tensor.find(src.prefix + ".weight");
         if (it == P.job_of_tensor.end()) continue;  // skipped by the plan: stays as it is
         ls.push_back(l);
         os.push_back(base);
-        os.back().name = prefix;
+        // A fused module's parts run GPTQ on their own rows (with the shared Hessian, rows are independent).
+        os.back().name = src.prefix + (src.fused() ? " rows " + std::to_string(src.row0) + ".." +
+                                                         std::to_string(src.row0 + src.rows - 1)
+                                                   : std::string());
         os.back().bf16_scales = grid_bf16(qo, P.jobs[it->second]);
         jobs.push_back(it->second);
       }
       if (ls.empty()) return;
       std::vector<GptqStats> st;
       std::vector<QuantizedLinear> qs = pass->quantize_all(ls, os, st);
-      for (size_t i = 0; i < ls.size(); ++i) {
-        QuantizedLinear& q = qs[i];
+      for (size_t i0 = 0; i0 < ls.size();) {
+        // The linears of one module: one, or the consecutive parts of a fused one, in row order.
+        size_t i1 = i0 + 1;
+        while (i1 < ls.size() && jobs[i1] == jobs[i0]) ++i1;
+        const QuantJob& job = P.jobs[jobs[i0]];
+        for (size_t i = i0; i < i1; ++i) pass->set_weight(ls[i], qs[i]);
+        QuantizedLinear q;
+        if (i1 - i0 == 1 && !linear_source(c, b, ls[i0]).fused()) {
+          q = std::move(qs[i0]);
+        } else {
+          q = concat_n(std::vector<QuantizedLinear>(qs.begin() + ptrdiff_t(i0), qs.begin() + ptrdiff_t(i1)), job.prefix);
+          if (q.n != job.desc.n)
+            fail(ErrorKind::Internal, job.prefix + ": its parts hold " + std::to_string(q.n) + " of " +
+                                          std::to_string(job.desc.n) + " rows");
+        }
+        GptqStats s = st[i0];
+        if (i1 - i0 > 1) {
+          // The module's error over all its rows, from the checkpoint's weights; losses and times add.
+          const std::vector<float> W = to_float(ck.data(job.prefix + ".weight"), job.info->dtype);  // [n, k]
+          const std::vector<float> dq = dequantize(q);                                              // [k, n]
+          double e2 = 0, w2 = 0;
+          for (int64_t row = 0; row < q.n; ++row)
+            for (int64_t col = 0; col < q.k; ++col) {
+              const double wv = W[size_t(row * q.k + col)], d = double(dq[size_t(col * q.n + row)]) - wv;
+              e2 += d * d, w2 += wv * wv;
+            }
+          s.rel_weight_err = w2 > 0 ? std::sqrt(e2 / w2) : 0.0;
+          for (size_t i = i0 + 1; i < i1; ++i) {
+            s.loss += st[i].loss, s.seconds += st[i].seconds;
+            s.damp_used = std::max(s.damp_used, st[i].damp_used);
+          }
+        }
         finished.push_back({q, {}});
         const auto t_w = Clock::now();
-        q = write_quantized(w, qo, P.jobs[jobs[i]], std::move(q), rep);
+        q = write_quantized(w, qo, job, std::move(q), rep);
         I.seconds_pack += since(t_w);
-        pass->set_weight(ls[i], q);
         // The layer's time is its GPTQ time (layers of a group may have run together).
-        QuantizedLayerReport lr{os[i].name, q.n, q.k, st[i].rel_weight_err, st[i].seconds, st[i].loss, st[i].damp_used};
+        QuantizedLayerReport lr{job.prefix, q.n, q.k, s.rel_weight_err, s.seconds, s.loss, s.damp_used};
         finished.back().report = lr;
-        report(jobs[i], lr);
+        report(jobs[i0], lr);
+        i0 = i1;
       }
     };
     if (b < resumed) {
       const auto t_r = Clock::now();
-      replay_block(resume, b, P, qo, w, rep, *pass, report);
+      replay_block(resume, b, P, qo, w, rep, *pass, c, report);
       I.seconds_io += since(t_r);
     } else if (go.true_sequential) {
       for (LinearInput g : kGroups) {

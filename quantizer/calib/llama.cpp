@@ -15,7 +15,7 @@ using nlohmann::json;
 const std::vector<std::string>& supported_architectures() {
   static const std::vector<std::string> k = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                                              "Qwen3ForCausalLM", "GemmaForCausalLM",   "Gemma2ForCausalLM",
-                                             "Gemma3ForCausalLM"};
+                                             "Gemma3ForCausalLM", "Phi3ForCausalLM"};
   return k;
 }
 
@@ -65,13 +65,47 @@ std::string opt_string(const json& o, const char* key, const std::string& dflt, 
   return o[key].get<std::string>();
 }
 
+std::vector<double> factor_list(const json& rp, const char* key, int64_t count, const std::string& label) {
+  if (!present(rp, key) || !rp[key].is_array() || static_cast<int64_t>(rp[key].size()) != count)
+    bad_data(label + ": longrope '" + key + "' must be a list of rotary_dim / 2 = " + std::to_string(count) + " numbers");
+  std::vector<double> v;
+  for (const json& x : rp[key]) {
+    if (!x.is_number() || !std::isfinite(x.get<double>()) || x.get<double>() <= 0)
+      bad_data(label + ": longrope '" + key + "' holds a value that is not a positive finite number");
+    v.push_back(x.get<double>());
+  }
+  return v;
+}
+
 // One RoPE parameter set: `rp` is rope_scaling (transformers 4) or a rope_parameters object
 // (transformers 5, which also holds rope_theta there); `theta` already holds the top-level or default base.
-void parse_rope(const json* rp, double& theta, RopeScaling& s, const std::string& label) {
+// c gives the family and sizes longrope needs (Phi-3 only).
+void parse_rope(const json* rp, double& theta, RopeScaling& s, const LlamaConfig& c, const json& cfg,
+                const std::string& label) {
   if (!rp) return;
   if (present(*rp, "rope_theta")) theta = opt_positive(*rp, "rope_theta", theta, label);
-  const std::string type = opt_string(*rp, "rope_type", opt_string(*rp, "type", "default", label), label);
+  std::string type = opt_string(*rp, "rope_type", opt_string(*rp, "type", "default", label), label);
+  // Phi3Config renames the older "su" and "yarn" to longrope.
+  if (c.family == Family::Phi3 && (type == "su" || type == "yarn")) type = "longrope";
   s.type = type;
+  if (type == "longrope") {
+    if (c.family != Family::Phi3) bad_data(label + ": rope type 'longrope' is supported for Phi3ForCausalLM only");
+    const int64_t half = c.rotary_dim / 2;
+    s.short_factor = factor_list(*rp, "short_factor", half, label);
+    s.long_factor = factor_list(*rp, "long_factor", half, label);
+    // Phi3Config keeps original_max_position_embeddings at the top level (default 4096), and transformers
+    // takes that one over the rope parameters'.
+    s.original_max_position_embeddings =
+        opt_int(cfg, "original_max_position_embeddings", opt_int(*rp, "original_max_position_embeddings", 4096, 1, label), 1, label);
+    const double orig = static_cast<double>(s.original_max_position_embeddings);
+    const double factor = present(*rp, "factor") ? opt_positive(*rp, "factor", 1.0, label)
+                                                 : static_cast<double>(c.max_position_embeddings) / orig;
+    s.factor = factor;
+    // The paper's attention scaling: sqrt(1 + ln(factor) / ln(original length)), unless given.
+    s.attention_factor = present(*rp, "attention_factor") ? opt_positive(*rp, "attention_factor", 1.0, label)
+                         : factor <= 1.0 ? 1.0 : std::sqrt(1.0 + std::log(factor) / std::log(orig));
+    return;
+  }
   if (type == "linear" || type == "llama3") {
     if (!present(*rp, "factor")) bad_data(label + ": rope scaling '" + type + "' needs a positive 'factor'");
     s.factor = opt_positive(*rp, "factor", 1.0, label);
@@ -83,7 +117,8 @@ void parse_rope(const json* rp, double& theta, RopeScaling& s, const std::string
     if (s.high_freq_factor <= s.low_freq_factor)
       bad_data(label + ": llama3 rope scaling needs high_freq_factor > low_freq_factor");
   } else if (type != "default" && type != "linear") {
-    bad_data(label + ": rope type '" + type + "' is not supported (supported: default, linear, llama3)");
+    bad_data(label + ": rope type '" + type + "' is not supported (supported: default, linear, llama3" +
+             (c.family == Family::Phi3 ? ", longrope)" : ")"));
   }
 }
 
@@ -154,6 +189,7 @@ LlamaConfig LlamaConfig::from_json(const json& cfg, const std::string& label) {
     else if (mt == "gemma") c.architecture = "GemmaForCausalLM";
     else if (mt == "gemma2") c.architecture = "Gemma2ForCausalLM";
     else if (mt == "gemma3_text") c.architecture = "Gemma3ForCausalLM";
+    else if (mt == "phi3") c.architecture = "Phi3ForCausalLM";
     else c.architecture = mt.empty() ? std::string("(none)") : "model_type " + mt;
   }
   if (c.architecture == "LlamaForCausalLM") c.family = Family::Llama;
@@ -163,6 +199,7 @@ LlamaConfig LlamaConfig::from_json(const json& cfg, const std::string& label) {
   else if (c.architecture == "GemmaForCausalLM") c.family = Family::Gemma;
   else if (c.architecture == "Gemma2ForCausalLM") c.family = Family::Gemma2;
   else if (c.architecture == "Gemma3ForCausalLM") c.family = Family::Gemma3;
+  else if (c.architecture == "Phi3ForCausalLM") c.family = Family::Phi3;
   else bad_data(label + ": architecture " + c.architecture + " is not supported (supported: " +
                 join(supported_architectures()) + ")");
   c.hidden = req_int(cfg, "hidden_size", label);
@@ -185,7 +222,22 @@ LlamaConfig LlamaConfig::from_json(const json& cfg, const std::string& label) {
              std::to_string(c.kv_heads));
   if (c.head_dim % 2 != 0) bad_data(label + ": head_dim " + std::to_string(c.head_dim) + " must be even for RoPE");
   c.max_position_embeddings = opt_int(cfg, "max_position_embeddings", 0, 0, label);
-  if (c.family == Family::Mistral) c.sliding_window = opt_int(cfg, "sliding_window", 0, 0, label);
+  // Mistral and Phi-3 window every layer (null or absent: none).
+  if (c.family == Family::Mistral || c.family == Family::Phi3) c.sliding_window = opt_int(cfg, "sliding_window", 0, 0, label);
+  c.fused_linears = c.family == Family::Phi3;
+  c.rotary_dim = c.head_dim;
+  if (c.family == Family::Phi3) {
+    // partial_rotary_factor from the rope parameters, else the top level (Phi-4-mini: 0.75).
+    const json* rpf = nullptr;
+    for (const char* k : {"rope_parameters", "rope_scaling"})
+      if (cfg.contains(k) && cfg[k].is_object() && present(cfg[k], "partial_rotary_factor")) { rpf = &cfg[k]; break; }
+    const double prf = opt_positive(rpf ? *rpf : cfg, "partial_rotary_factor", 1.0, label);
+    if (prf > 1.0) bad_data(label + ": 'partial_rotary_factor' must be in (0, 1]");
+    c.rotary_dim = static_cast<int64_t>(static_cast<double>(c.head_dim) * prf);  // Python's int(): truncated
+    if (c.rotary_dim < 2 || c.rotary_dim % 2 != 0)
+      bad_data(label + ": partial_rotary_factor " + std::to_string(prf) + " gives " + std::to_string(c.rotary_dim) +
+               " rotary dims of head_dim " + std::to_string(c.head_dim) + "; an even number >= 2 is needed");
+  }
   if (c.family == Family::Qwen2 && opt_bool(cfg, "use_sliding_window", false, label))
     bad_data(label + ": use_sliding_window is not supported for Qwen2 (set it false; calibration sequences are short)");
   c.rms_eps = opt_positive(cfg, "rms_norm_eps", 1e-6, label);
@@ -243,32 +295,42 @@ LlamaConfig LlamaConfig::from_json(const json& cfg, const std::string& label) {
     };
     // What a sub-object leaves out comes from the older top-level keys, as transformers 5 fills them in:
     // rope_scaling for the global layers, rope_local_base_freq for the sliding ones.
-    if (rs) parse_rope(rs, c.rope_theta, c.rope_scaling, label);
+    if (rs) parse_rope(rs, c.rope_theta, c.rope_scaling, c, cfg, label);
     const json* full = sub("full_attention");
     if (full && (full->contains("rope_type") || full->contains("type")))
-      parse_rope(full, c.rope_theta, c.rope_scaling, label);
+      parse_rope(full, c.rope_theta, c.rope_scaling, c, cfg, label);
     else if (full && present(*full, "rope_theta"))
       c.rope_theta = opt_positive(*full, "rope_theta", c.rope_theta, label);
     c.local_rope_theta = opt_positive(cfg, "rope_local_base_freq", 10000.0, label);
-    parse_rope(sub("sliding_attention"), c.local_rope_theta, c.local_rope_scaling, label);
+    parse_rope(sub("sliding_attention"), c.local_rope_theta, c.local_rope_scaling, c, cfg, label);
   } else {
-    parse_rope(rs ? rs : rp, c.rope_theta, c.rope_scaling, label);
+    parse_rope(rs ? rs : rp, c.rope_theta, c.rope_scaling, c, cfg, label);
     if (c.family == Family::Gemma3)  // transformers 4: local layers take rope_local_base_freq, unscaled
       c.local_rope_theta = opt_positive(cfg, "rope_local_base_freq", 10000.0, label);
   }
   return c;
 }
 
-std::vector<float> rope_inv_freq(const LlamaConfig& c, bool local) {
-  const int64_t half = c.head_dim / 2;
+bool rope_long(const LlamaConfig& c, int64_t len) {
+  return c.rope_scaling.type == "longrope" && len > c.rope_scaling.original_max_position_embeddings;
+}
+
+std::vector<float> rope_inv_freq(const LlamaConfig& c, bool local, bool long_seq) {
+  const int64_t dim = c.rotary_dim > 0 ? c.rotary_dim : c.head_dim, half = dim / 2;
   std::vector<float> f(static_cast<size_t>(half));
   const double theta = local && c.local_rope_theta > 0 ? c.local_rope_theta : c.rope_theta;
-  // As transformers computes it, in fp32: 1 / theta^(2i / head_dim).
-  for (int64_t i = 0; i < half; ++i) {
-    float e = static_cast<float>(2 * i) / static_cast<float>(c.head_dim);
-    f[i] = static_cast<float>(1.0 / std::pow(static_cast<double>(static_cast<float>(theta)), static_cast<double>(e)));
-  }
   const RopeScaling& s = local && c.local_rope_theta > 0 ? c.local_rope_scaling : c.rope_scaling;
+  // As transformers computes it, in fp32: 1 / theta^(2i / dim); longrope: 1 / (ext_i · theta^(2i / dim)).
+  for (int64_t i = 0; i < half; ++i) {
+    float e = static_cast<float>(2 * i) / static_cast<float>(dim);
+    const double p = std::pow(static_cast<double>(static_cast<float>(theta)), static_cast<double>(e));
+    if (s.type == "longrope") {
+      const std::vector<double>& ext = long_seq ? s.long_factor : s.short_factor;
+      f[i] = 1.0f / (static_cast<float>(ext[size_t(i)]) * static_cast<float>(p));
+    } else {
+      f[i] = static_cast<float>(1.0 / p);
+    }
+  }
   if (s.type == "linear") {
     for (float& x : f) x = static_cast<float>(x / s.factor);
   } else if (s.type == "llama3") {
@@ -293,6 +355,30 @@ std::string linear_name(int64_t block, Linear l) {
   static const char* kNames[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                                  "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
   return "model.layers." + std::to_string(block) + "." + kNames[static_cast<int>(l)];
+}
+
+LinearSource linear_source(const LlamaConfig& c, int64_t block, Linear l) {
+  const int64_t qd = c.heads * c.head_dim, kvd = c.kv_heads * c.head_dim;
+  const std::string p = "model.layers." + std::to_string(block) + ".";
+  if (c.fused_linears) {
+    switch (l) {
+      case Linear::Q: return {p + "self_attn.qkv_proj", 0, qd, qd + 2 * kvd, c.hidden};
+      case Linear::K: return {p + "self_attn.qkv_proj", qd, kvd, qd + 2 * kvd, c.hidden};
+      case Linear::V: return {p + "self_attn.qkv_proj", qd + kvd, kvd, qd + 2 * kvd, c.hidden};
+      case Linear::Gate: return {p + "mlp.gate_up_proj", 0, c.intermediate, 2 * c.intermediate, c.hidden};
+      case Linear::Up: return {p + "mlp.gate_up_proj", c.intermediate, c.intermediate, 2 * c.intermediate, c.hidden};
+      default: break;
+    }
+  }
+  int64_t out = 0, in = 0;
+  switch (l) {
+    case Linear::Q: out = qd, in = c.hidden; break;
+    case Linear::K: case Linear::V: out = kvd, in = c.hidden; break;
+    case Linear::O: out = c.hidden, in = qd; break;
+    case Linear::Gate: case Linear::Up: out = c.intermediate, in = c.hidden; break;
+    case Linear::Down: out = c.hidden, in = c.intermediate; break;
+  }
+  return {linear_name(block, l), 0, out, out, in};
 }
 
 std::vector<Linear> linears_of(LinearInput g) {
@@ -378,15 +464,11 @@ LlamaModel LlamaModel::open(const std::filesystem::path& dir, bool quantized_lin
     // A quantized checkpoint has no plain weight for its quantized linears: load_block then takes
     // them from the LinearProvider (QuantizedLinears), which checks their shapes.
     const bool plain_linears = !quantized_linears;
-    if (plain_linears) {
-      expect_shape(ck, p + "self_attn.q_proj.weight", {qd, c.hidden});
-      expect_shape(ck, p + "self_attn.k_proj.weight", {kvd, c.hidden});
-      expect_shape(ck, p + "self_attn.v_proj.weight", {kvd, c.hidden});
-      expect_shape(ck, p + "self_attn.o_proj.weight", {c.hidden, qd});
-      expect_shape(ck, p + "mlp.gate_proj.weight", {c.intermediate, c.hidden});
-      expect_shape(ck, p + "mlp.up_proj.weight", {c.intermediate, c.hidden});
-      expect_shape(ck, p + "mlp.down_proj.weight", {c.hidden, c.intermediate});
-    }
+    if (plain_linears)
+      for (Linear l : kAllLinears) {
+        const LinearSource s = linear_source(c, i, l);
+        expect_shape(ck, s.prefix + ".weight", {s.total_rows, s.in});
+      }
     if (c.family == Family::Qwen2) {
       expect_shape(ck, p + "self_attn.q_proj.bias", {qd});
       expect_shape(ck, p + "self_attn.k_proj.bias", {kvd});
@@ -407,6 +489,7 @@ LlamaModel LlamaModel::open(const std::filesystem::path& dir, bool quantized_lin
   expect_shape(ck, m.head_name_, {c.vocab, c.hidden});
   m.inv_freq_ = rope_inv_freq(c);
   if (c.local_rope_theta > 0) m.inv_freq_local_ = rope_inv_freq(c, /*local=*/true);
+  if (c.rope_scaling.type == "longrope") m.inv_freq_long_ = rope_inv_freq(c, false, /*long_seq=*/true);
   m.final_norm_ = m.load_norm("model.norm.weight", c.hidden);
   if (c.scale_embeddings) {
     // sqrt(hidden) as a Python float, then held in the model's dtype (the embedding table's).
@@ -419,11 +502,14 @@ LlamaModel LlamaModel::open(const std::filesystem::path& dir, bool quantized_lin
   return m;
 }
 
-Matrix LlamaModel::load_matrix(const std::string& name, int64_t rows, int64_t cols) const {
+Matrix LlamaModel::load_rows(const std::string& name, int64_t rows, int64_t cols, int64_t row0, int64_t n) const {
   expect_shape(*ckpt_, name, {rows, cols});
   auto ref = ckpt_->at(name);
-  std::vector<float> f = to_float(ref.file->data(*ref.info), ref.info->dtype);
-  return Eigen::Map<const Matrix>(f.data(), rows, cols);
+  const size_t row_bytes = static_cast<size_t>(cols) * dtype_size(ref.info->dtype);
+  std::vector<float> f =
+      to_float(ref.file->data(*ref.info).subspan(static_cast<size_t>(row0) * row_bytes, static_cast<size_t>(n) * row_bytes),
+               ref.info->dtype);
+  return Eigen::Map<const Matrix>(f.data(), n, cols);
 }
 
 Vector LlamaModel::load_vector(const std::string& name, int64_t n) const {
@@ -447,26 +533,23 @@ BlockWeights LlamaModel::load_block(int64_t i, const LinearProvider* provider, b
   const LlamaConfig& c = cfg_;
   if (i < 0 || i >= c.layers)
     bad_usage("block " + std::to_string(i) + " is out of range (the model has " + std::to_string(c.layers) + ")");
-  const int64_t qd = c.heads * c.head_dim, kvd = c.kv_heads * c.head_dim;
   const std::string p = "model.layers." + std::to_string(i) + ".";
   BlockWeights w;
   w.index = i;
-  struct Shape { Linear l; int64_t out, in; };
-  const Shape shapes[] = {{Linear::Q, qd, c.hidden},  {Linear::K, kvd, c.hidden},  {Linear::V, kvd, c.hidden},
-                          {Linear::O, c.hidden, qd},  {Linear::Gate, c.intermediate, c.hidden},
-                          {Linear::Up, c.intermediate, c.hidden}, {Linear::Down, c.hidden, c.intermediate}};
-  for (const Shape& s : shapes) {
-    const std::string name = linear_name(i, s.l);
-    const_cast<Vector&>(w.bias(s.l)) = load_optional_vector(name + ".bias", s.out);
+  for (Linear l : kAllLinears) {
+    const LinearSource s = linear_source(c, i, l);
+    // A fused module's bias is its rows' part too.
+    if (ckpt_->contains(s.prefix + ".bias"))
+      const_cast<Vector&>(w.bias(l)) = load_vector(s.prefix + ".bias", s.total_rows).segment(s.row0, s.rows);
     if (!linears) continue;
-    std::optional<Matrix> repl = provider ? provider->weight(i, s.l) : std::nullopt;
+    std::optional<Matrix> repl = provider ? provider->weight(i, l) : std::nullopt;
     if (repl) {
-      if (repl->rows() != s.out || repl->cols() != s.in)
-        bad_data(name + ": replacement weight is [" + std::to_string(repl->rows()) + ", " + std::to_string(repl->cols()) +
-                 "], expected [" + std::to_string(s.out) + ", " + std::to_string(s.in) + "]");
-      w.weight(s.l) = std::move(*repl);
+      if (repl->rows() != s.rows || repl->cols() != s.in)
+        bad_data(linear_name(i, l) + ": replacement weight is [" + std::to_string(repl->rows()) + ", " +
+                 std::to_string(repl->cols()) + "], expected [" + std::to_string(s.rows) + ", " + std::to_string(s.in) + "]");
+      w.weight(l) = std::move(*repl);
     } else {
-      w.weight(s.l) = load_matrix(name + ".weight", s.out, s.in);
+      w.weight(l) = load_rows(s.prefix + ".weight", s.total_rows, s.in, s.row0, s.rows);
     }
   }
   w.input_norm = load_norm(p + "input_layernorm.weight", c.hidden);
@@ -540,7 +623,7 @@ Matrix LlamaModel::embed(std::span<const int32_t> tokens) const {
 void LlamaModel::block_forward(Matrix& hidden, const BlockWeights& w, const InputHook& hook) const {
   const LlamaConfig& c = cfg_;
   const Eigen::Index T = hidden.rows(), hd = c.head_dim, H = c.heads, KV = c.kv_heads;
-  const Eigen::Index group = H / KV, half = hd / 2;
+  const Eigen::Index group = H / KV, half = c.rotary_dim / 2;  // rotated pairs (i, i + half), i < half
   // Attention: pre-norm, q/k/v, (q/k norm), RoPE, causal softmax attention with GQA, o_proj.
   Matrix x = hidden;
   rms_norm_rows(x.data(), T, x.cols(), w.input_norm, c.rms_eps);
@@ -552,14 +635,19 @@ void LlamaModel::block_forward(Matrix& hidden, const BlockWeights& w, const Inpu
     rms_norm_rows(q.data(), T * H, hd, w.q_norm, c.rms_eps);
     rms_norm_rows(k.data(), T * KV, hd, w.k_norm, c.rms_eps);
   }
-  // rotate_half convention of HF weights: pairs (i, i + hd/2) share frequency i.
-  const std::vector<float>& inv_freq = c.layer_local_rope(w.index) ? inv_freq_local_ : inv_freq_;
-  std::vector<float> cosv(static_cast<size_t>(T * half)), sinv(static_cast<size_t>(T * half));  // [T, hd/2]
+  // rotate_half convention of HF weights: pairs (i, i + rotary_dim/2) share frequency i; the dims from
+  // rotary_dim on (Phi's partial rotary) pass through. longrope: the long table past the original length,
+  // and cos/sin times its attention factor (in fp32, as transformers scales them).
+  const std::vector<float>& inv_freq = c.layer_local_rope(w.index) ? inv_freq_local_
+                                       : rope_long(c, T)            ? inv_freq_long_
+                                                                    : inv_freq_;
+  const float af = static_cast<float>(c.rope_scaling.type == "longrope" ? c.rope_scaling.attention_factor : 1.0);
+  std::vector<float> cosv(static_cast<size_t>(T * half)), sinv(static_cast<size_t>(T * half));  // [T, rotary_dim/2]
   for (Eigen::Index t = 0; t < T; ++t)
     for (Eigen::Index i = 0; i < half; ++i) {
       const float ang = inv_freq[i] * static_cast<float>(t);  // fp32 product, as transformers forms it
-      cosv[t * half + i] = static_cast<float>(std::cos(static_cast<double>(ang)));
-      sinv[t * half + i] = static_cast<float>(std::sin(static_cast<double>(ang)));
+      cosv[t * half + i] = static_cast<float>(std::cos(static_cast<double>(ang))) * af;
+      sinv[t * half + i] = static_cast<float>(std::sin(static_cast<double>(ang))) * af;
     }
   auto rope = [&](Matrix& m, Eigen::Index heads) {
 #pragma omp parallel for schedule(static) if (T * heads * hd >= (1 << 16))

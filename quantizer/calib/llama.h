@@ -2,7 +2,8 @@
 // (spec: ../shared/spec/gptq.md §7). Llama 2/3 (GQA, RoPE theta and llama3 scaling), Mistral (sliding
 // window), Qwen2/2.5 (q/k/v bias), Qwen3 (per-head q/k RMSNorm), Gemma 1/2/3 text models ((1 + w) norms,
 // scaled embeddings, GeGLU; Gemma 2/3: norms around both sub-blocks, query_pre_attn_scalar, soft-capped
-// scores and logits, sliding-window layers with their own RoPE base). Structured block by block so the
+// scores and logits, sliding-window layers with their own RoPE base), Phi-3/Phi-4 (fused qkv_proj and
+// gate_up_proj, partial rotary, LongRoPE). Structured block by block so the
 // calibration runner can capture each linear's input, quantize, and run the block again with
 // dequantized weights: embed -> block_forward x L -> final_norm -> logits.
 #pragma once
@@ -25,16 +26,21 @@ namespace marlinc::calib {
 using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using Vector = Eigen::VectorXf;
 
-enum class Family { Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma2, Gemma3 };
+enum class Family { Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma2, Gemma3, Phi3 };
 // The MLP's gate activation: silu (SwiGLU), gelu with tanh approximation (GeGLU as Gemma runs it:
 // gelu_pytorch_tanh, gelu_new) or exact gelu (erf).
 enum class Activation { Silu, GeluTanh, Gelu };
 
 struct RopeScaling {
-  std::string type = "default";  // default | linear | llama3
+  std::string type = "default";  // default | linear | llama3 | longrope
   double factor = 1.0;
   double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3
-  int64_t original_max_position_embeddings = 8192;       // llama3
+  int64_t original_max_position_embeddings = 8192;       // llama3, longrope
+  // longrope (Phi-3.5, Phi-4-mini): per-frequency stretch factors [rotary_dim/2], the short ones for
+  // sequences up to original_max_position_embeddings and the long ones beyond (transformers picks per
+  // forward by its length), and the factor on cos/sin.
+  std::vector<double> short_factor, long_factor;
+  double attention_factor = 1.0;
 };
 
 struct LlamaConfig {
@@ -46,6 +52,10 @@ struct LlamaConfig {
   double rms_eps = 1e-6;
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
+  int64_t rotary_dim = 0;  // leading dims of each head RoPE rotates: head_dim, or less (Phi's partial_rotary_factor)
+  // Phi-3: q/k/v are one checkpoint tensor (qkv_proj, rows q|k|v) and gate/up another (gate_up_proj, rows
+  // gate|up); linear_source() says which rows are which.
+  bool fused_linears = false;
   bool tie_embeddings = false;
   bool qk_norm = false;  // Qwen3, Gemma 3
   Activation act = Activation::Silu;
@@ -80,8 +90,16 @@ const std::vector<std::string>& supported_architectures();
 // The seven linears of a block, in the order the calibration runner visits them.
 enum class Linear { Q, K, V, O, Gate, Up, Down };
 inline constexpr Linear kAllLinears[] = {Linear::Q, Linear::K, Linear::V, Linear::O, Linear::Gate, Linear::Up, Linear::Down};
-// "model.layers.3.self_attn.q_proj" (no ".weight").
+// "model.layers.3.self_attn.q_proj" (no ".weight"), the unfused name.
 std::string linear_name(int64_t block, Linear l);
+// Where linear l of a block is stored: rows [row0, row0 + rows) of the checkpoint module `prefix`
+// (`<prefix>.weight` [total rows, in]). The whole module for every family but Phi-3's fused ones.
+struct LinearSource {
+  std::string prefix;
+  int64_t row0 = 0, rows = 0, total_rows = 0, in = 0;
+  bool fused() const { return rows != total_rows; }
+};
+LinearSource linear_source(const LlamaConfig& c, int64_t block, Linear l);
 
 // Linears that read the same input share one Hessian: {q,k,v}, {o}, {gate,up}, {down}.
 enum class LinearInput { QKV, O, GateUp, Down };
@@ -147,15 +165,17 @@ class LlamaModel {
 
  private:
   LlamaModel() = default;
-  Matrix load_matrix(const std::string& name, int64_t rows, int64_t cols) const;
+  // Rows [row0, row0 + n) of the [rows, cols] tensor `name` (a fused module's part), in fp32.
+  Matrix load_rows(const std::string& name, int64_t rows, int64_t cols, int64_t row0, int64_t n) const;
   Vector load_vector(const std::string& name, int64_t n) const;
   Vector load_optional_vector(const std::string& name, int64_t n) const;
   Vector load_norm(const std::string& name, int64_t n) const;  // a norm weight, with Gemma's + 1
 
   LlamaConfig cfg_;
   std::shared_ptr<Checkpoint> ckpt_;
-  std::vector<float> inv_freq_;        // [head_dim/2] RoPE frequencies after scaling
-  std::vector<float> inv_freq_local_;  // [head_dim/2] Gemma 3's sliding layers', or empty
+  std::vector<float> inv_freq_;        // [rotary_dim/2] RoPE frequencies after scaling
+  std::vector<float> inv_freq_local_;  // [rotary_dim/2] Gemma 3's sliding layers', or empty
+  std::vector<float> inv_freq_long_;   // [rotary_dim/2] longrope's long table, or empty
   float embed_scale_ = 1.0f;
   Vector final_norm_;            // [hidden]
   std::string head_name_;        // lm_head.weight or the tied embedding
@@ -163,9 +183,12 @@ class LlamaModel {
 
 // RMSNorm of each row of x [T, n] with weight w [n]: x / sqrt(mean(x^2) + eps) * w. Scalar reference.
 Matrix rms_norm_ref(const Matrix& x, const Vector& w, double eps);
-// RoPE inverse frequencies [head_dim/2] for a config (default, linear or llama3 scaling); local: the
-// table of Gemma 3's sliding layers (local_rope_theta and local_rope_scaling).
-std::vector<float> rope_inv_freq(const LlamaConfig& cfg, bool local = false);
+// RoPE inverse frequencies [rotary_dim/2] for a config (default, linear, llama3 or longrope scaling); local:
+// the table of Gemma 3's sliding layers (local_rope_theta and local_rope_scaling); long: longrope's table
+// for sequences longer than original_max_position_embeddings.
+std::vector<float> rope_inv_freq(const LlamaConfig& cfg, bool local = false, bool long_seq = false);
+// longrope: whether a sequence of `len` tokens takes the long factors (transformers: len > original max).
+bool rope_long(const LlamaConfig& cfg, int64_t len);
 // The MLP's gate activation of one value, in fp32 (the GPU pass forms the same expressions).
 float activation_ref(Activation a, float g);
 

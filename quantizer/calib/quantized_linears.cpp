@@ -5,16 +5,22 @@
 
 namespace marlinc::calib {
 
-QuantizedLinears::QuantizedLinears(const Checkpoint& ck) : ck_(ck), fi_(detect_format(ck)) {
+QuantizedLinears::QuantizedLinears(const Checkpoint& ck, const LlamaConfig& c) : ck_(ck), cfg_(c), fi_(detect_format(ck)) {
   if (fi_.format == Format::Plain) bad_usage(ck.source().string() + ": no quantized layers (a plain checkpoint)");
   mods_ = describe_modules(ck, fi_);
   for (size_t i = 0; i < mods_.size(); ++i) by_prefix_[mods_[i].prefix] = i;
 }
 
 std::optional<QuantizedLinear> QuantizedLinears::quantized(int64_t block, Linear l) const {
-  auto it = by_prefix_.find(linear_name(block, l));
+  const LinearSource s = linear_source(cfg_, block, l);
+  auto it = by_prefix_.find(s.prefix);
   if (it == by_prefix_.end()) return std::nullopt;
-  return read_module(ck_, mods_[it->second], fi_);
+  QuantizedLinear q = read_module(ck_, mods_[it->second], fi_);
+  if (q.n != s.total_rows || q.k != s.in)
+    bad_data(ck_.source().string() + ": module " + s.prefix + " is [k=" + std::to_string(q.k) + ", n=" + std::to_string(q.n) +
+             "], config.json implies [k=" + std::to_string(s.in) + ", n=" + std::to_string(s.total_rows) + "]");
+  if (!s.fused()) return q;
+  return slice_n(q, s.row0, s.rows);
 }
 
 std::optional<Matrix> QuantizedLinears::weight(int64_t block, Linear l) const {

@@ -16,18 +16,20 @@ namespace marlinc::calib {
 
 class QuantizedLinears : public LinearProvider {
  public:
-  // Throws BadUsage when ck holds no quantized layer. ck must outlive this object.
-  explicit QuantizedLinears(const Checkpoint& ck);
+  // Throws BadUsage when ck holds no quantized layer. ck must outlive this object; c (the model's
+  // config) says where each block linear is stored (linear_source: Phi-3's fused modules).
+  QuantizedLinears(const Checkpoint& ck, const LlamaConfig& c);
   // The dequantized weight of a quantized module; nullopt (the plain weight) for one that is not.
   std::optional<Matrix> weight(int64_t block, Linear l) const override;
-  // The quantized module itself (the GPU pass runs it through the Marlin kernel); nullopt for a
-  // linear that is not quantized.
+  // The quantized module itself, or a fused module's rows of it (the GPU pass runs it through the Marlin
+  // kernel); nullopt for a linear that is not quantized.
   std::optional<QuantizedLinear> quantized(int64_t block, Linear l) const;
   const FormatInfo& format() const { return fi_; }
   size_t modules() const { return mods_.size(); }
 
  private:
   const Checkpoint& ck_;
+  LlamaConfig cfg_;
   FormatInfo fi_;
   std::vector<ModuleDesc> mods_;
   std::map<std::string, size_t> by_prefix_;

@@ -2,7 +2,9 @@
 """Golden forward outputs of transformers for tiny random models of each architecture the calibration
 forward pass supports (quantizer/calib/llama.h): Llama 3 (llama3 RoPE scaling, GQA), Mistral (a sliding
 window shorter than the sequence), Qwen2 (q/k/v biases), Qwen3 (per-head q/k RMSNorm, head_dim !=
-hidden / heads, tied embeddings) and Gemma 1/2/3 (text). tests/calib/test_forward_arch.cpp checks marlinc's CPU forward against
+hidden / heads, tied embeddings), Gemma 1/2/3 (text) and Phi-3/Phi-4 (fused qkv_proj / gate_up_proj; phi3:
+partial rotary, LongRoPE with an original length between the two sequences' lengths so that one takes the
+short factors and the other the long ones, a sliding window; phi4: plain RoPE, tied embeddings, MQA). tests/calib/test_forward_arch.cpp checks marlinc's CPU forward against
 them, tests/gpu/test_forward_cuda.cpp its GPU forward ([gpu][forward]).
 
 Needs torch and transformers (the GPU machine has both); the outputs are committed, so the tests never
@@ -22,6 +24,9 @@ from safetensors.torch import save_file
 COMMON = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, vocab_size=128, max_position_embeddings=256, rms_norm_eps=1e-5,
               initializer_range=0.15, hidden_act="silu")
+
+# Phi3Config's token ids default to Phi-3's 32000-token vocabulary.
+PHI = dict(pad_token_id=None, bos_token_id=1, eos_token_id=2)
 
 GEMMA = dict(head_dim=32, hidden_act="gelu_pytorch_tanh", hidden_activation="gelu_pytorch_tanh",
              tie_word_embeddings=True)
@@ -51,6 +56,17 @@ MODELS = {
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
                dict(GEMMA, num_hidden_layers=3, query_pre_attn_scalar=24, sliding_window=8,
                     layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
+    # Phi-3.5 / Phi-4-mini style: head_dim 16, rotary over its first 8 dims, longrope factors for 4
+    # frequencies, original length 16 (seq0 = 24 tokens takes the long factors, seq1 = 7 the short ones),
+    # attention factor from max / original = 16; a window of 8 on every layer.
+    "phi3": ("Phi3Config", "Phi3ForCausalLM",
+             dict(PHI, rope_theta=10000.0, sliding_window=8, tie_word_embeddings=False, partial_rotary_factor=0.5,
+                  original_max_position_embeddings=16,
+                  rope_scaling=dict(type="longrope", short_factor=[1.0, 1.25, 1.6, 2.2],
+                                    long_factor=[1.0, 2.0, 4.5, 9.0]))),
+    # Phi-4 style: plain RoPE over the whole head, tied embeddings (as Phi-4-mini), one KV head.
+    "phi4": ("Phi3Config", "Phi3ForCausalLM",
+             dict(PHI, rope_theta=250000.0, tie_word_embeddings=True, num_key_value_heads=1)),
 }
 # What every Gemma entry shares on top of COMMON.
 GEMMA_ROPE3 = dict(
@@ -75,6 +91,10 @@ def main(out_root: Path) -> None:
         else:
             cfg = getattr(transformers, cfg_cls)(**args)
         model = getattr(transformers, model_cls)(cfg).eval()
+        if name.startswith("phi"):  # what the config became in this transformers (printed for the record)
+            rot = model.model.rotary_emb
+            print(name, "rope", dict(cfg.rope_parameters), "inv_freq", rot.inv_freq.tolist(),
+                  "attention_scaling", rot.attention_scaling)
         with torch.no_grad():
             # Norm weights and biases start at 1 and 0; perturb them so that the test sees them.
             for pname, p in model.named_parameters():

@@ -17,6 +17,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/convert_dtype.h"
+#include "checkpoint/error.h"
 #include "checkpoint/half.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/writer.h"
@@ -76,10 +78,11 @@ calib::Matrix logits_with_config(const std::string& name, const std::function<vo
 
 }  // namespace
 
-TEST_CASE("Llama 3 / Mistral / Qwen2 / Qwen3 / Gemma 1-3 forward passes match transformers' logits", "[forward]") {
+TEST_CASE("Llama 3 / Mistral / Qwen2 / Qwen3 / Gemma 1-3 / Phi-3 / Phi-4 forward passes match transformers' logits",
+          "[forward]") {
   const Case cases[] = {{"llama3", Family::Llama}, {"mistral", Family::Mistral}, {"qwen2", Family::Qwen2},
                         {"qwen3", Family::Qwen3},  {"gemma", Family::Gemma},     {"gemma2", Family::Gemma2},
-                        {"gemma3", Family::Gemma3}};
+                        {"gemma3", Family::Gemma3}, {"phi3", Family::Phi3},      {"phi4", Family::Phi3}};
   for (const Case& c : cases) {
     const std::filesystem::path dir = golden_dir() / c.dir;
     INFO(dir.string());
@@ -118,6 +121,18 @@ TEST_CASE("Llama 3 / Mistral / Qwen2 / Qwen3 / Gemma 1-3 forward passes match tr
       CHECK(cfg.attn_softcap == 0);
       CHECK(cfg.final_softcap == 0);
     }
+    if (c.family == Family::Phi3) {
+      CHECK(cfg.fused_linears);
+      const bool phi3 = std::string(c.dir) == "phi3";
+      CHECK(cfg.rotary_dim == (phi3 ? 8 : 16));  // partial_rotary_factor 0.5 of head_dim 16
+      CHECK(cfg.rope_scaling.type == (phi3 ? "longrope" : "default"));
+      CHECK(cfg.sliding_window == (phi3 ? 8 : 0));
+      CHECK(cfg.tie_embeddings == !phi3);
+      if (phi3) {
+        CHECK(cfg.rope_scaling.original_max_position_embeddings == 16);
+        CHECK(near(cfg.rope_scaling.attention_factor, std::sqrt(2.0)));  // factor 256 / 16: sqrt(1 + ln 16 / ln 16)
+      }
+    }
     Golden golden = read_golden(dir);
     for (int s = 0; s < 2; ++s) {
       const std::string p = "seq" + std::to_string(s) + ".";
@@ -155,13 +170,14 @@ TEST_CASE("The Mistral fixture's window is live: without it the logits differ", 
   CHECK(rel_err(wide.forward(tokens), golden_matrix(golden, "seq0.logits")) > 100 * kArchRelTol);
 }
 
-TEST_CASE("Each Gemma feature the fixtures exercise is live: without it the logits differ", "[forward]") {
+TEST_CASE("Each Gemma and Phi-3 feature the fixtures exercise is live: without it the logits differ", "[forward]") {
   // Guards the fixtures: a feature whose effect vanished at these weights would pass unnoticed above.
   using Edit = std::function<void(nlohmann::json&)>;
   struct Off {
     const char* fixture;
     const char* what;
     Edit edit;
+    int seq = 0;  // phi3: seq0 (24 tokens) takes longrope's long factors, seq1 (7) the short ones
   };
   const Off offs[] = {
       {"gemma", "silu instead of the tanh gelu", [](nlohmann::json& c) { c["hidden_act"] = "silu"; }},
@@ -174,14 +190,25 @@ TEST_CASE("Each Gemma feature the fixtures exercise is live: without it the logi
        [](nlohmann::json& c) { c["rope_parameters"]["sliding_attention"] = c["rope_parameters"]["full_attention"]; }},
       {"gemma3", "layer 2 global",
        [](nlohmann::json& c) { c["layer_types"] = {"sliding_attention", "full_attention", "full_attention"}; }},
+      {"phi3", "the short factors past the original length",
+       [](nlohmann::json& c) { c["rope_parameters"]["long_factor"] = c["rope_parameters"]["short_factor"]; }},
+      {"phi3", "the long factors within the original length",
+       [](nlohmann::json& c) { c["rope_parameters"]["short_factor"] = c["rope_parameters"]["long_factor"]; }, 1},
+      {"phi3", "no attention factor", [](nlohmann::json& c) { c["rope_parameters"]["attention_factor"] = 1.0; }, 1},
+      {"phi3", "no window", [](nlohmann::json& c) { c["sliding_window"] = nullptr; }},
+      {"phi3", "plain RoPE over the whole head",
+       [](nlohmann::json& c) {
+         c["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}};
+         c.erase("partial_rotary_factor");
+       }, 1},
   };
   for (const Off& o : offs) {
     INFO(o.fixture << ": " << o.what);
     Golden golden = read_golden(golden_dir() / o.fixture);
     test::TempDir tmp("gemma-off");
-    const Matrix off = logits_with_config(o.fixture, o.edit, golden.tokens[0], tmp);
+    const Matrix off = logits_with_config(o.fixture, o.edit, golden.tokens[size_t(o.seq)], tmp);
     // 10x the tolerance, 100x the errors measured with the feature on (exact gelu moves these logits least).
-    CHECK(rel_err(off, golden_matrix(golden.file, "seq0.logits")) > 10 * kArchRelTol);
+    CHECK(rel_err(off, golden_matrix(golden.file, "seq" + std::to_string(o.seq) + ".logits")) > 10 * kArchRelTol);
   }
 }
 
@@ -313,4 +340,65 @@ TEST_CASE("Gemma's embedding scale is sqrt(hidden) in the embedding table's dtyp
     const std::vector<int32_t> tok = {2};
     CHECK(m.embed(tok)(0, 7) == want);
   }
+}
+
+TEST_CASE("Phi-3: fused modules' rows, transformers 4 config keys, and refusals by name", "[forward]") {
+  const LlamaModel m = LlamaModel::open(golden_dir() / "phi3");
+  const LlamaConfig& c = m.config();
+  // qkv_proj [q 64 | k 32 | v 32, 64] and gate_up_proj [gate 96 | up 96, 64]; the others are whole.
+  const LinearSource q = linear_source(c, 1, Linear::Q), k = linear_source(c, 1, Linear::K),
+                     v = linear_source(c, 1, Linear::V), up = linear_source(c, 1, Linear::Up),
+                     o = linear_source(c, 1, Linear::O);
+  CHECK(q.prefix == "model.layers.1.self_attn.qkv_proj");
+  CHECK((q.row0 == 0 && q.rows == 64 && k.row0 == 64 && k.rows == 32 && v.row0 == 96 && v.rows == 32));
+  CHECK((q.total_rows == 128 && q.in == 64 && q.fused()));
+  CHECK((up.prefix == "model.layers.1.mlp.gate_up_proj" && up.row0 == 96 && up.rows == 96 && up.total_rows == 192));
+  CHECK((o.prefix == "model.layers.1.self_attn.o_proj" && !o.fused()));
+  // A block's q/k/v are the rows of the checkpoint's qkv_proj.
+  const BlockWeights w = m.load_block(1);
+  const auto ref = m.checkpoint().at("model.layers.1.self_attn.qkv_proj.weight");
+  const std::vector<float> all = to_float(ref.file->data(*ref.info), ref.info->dtype);  // [128, 64]
+  CHECK(w.k(5, 7) == all[size_t((64 + 5) * 64 + 7)]);
+  CHECK(w.v(31, 63) == all[size_t((96 + 31) * 64 + 63)]);
+
+  // transformers 4 wrote rope_scaling {type: longrope} and partial_rotary_factor at the top level ("su" is
+  // its older name): the same RoPE.
+  nlohmann::json v4 = m.checkpoint().config();
+  const nlohmann::json rp = v4["rope_parameters"];
+  v4.erase("rope_parameters");
+  v4["rope_theta"] = 10000.0;
+  for (const char* type : {"longrope", "su"}) {
+    INFO(type);
+    v4["rope_scaling"] = {{"type", type}, {"short_factor", rp["short_factor"]}, {"long_factor", rp["long_factor"]}};
+    const LlamaConfig c4 = LlamaConfig::from_json(v4, "v4");
+    CHECK(c4.rotary_dim == 8);
+    CHECK(rope_inv_freq(c4) == rope_inv_freq(c));
+    CHECK(rope_inv_freq(c4, false, true) == rope_inv_freq(c, false, true));
+    CHECK(c4.rope_scaling.attention_factor == c.rope_scaling.attention_factor);
+  }
+  CHECK(rope_inv_freq(c)[3] == 1.0f / (2.2f * 1000.0f));  // 1 / (short_factor · theta^(6/8))
+  CHECK(rope_inv_freq(c, false, true)[3] == 1.0f / (9.0f * 1000.0f));
+  CHECK_FALSE(rope_long(c, 16));
+  CHECK(rope_long(c, 17));
+
+  auto refusal = [](const nlohmann::json& cfg) {
+    try {
+      LlamaConfig::from_json(cfg, "cfg.json");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  nlohmann::json bad = m.checkpoint().config();
+  bad["rope_parameters"]["short_factor"] = {1.0, 2.0};
+  CHECK(refusal(bad).find("longrope 'short_factor' must be a list of rotary_dim / 2 = 4 numbers") != std::string::npos);
+  bad = m.checkpoint().config();
+  bad["partial_rotary_factor"] = 0.3;  // 16 x 0.3 = 4.8 -> 4 dims: the factor lists no longer fit
+  bad["rope_parameters"].erase("partial_rotary_factor");
+  CHECK(refusal(bad).find("rotary_dim / 2 = 2") != std::string::npos);
+  bad["partial_rotary_factor"] = 0.1;  // 1 dim
+  CHECK(refusal(bad).find("an even number >= 2 is needed") != std::string::npos);
+  bad = m.checkpoint().config();
+  bad["architectures"] = {"LlamaForCausalLM"};
+  CHECK(refusal(bad).find("rope type 'longrope' is supported for Phi3ForCausalLM only") != std::string::npos);
 }

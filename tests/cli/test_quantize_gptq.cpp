@@ -176,7 +176,7 @@ TEST_CASE("gptq on a bf16 model: Marlin keeps bf16 scales, Marlin-24 fp16, and v
   }
 }
 
-TEST_CASE("gptq on the Llama 3 / Mistral / Qwen2 / Qwen3 / Gemma 1-3 fixtures: verify accepts, biases and norms kept, same bytes twice",
+TEST_CASE("gptq on the Llama 3 / Mistral / Qwen2 / Qwen3 / Gemma 1-3 / Phi-3 / Phi-4 fixtures: verify accepts, biases and norms kept, same bytes twice",
           "[cli][gptq]") {
   // tests/data/arch-golden: the forward pass of each matches transformers (tests/calib/test_forward_arch.cpp).
   // Their 64-wide layers fit GPTQ's format at group 32, not Marlin's tiles.
@@ -190,8 +190,9 @@ TEST_CASE("gptq on the Llama 3 / Mistral / Qwen2 / Qwen3 / Gemma 1-3 fixtures: v
       f << "]\n";
     }
   }
-  for (const char* arch : {"llama3", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3"}) {
+  for (const char* arch : {"llama3", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "phi4"}) {
     INFO(arch);
+    const bool phi = std::string(arch).rfind("phi", 0) == 0;  // fused qkv_proj and gate_up_proj: 4 modules a block
     const fs::path model = fs::path(MARLINC_SOURCE_DIR) / "tests" / "data" / "arch-golden" / arch;
     const std::string args = " --method gptq --format gptq --group 32 --calib " + q(tokens) +
                              " --calib-format tokens --samples 16 --min-len 32";
@@ -202,9 +203,11 @@ TEST_CASE("gptq on the Llama 3 / Mistral / Qwen2 / Qwen3 / Gemma 1-3 fixtures: v
     Result v = run_cli("verify " + q(td.path / arch) + " --reference " + q(model), td.path);
     INFO(v.out << v.err);
     CHECK(v.rc == 0);
-    CHECK(v.out.find(std::string(arch) == "gemma3" ? "21 passed, 0 failed" : "14 passed, 0 failed") != std::string::npos);
+    CHECK(v.out.find(std::string(arch) == "gemma3" ? "21 passed, 0 failed" : phi ? "8 passed, 0 failed" : "14 passed, 0 failed") !=
+          std::string::npos);
     const marlinc::Checkpoint ck = marlinc::Checkpoint::open(td.path / arch);
-    CHECK(ck.contains("model.layers.1.self_attn.q_proj.qweight"));
+    CHECK(ck.contains(phi ? "model.layers.1.self_attn.qkv_proj.qweight" : "model.layers.1.self_attn.q_proj.qweight"));
+    if (phi) CHECK(ck.contains("model.layers.1.mlp.gate_up_proj.qweight"));
     if (std::string(arch) == "qwen2") CHECK(ck.contains("model.layers.1.self_attn.q_proj.bias"));
     if (std::string(arch) == "qwen3") {
       CHECK(ck.contains("model.layers.1.self_attn.q_norm.weight"));

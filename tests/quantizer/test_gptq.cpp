@@ -204,6 +204,31 @@ TEST_CASE("GPTQ is deterministic: two runs and different thread counts are byte-
   }
 }
 
+// Phi-3's fused qkv_proj / gate_up_proj are quantized as their parts with the shared Hessian and joined
+// (calib/gptq_runner.cpp): that is GPTQ of the whole module, since each row's codes depend on its own
+// weights and H only, in every order, with the clip search and with 2:4.
+TEST_CASE("GPTQ of a module's row blocks joined equals GPTQ of the module", "[quantizer][gptq]") {
+  const Small s(192, 128, 9);
+  const int64_t cut[] = {0, 64, 96, 192};  // q | k | v of a fused qkv_proj
+  struct Variant { GptqOptions::Order order; bool sparse; int group; };
+  for (const Variant v : {Variant{GptqOptions::Natural, false, 32}, Variant{GptqOptions::DynamicActOrder, false, 32},
+                          Variant{GptqOptions::StaticActOrder, false, 64}, Variant{GptqOptions::Natural, true, 128}}) {
+    INFO("order " << order_name(v.order) << " 2:4 " << v.sparse << " group " << v.group);
+    GptqOptions o;
+    o.clip = GptqOptions::Marlin;
+    o.order = v.order;
+    o.sparse24 = v.sparse;
+    o.group_size = v.group;
+    const QuantizedLinear whole = gptq_quantize(s.L.W.data(), s.n, s.k, s.H, o);
+    std::vector<QuantizedLinear> parts;
+    for (int p = 0; p < 3; ++p)
+      parts.push_back(gptq_quantize(s.L.W.data() + cut[p] * s.k, cut[p + 1] - cut[p], s.k, s.H, o));
+    const QuantizedLinear joined = concat_n(parts, "qkv");
+    CHECK(same(joined, whole));
+    for (int p = 0; p < 3; ++p) CHECK(same(slice_n(whole, cut[p], cut[p + 1] - cut[p]), parts[size_t(p)]));
+  }
+}
+
 TEST_CASE("diagonal H (uncorrelated inputs): GPTQ without clip equals RTN exactly", "[quantizer][gptq]") {
   const int64_t n = 64, k = 256;
   const test::SynthLayer L = test::make_synth_layer(n, k, 1, 1, 9);
