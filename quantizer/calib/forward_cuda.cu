@@ -131,15 +131,18 @@ struct TokenMap {
 };
 
 // q/k/v projections [Tc, heads·hd] fp32 -> bias, per-head RMSNorm (Qwen3), RoPE (rotate_half pairs
-// (i, i + hd/2)), into the attention layout: per sample, per head, [len, hd] 16-bit. One block per
-// (token, head of q|k|v); thread i < hd/2 owns rotation pair i.
+// (i, i + rot/2) for i < rot/2; dims from rot on pass through: Phi's partial rotary), into the attention
+// layout: per sample, per head, [len, hd] 16-bit. One block per (token, head of q|k|v); thread i < hd/2
+// owns elements i and i + hd/2 (one rotation pair when rot == hd; through shared memory when rot < hd).
 struct QkvArgs {
   const float *q, *k, *v;                    // [Tc, H·hd], [Tc, KV·hd], [Tc, KV·hd]
   const float *qb, *kb, *vb;                 // biases or null
   const float *qn, *kn;                      // q/k norm weights [hd] or null
-  const float *cosv, *sinv;                  // [max_len, hd/2]
+  const float *cosv, *sinv;                  // [max_len, rot/2]
+  const float *cosv_long, *sinv_long;        // longrope's table for samples longer than long_after, or null
+  int64_t long_after;
   int64_t t0;                                // global index of the chunk's first token
-  int heads, kv_heads, hd;
+  int heads, kv_heads, hd, rot;
   float eps;
 };
 template <class T>
@@ -150,6 +153,10 @@ __global__ void qkv_rope_kernel(QkvArgs a, TokenMap tm, T* Qt, T* Kt, T* Vt) {
   const int64_t g = a.t0 + t;
   const int64_t s0 = tm.start[g] - a.t0;  // the sample's first token, chunk-relative
   const int64_t L = tm.len[g], p = tm.pos[g];
+  // transformers picks longrope's table per forward by its length: here per sample.
+  const bool long_table = a.cosv_long && L > a.long_after;
+  const float* cosv = long_table ? a.cosv_long : a.cosv;
+  const float* sinv = long_table ? a.sinv_long : a.sinv;
   const float *src, *bias, *nw;
   T* dst;
   int head, nheads;
@@ -174,9 +181,22 @@ __global__ void qkv_rope_kernel(QkvArgs a, TokenMap tm, T* Qt, T* Kt, T* Vt) {
       x1 = nw[i + half] * (x1 * inv);
     }
   }
+  if (!is_v && a.rot != a.hd) {  // uniform per block: every thread reaches the barriers
+    extern __shared__ float head[];  // [hd] the normalised head, for pairs that cross threads
+    if (mine) { head[i] = x0; head[i + half] = x1; }
+    __syncthreads();
+    const int rh = a.rot / 2;
+    auto rotated = [&](int e) {  // element e after RoPE: pair (j, j + rh) for e < rot, else as it is
+      if (e >= a.rot) return head[e];
+      const int j = e < rh ? e : e - rh;
+      const float co = cosv[p * rh + j], si = sinv[p * rh + j];
+      return e < rh ? head[j] * co - head[j + rh] * si : head[j + rh] * co + head[j] * si;
+    };
+    if (mine) { x0 = rotated(i); x1 = rotated(i + half); }
+  }
   if (!mine) return;
-  if (!is_v) {
-    const float co = a.cosv[p * half + i], si = a.sinv[p * half + i];
+  if (!is_v && a.rot == a.hd) {
+    const float co = cosv[p * half + i], si = sinv[p * half + i];
     const float r0 = x0 * co - x1 * si, r1 = x1 * co + x0 * si;
     x0 = r0; x1 = r1;
   }
@@ -293,7 +313,8 @@ struct CudaForward::Impl {
   DBuf<int64_t> tok_start;                 // [T]
   DBuf<int32_t> tok_len, tok_pos;          // [T]
   DBuf<float> cosv, sinv;                  // [max_len, hd/2]
-  DBuf<float> cosv_local, sinv_local;      // [max_len, hd/2] the local table, or empty
+  DBuf<float> cosv_local, sinv_local;      // [max_len, rot/2] the local table, or empty
+  DBuf<float> cosv_long, sinv_long;        // [max_len, rot/2] longrope's long table, or empty
   bool layer_sliding = true, layer_local = false;  // set_layer
   std::array<DBuf<uint16_t>, kLinears> W;  // [out, in] 16-bit
   // Linears that run through the Marlin kernel: packed tiles, permuted scales, group size.
@@ -433,7 +454,7 @@ struct CudaForward::Impl {
 
 CudaForward::CudaForward(const GpuDims& d, const std::vector<size_t>& lengths, GpuAct act,
                          const std::vector<float>& inv_freq, size_t chunk_tokens,
-                         const std::vector<float>& inv_freq_local)
+                         const std::vector<float>& inv_freq_local, const std::vector<float>& inv_freq_long)
     : p_(std::make_unique<Impl>()) {
   Impl& I = *p_;
   const std::string& who = I.who;
@@ -444,8 +465,13 @@ CudaForward::CudaForward(const GpuDims& d, const std::vector<size_t>& lengths, G
       d.head_dim <= 0 || d.head_dim > 2048 || d.heads % d.kv_heads != 0)
     bad_usage(who + ": head_dim " + std::to_string(d.head_dim) + " (even, at most 2048) and heads " +
               std::to_string(d.heads) + " / kv heads " + std::to_string(d.kv_heads) + " (a multiple) are required");
-  if (int64_t(inv_freq.size()) != d.head_dim / 2 ||
-      (!inv_freq_local.empty() && int64_t(inv_freq_local.size()) != d.head_dim / 2))
+  if (d.rotary_dim < 0 || d.rotary_dim > d.head_dim || d.rotary_dim % 2 != 0)
+    bad_usage(who + ": rotary_dim " + std::to_string(d.rotary_dim) + " must be even and at most head_dim");
+  if (I.c.rotary_dim == 0) I.c.rotary_dim = d.head_dim;
+  if (int64_t(inv_freq.size()) != I.c.rotary_dim / 2 ||
+      (!inv_freq_local.empty() && int64_t(inv_freq_local.size()) != I.c.rotary_dim / 2) ||
+      (!inv_freq_long.empty() && int64_t(inv_freq_long.size()) != I.c.rotary_dim / 2) ||
+      (d.rope_long_after > 0) != !inv_freq_long.empty())
     bad_usage(who + ": RoPE table of the wrong size");
   if (!(d.attn_scale >= 0) || !(d.attn_softcap >= 0)) bad_usage(who + ": attention scale and soft-cap must be >= 0");
   I.len = lengths;
@@ -488,14 +514,15 @@ CudaForward::CudaForward(const GpuDims& d, const std::vector<size_t>& lengths, G
     dst.reserve(h.size(), who);
     FWD_CHECK(cudaMemcpy(dst.p, h.data(), h.size() * sizeof(h[0]), cudaMemcpyHostToDevice));
   };
-  const int64_t half = d.head_dim / 2;
+  const int64_t half = I.c.rotary_dim / 2;
+  const float rs = float(d.rope_scale);
   auto tables = [&](const std::vector<float>& freq, DBuf<float>& cos_dst, DBuf<float>& sin_dst) {
     std::vector<float> co(size_t(L * half)), si(size_t(L * half));
     for (int64_t t = 0; t < L; ++t)
       for (int64_t i = 0; i < half; ++i) {
         const float ang = freq[size_t(i)] * float(t);
-        co[size_t(t * half + i)] = float(std::cos(double(ang)));
-        si[size_t(t * half + i)] = float(std::sin(double(ang)));
+        co[size_t(t * half + i)] = float(std::cos(double(ang))) * rs;
+        si[size_t(t * half + i)] = float(std::sin(double(ang))) * rs;
       }
     up(cos_dst, co);
     up(sin_dst, si);
@@ -505,6 +532,7 @@ CudaForward::CudaForward(const GpuDims& d, const std::vector<size_t>& lengths, G
   up(I.tok_pos, ps);
   tables(inv_freq, I.cosv, I.sinv);
   if (!inv_freq_local.empty()) tables(inv_freq_local, I.cosv_local, I.sinv_local);
+  if (!inv_freq_long.empty()) tables(inv_freq_long, I.cosv_long, I.sinv_long);
   I.hidden.reserve(size_t(I.T * d.hidden), who + ": hidden states");
   I.flag.reserve(1, who);
 }
@@ -731,9 +759,10 @@ void CudaForward::Impl::run_chunk(const Chunk& ch, const bool want[4], int last,
   const QkvArgs qa{qf.p, kf.p, vf.p, vec_or_null(GpuVec::BiasQ), vec_or_null(GpuVec::BiasK), vec_or_null(GpuVec::BiasV),
                    vec_or_null(GpuVec::QNorm), vec_or_null(GpuVec::KNorm),
                    layer_local ? cosv_local.p : cosv.p, layer_local ? sinv_local.p : sinv.p,
-                   ch.t0, int(c.heads), int(c.kv_heads), int(c.head_dim), eps};
+                   cosv_long.p, sinv_long.p, c.rope_long_after, ch.t0, int(c.heads), int(c.kv_heads), int(c.head_dim), int(c.rotary_dim), eps};
   const unsigned pair_threads = unsigned((c.head_dim / 2 + 31) / 32 * 32);
-  qkv_rope_kernel<T><<<dim3(unsigned(tc), unsigned(c.heads + 2 * c.kv_heads)), pair_threads, 0, stream>>>(
+  const size_t rope_smem = c.rotary_dim == c.head_dim ? 0 : size_t(c.head_dim) * sizeof(float);
+  qkv_rope_kernel<T><<<dim3(unsigned(tc), unsigned(c.heads + 2 * c.kv_heads)), pair_threads, rope_smem, stream>>>(
       qa, tm, reinterpret_cast<T*>(Qt.p), reinterpret_cast<T*>(Kt.p), reinterpret_cast<T*>(Vt.p));
   FWD_CHECK(cudaGetLastError());
   attention<T>(ch);

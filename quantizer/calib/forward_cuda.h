@@ -36,6 +36,9 @@ struct GpuDims {
   double attn_scale = 0;       // 0: head_dim^-1/2
   double attn_softcap = 0;     // 0: none
   bool sandwich_norms = false; // Gemma 2/3: AttnOutNorm and MlpOutNorm before the residual adds
+  int64_t rotary_dim = 0;      // leading dims of a head RoPE rotates (Phi's partial rotary); 0: head_dim
+  double rope_scale = 1.0;     // cos/sin factor (longrope's attention factor)
+  int64_t rope_long_after = 0; // longrope: samples longer than this take the long table; 0: none
 };
 
 // Indices as in llama.h: Linear Q, K, V, O, Gate, Up, Down = 0..6; LinearInput QKV, O, GateUp,
@@ -67,11 +70,13 @@ class CudaForward {
   // Attention scores of one sample are made for as many KV heads at once as fit in this budget.
   static constexpr double kScoreBudgetBytes = 2e9;
 
-  // lengths: tokens of each calibration sample (each > 0); inv_freq: RoPE frequencies [head_dim/2];
-  // inv_freq_local: those of the layers set_layer marks local (Gemma 3's sliding layers), or empty.
+  // lengths: tokens of each calibration sample (each > 0); inv_freq: RoPE frequencies [rotary_dim/2];
+  // inv_freq_local: those of the layers set_layer marks local (Gemma 3's sliding layers), or empty;
+  // inv_freq_long: longrope's for samples longer than d.rope_long_after, or empty.
   // Throws BadUsage for bad shapes, Internal when the device refuses.
   CudaForward(const GpuDims& d, const std::vector<size_t>& lengths, GpuAct act, const std::vector<float>& inv_freq,
-              size_t chunk_tokens = kDefaultChunkTokens, const std::vector<float>& inv_freq_local = {});
+              size_t chunk_tokens = kDefaultChunkTokens, const std::vector<float>& inv_freq_local = {},
+              const std::vector<float>& inv_freq_long = {});
   ~CudaForward();
   CudaForward(const CudaForward&) = delete;
   CudaForward& operator=(const CudaForward&) = delete;

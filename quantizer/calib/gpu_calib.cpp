@@ -8,6 +8,7 @@
 #include <exception>
 #include <functional>
 #include <mutex>
+#include <span>
 #include <thread>
 
 #include "checkpoint/convert_dtype.h"
@@ -51,11 +52,35 @@ GpuDims gpu_dims(const LlamaConfig& c) {
   d.attn_scale = c.attn_scale;
   d.attn_softcap = c.attn_softcap;
   d.sandwich_norms = c.sandwich_norms;
+  d.rotary_dim = c.rotary_dim;
+  const bool longrope = c.rope_scaling.type == "longrope";
+  d.rope_scale = longrope ? c.rope_scaling.attention_factor : 1.0;
+  d.rope_long_after = longrope ? c.rope_scaling.original_max_position_embeddings : 0;
   return d;
 }
 
+namespace {
+
+// The checkpoint bytes of a block linear's plain weight [rows, in]: its rows of a fused module.
+std::span<const uint8_t> linear_bytes(const LlamaModel& m, int64_t b, Linear l, DType* dtype) {
+  const LinearSource s = linear_source(m.config(), b, l);
+  const std::string name = s.prefix + ".weight";
+  const auto ref = m.checkpoint().at(name);
+  const DType dt = ref.info->dtype;
+  if (dt != DType::F32 && dt != DType::F16 && dt != DType::BF16)
+    bad_data(name + ": dtype " + std::string(dtype_name(dt)) + "; the GPU pass reads F32, F16 or BF16");
+  if (ref.info->shape != std::vector<int64_t>{s.total_rows, s.in})
+    bad_data(name + ": shape differs from the [" + std::to_string(s.total_rows) + ", " + std::to_string(s.in) +
+             "] config.json implies");
+  if (dtype) *dtype = dt;
+  const size_t row = size_t(s.in) * dtype_size(dt);
+  return ref.file->data(*ref.info).subspan(size_t(s.row0) * row, size_t(s.rows) * row);
+}
+
+}  // namespace
+
 GpuAct gpu_act_for(const LlamaModel& m) {
-  const auto ref = m.checkpoint().find(linear_name(0, Linear::Q) + ".weight");
+  const auto ref = m.checkpoint().find(linear_source(m.config(), 0, Linear::Q).prefix + ".weight");
   return ref && ref->info->dtype == DType::BF16 ? GpuAct::BF16 : GpuAct::F16;
 }
 
@@ -64,8 +89,11 @@ std::unique_ptr<CudaForward> make_gpu_forward(const LlamaModel& m, const std::ve
   std::vector<size_t> lengths;
   for (const auto& s : samples) lengths.push_back(s.size());
   const LlamaConfig& c = m.config();
-  auto f = std::make_unique<CudaForward>(gpu_dims(c), lengths, act, rope_inv_freq(c), chunk_tokens,
-                                         c.local_rope_theta > 0 ? rope_inv_freq(c, /*local=*/true) : std::vector<float>());
+
+  auto f = std::make_unique<CudaForward>(
+      gpu_dims(c), lengths, act, rope_inv_freq(c), chunk_tokens,
+      c.local_rope_theta > 0 ? rope_inv_freq(c, /*local=*/true) : std::vector<float>(),
+      c.rope_scaling.type == "longrope" ? rope_inv_freq(c, false, /*long_seq=*/true) : std::vector<float>());
   // Embedded in parallel, a bounded batch of samples at a time, uploaded in sample order.
   constexpr size_t kBatch = 64;
   for (size_t s0 = 0; s0 < samples.size(); s0 += kBatch) {
@@ -119,12 +147,8 @@ void upload_block(CudaForward& f, const LlamaModel& m, int64_t b, const Quantize
       upload_quantized(f, l, *q);
       ++n.dequantized;
     } else {
-      const std::string name = linear_name(b, l) + ".weight";
-      const auto ref = m.checkpoint().at(name);
-      const DType dt = ref.info->dtype;
-      if (dt != DType::F32 && dt != DType::F16 && dt != DType::BF16)
-        bad_data(name + ": dtype " + std::string(dtype_name(dt)) + "; the GPU pass reads F32, F16 or BF16");
-      const auto bytes = ref.file->data(*ref.info);
+      DType dt = DType::F32;
+      const auto bytes = linear_bytes(m, b, l, &dt);
       f.set_linear(int(l), bytes.data(), bytes.size(),
                    dt == DType::F32 ? GpuRaw::F32 : dt == DType::F16 ? GpuRaw::F16 : GpuRaw::BF16);
       ++n.plain;
@@ -339,8 +363,9 @@ class GpuPass : public CalibPass {
     const auto t0 = Clock::now();
     std::vector<std::vector<float>> W(ls.size());  // [n, k] fp32, GPTQ's host interface
     for (size_t i = 0; i < ls.size(); ++i) {
-      const auto ref = m_.checkpoint().at(linear_name(block_, ls[i]) + ".weight");
-      W[i] = to_float(ref.file->data(*ref.info), ref.info->dtype);
+      DType dt = DType::F32;
+      const auto bytes = linear_bytes(m_, block_, ls[i], &dt);
+      W[i] = to_float(bytes, dt);
     }
     std::vector<QuantizedLinear> out(ls.size());
     stats.assign(ls.size(), GptqStats{});

@@ -163,9 +163,12 @@ TEST_CASE("GPU forward: stories260K matches transformers' golden outputs within 
   check_golden(GpuAct::BF16, CudaForward::kDefaultChunkTokens, kGpuBf16RelTol);
 }
 
-TEST_CASE("GPU forward: Llama 3 / Mistral / Qwen2 / Qwen3 / Gemma 1-3 match transformers' logits within fp16 tolerance",
+TEST_CASE("GPU forward: Llama 3 / Mistral / Qwen2 / Qwen3 / Gemma 1-3 / Phi-3 / Phi-4 match transformers' logits within "
+          "fp16 tolerance",
           "[gpu][forward]") {
-  for (const char* name : {"llama3", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3"}) {
+  // phi3: partial rotary, and longrope's long table for seq0 (24 tokens, past the original 16) in the same
+  // chunk as seq1 on its short table.
+  for (const char* name : {"llama3", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "phi4"}) {
     const std::filesystem::path dir = std::filesystem::path(MARLINC_SOURCE_DIR) / "tests" / "data" / "arch-golden" / name;
     const LlamaModel m = LlamaModel::open(dir);
     auto g = SafetensorsFile::open(dir / "golden.safetensors");
@@ -271,6 +274,7 @@ TEST_CASE("GPU forward: Hessian sums equal the CPU accumulator's, capture-only p
   // Gemma 2 / 3: output norms, GeGLU, the soft-cap and a sliding layer 0 in what the groups capture.
   check_hessians_and_update(src / "tests" / "data" / "arch-golden" / "gemma2");
   check_hessians_and_update(src / "tests" / "data" / "arch-golden" / "gemma3");
+  check_hessians_and_update(src / "tests" / "data" / "arch-golden" / "phi3");  // fused linears' rows, partial rotary
 }
 
 TEST_CASE("GPU forward: bad shapes and unloaded blocks are refused by name", "[gpu][forward]") {
@@ -405,7 +409,7 @@ TEST_CASE("GPU ppl: plain stories260K and a Marlin checkpoint through the Marlin
   qo.group_size = 128;
   quantize_checkpoint(std::filesystem::path(MARLINC_SOURCE_DIR) / "data" / "sample" / "model", dir.path / "q", qo);
   const LlamaModel m = LlamaModel::open(dir.path / "q", /*quantized_linears=*/true);
-  const QuantizedLinears ql(m.checkpoint());
+  const QuantizedLinears ql(m.checkpoint(), m.config());
   std::vector<int32_t> ids;
   for (const auto& s : random_samples(16, 64, 64, int32_t(m.config().vocab), 31)) ids.insert(ids.end(), s.begin(), s.end());
   const PplResult c = perplexity(m, ids, cpu_opt, nullptr, &ql), g = perplexity(m, ids, gpu_opt, nullptr, &ql);
