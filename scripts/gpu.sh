@@ -2,7 +2,7 @@
 # The one script for the lent GPU machine (H100/H200, CUDA 13): configures the `cuda` preset for
 # sm_90 only, builds everything, runs the [gpu] tests, compute-sanitizer memcheck + racecheck on the
 # [sanitize] subset, the Marlin (with each layer's read floor) and GPU-GPTQ benchmarks, the CLI end to
-# end (the sample and its bf16 / act-order / 2:4 variants and the seven architecture fixtures quantized on
+# end (the sample and its bf16 / act-order / 2:4 variants and the nine architecture fixtures quantized on
 # the GPU and verified with the kernel; an 8B-shaped checkpoint certified and timed), and prints a short
 # summary with the kernel benchmark table LAST. Logs go under $OUT when set (the device tool returns them).
 #
