@@ -54,15 +54,37 @@ TpShard tp_shard(const std::string& module, int64_t k, int64_t n, int tp, const 
     return s;
   }
   const std::string leaf = split_tensor_name(module).leaf;
-  if ((leaf == "k_proj" || leaf == "v_proj") && heads.kv_heads > 0 && n == heads.kv_heads * heads.head_dim) {
+  // One rank's k (or v) heads: kv_heads / tp of them, or one replicated head when there are fewer than tp.
+  auto kv_part = [&](int64_t& part) {
     if (heads.kv_heads % tp == 0) {
-      s.n = n / tp;
+      part = heads.kv_heads / tp * heads.head_dim;
     } else if (tp % heads.kv_heads == 0) {
-      s.n = heads.head_dim, s.replicated = true;
+      part = heads.head_dim, s.replicated = true;
     } else {
       s.error = "num_key_value_heads = " + std::to_string(heads.kv_heads) + " and tensor parallel " + t +
                 ": neither divides the other";
     }
+  };
+  const int64_t kvd = heads.kv_heads * heads.head_dim;
+  if ((leaf == "k_proj" || leaf == "v_proj") && heads.kv_heads > 0 && n == kvd) {
+    kv_part(s.n);
+    return s;
+  }
+  // Phi-3's fused q|k|v rows: each part splits as its own projection does (vLLM's QKVParallelLinear).
+  if (leaf == "qkv_proj" && heads.kv_heads > 0 && n > 2 * kvd && (n - 2 * kvd) % heads.head_dim == 0) {
+    const int64_t q_heads = (n - 2 * kvd) / heads.head_dim;
+    if (q_heads % tp != 0) {
+      s.error = "num_attention_heads = " + std::to_string(q_heads) + " does not split into " + t + " equal parts";
+      return s;
+    }
+    int64_t kv = 0;
+    kv_part(kv);
+    if (s.error.empty()) s.n = q_heads / tp * heads.head_dim + 2 * kv;
+    return s;
+  }
+  // Phi-3's fused gate|up rows: each half splits (vLLM's MergedColumnParallelLinear).
+  if (leaf == "gate_up_proj" && (n % 2 != 0 || (n / 2) % tp != 0)) {
+    s.error = "gate_up_proj's halves (n / 2 = " + std::to_string(n / 2) + ") do not split into " + t + " equal parts";
     return s;
   }
   if (n % tp != 0) s.error = "n = " + std::to_string(n) + " does not split into " + t + " equal parts (column-parallel)";

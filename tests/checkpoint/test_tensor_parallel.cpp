@@ -79,6 +79,17 @@ TEST_CASE("tensor parallel: each rank's part", "[tp]") {
   CHECK(contains(odd_col.error, "n = 11008 does not split into 3"));
   auto odd_row = tp_shard("model.layers.0.self_attn.o_proj", 4000, 4096, 3, {});
   CHECK(contains(odd_row.error, "k = 4000 does not split into 3"));
+  // Phi-4-mini's fused qkv_proj: 24 query heads and 8 k/v heads of 128 (n = 5120); each part splits on its own.
+  const TpHeads phi4mini{8, 128};
+  auto qkv2 = tp_shard("model.layers.0.self_attn.qkv_proj", 3072, 5120, 2, phi4mini);
+  CHECK((qkv2.n == 12 * 128 + 2 * 4 * 128 && !qkv2.replicated && qkv2.error.empty()));
+  auto qkv24 = tp_shard("model.layers.0.self_attn.qkv_proj", 3072, 5120, 24, phi4mini);  // 1 q head, 1 replicated k/v head
+  CHECK((qkv24.n == 128 + 2 * 128 && qkv24.replicated));
+  auto qkv16 = tp_shard("model.layers.0.self_attn.qkv_proj", 3072, 5120, 16, phi4mini);
+  CHECK(contains(qkv16.error, "num_attention_heads = 24 does not split into 16"));
+  auto gu = tp_shard("model.layers.0.mlp.gate_up_proj", 3072, 2 * 8190, 4, phi4mini);  // n % 4 == 0, but 8190 % 4 != 0
+  CHECK(contains(gu.error, "gate_up_proj's halves (n / 2 = 8190) do not split into 4"));
+  CHECK(tp_shard("model.layers.0.mlp.gate_up_proj", 3072, 16384, 4, phi4mini).n == 4096);
 }
 
 TEST_CASE("tensor parallel: the target's rules on one rank's part", "[tp]") {
