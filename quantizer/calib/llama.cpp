@@ -200,8 +200,8 @@ LlamaConfig LlamaConfig::from_json(const json& cfg, const std::string& label) {
   else if (c.architecture == "Gemma2ForCausalLM") c.family = Family::Gemma2;
   else if (c.architecture == "Gemma3ForCausalLM") c.family = Family::Gemma3;
   else if (c.architecture == "Phi3ForCausalLM") c.family = Family::Phi3;
-  else bad_data(label + ": architecture " + c.architecture + " is not supported (supported: " +
-                join(supported_architectures()) + ")");
+  else bad_data(label + ": architecture " + c.architecture + " is not supported by marlinc's forward pass (supported: " +
+                join(supported_architectures()) + "); `quantize --method rtn` and `convert` need no forward pass");
   c.hidden = req_int(cfg, "hidden_size", label);
   c.intermediate = req_int(cfg, "intermediate_size", label);
   c.layers = req_int(cfg, "num_hidden_layers", label);
