@@ -349,14 +349,7 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
         if (i1 - i0 > 1) {
           // The module's error over all its rows, from the checkpoint's weights; losses and times add.
           const std::vector<float> W = to_float(ck.data(job.prefix + ".weight"), job.info->dtype);  // [n, k]
-          const std::vector<float> dq = dequantize(q);                                              // [k, n]
-          double e2 = 0, w2 = 0;
-          for (int64_t row = 0; row < q.n; ++row)
-            for (int64_t col = 0; col < q.k; ++col) {
-              const double wv = W[size_t(row * q.k + col)], d = double(dq[size_t(col * q.n + row)]) - wv;
-              e2 += d * d, w2 += wv * wv;
-            }
-          s.rel_weight_err = w2 > 0 ? std::sqrt(e2 / w2) : 0.0;
+          s.rel_weight_err = quant::relative_weight_error(W.data(), q);
           for (size_t i = i0 + 1; i < i1; ++i) {
             s.loss += st[i].loss, s.seconds += st[i].seconds;
             s.damp_used = std::max(s.damp_used, st[i].damp_used);
