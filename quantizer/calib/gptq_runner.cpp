@@ -347,11 +347,13 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
         }
         GptqStats s = st[i0];
         if (i1 - i0 > 1) {
-          // The module's error over all its rows, from the checkpoint's weights; losses and times add.
+          // The module's error over all its rows, from the checkpoint's weights; losses add, and times add
+          // where the parts ran one after another (the GPU pass runs them at once).
           const std::vector<float> W = to_float(ck.data(job.prefix + ".weight"), job.info->dtype);  // [n, k]
           s.rel_weight_err = quant::relative_weight_error(W.data(), q);
           for (size_t i = i0 + 1; i < i1; ++i) {
-            s.loss += st[i].loss, s.seconds += st[i].seconds;
+            s.loss += st[i].loss;
+            s.seconds = on_gpu ? std::max(s.seconds, st[i].seconds) : s.seconds + st[i].seconds;
             s.damp_used = std::max(s.damp_used, st[i].damp_used);
           }
         }

@@ -93,10 +93,9 @@ void parse_rope(const json* rp, double& theta, RopeScaling& s, const LlamaConfig
     const int64_t half = c.rotary_dim / 2;
     s.short_factor = factor_list(*rp, "short_factor", half, label);
     s.long_factor = factor_list(*rp, "long_factor", half, label);
-    // Phi3Config keeps original_max_position_embeddings at the top level (default 4096), and transformers
-    // takes that one over the rope parameters'.
-    s.original_max_position_embeddings =
-        opt_int(cfg, "original_max_position_embeddings", opt_int(*rp, "original_max_position_embeddings", 4096, 1, label), 1, label);
+    // Phi3Config always has a top-level original_max_position_embeddings (default 4096), and transformers
+    // writes it over the rope parameters' own.
+    s.original_max_position_embeddings = opt_int(cfg, "original_max_position_embeddings", 4096, 1, label);
     const double orig = static_cast<double>(s.original_max_position_embeddings);
     const double factor = present(*rp, "factor") ? opt_positive(*rp, "factor", 1.0, label)
                                                  : static_cast<double>(c.max_position_embeddings) / orig;
@@ -106,6 +105,8 @@ void parse_rope(const json* rp, double& theta, RopeScaling& s, const LlamaConfig
                          : factor <= 1.0 ? 1.0 : std::sqrt(1.0 + std::log(factor) / std::log(orig));
     return;
   }
+  if (c.family == Family::Phi3 && type != "default")  // Phi3Config's own rule
+    bad_data(label + ": rope type '" + type + "' is not supported for Phi3ForCausalLM (supported: default, longrope)");
   if (type == "linear" || type == "llama3") {
     if (!present(*rp, "factor")) bad_data(label + ": rope scaling '" + type + "' needs a positive 'factor'");
     s.factor = opt_positive(*rp, "factor", 1.0, label);
@@ -120,6 +121,14 @@ void parse_rope(const json* rp, double& theta, RopeScaling& s, const LlamaConfig
     bad_data(label + ": rope type '" + type + "' is not supported (supported: default, linear, llama3" +
              (c.family == Family::Phi3 ? ", longrope)" : ")"));
   }
+}
+
+// The RoPE parameters transformers reads for a model with one set: rope_scaling (transformers 4), unless
+// absent or empty, else rope_parameters (transformers 5); null when neither is an object.
+const json* rope_dict(const json& cfg) {
+  if (cfg.contains("rope_scaling") && cfg["rope_scaling"].is_object() && !cfg["rope_scaling"].empty()) return &cfg["rope_scaling"];
+  if (cfg.contains("rope_parameters") && cfg["rope_parameters"].is_object()) return &cfg["rope_parameters"];
+  return nullptr;
 }
 
 bool is_gemma(Family f) { return f == Family::Gemma || f == Family::Gemma2 || f == Family::Gemma3; }
@@ -221,17 +230,16 @@ LlamaConfig LlamaConfig::from_json(const json& cfg, const std::string& label) {
     bad_data(label + ": num_attention_heads " + std::to_string(c.heads) + " is not a multiple of num_key_value_heads " +
              std::to_string(c.kv_heads));
   if (c.head_dim % 2 != 0) bad_data(label + ": head_dim " + std::to_string(c.head_dim) + " must be even for RoPE");
-  c.max_position_embeddings = opt_int(cfg, "max_position_embeddings", 0, 0, label);
+  const bool phi3 = c.family == Family::Phi3;
+  c.max_position_embeddings = opt_int(cfg, "max_position_embeddings", phi3 ? 4096 : 0, 0, label);  // Phi3Config's defaults
   // Mistral and Phi-3 window every layer (null or absent: none).
   if (c.family == Family::Mistral || c.family == Family::Phi3) c.sliding_window = opt_int(cfg, "sliding_window", 0, 0, label);
   c.fused_linears = c.family == Family::Phi3;
   c.rotary_dim = c.head_dim;
-  if (c.family == Family::Phi3) {
-    // partial_rotary_factor from the rope parameters, else the top level (Phi-4-mini: 0.75).
-    const json* rpf = nullptr;
-    for (const char* k : {"rope_parameters", "rope_scaling"})
-      if (cfg.contains(k) && cfg[k].is_object() && present(cfg[k], "partial_rotary_factor")) { rpf = &cfg[k]; break; }
-    const double prf = opt_positive(rpf ? *rpf : cfg, "partial_rotary_factor", 1.0, label);
+  if (phi3) {
+    // partial_rotary_factor from the RoPE parameters transformers reads, else the top level (Phi-4-mini: 0.75).
+    const json* rd = rope_dict(cfg);
+    const double prf = opt_positive(rd && present(*rd, "partial_rotary_factor") ? *rd : cfg, "partial_rotary_factor", 1.0, label);
     if (prf > 1.0) bad_data(label + ": 'partial_rotary_factor' must be in (0, 1]");
     c.rotary_dim = static_cast<int64_t>(static_cast<double>(c.head_dim) * prf);  // Python's int(): truncated
     if (c.rotary_dim < 2 || c.rotary_dim % 2 != 0)
@@ -240,7 +248,7 @@ LlamaConfig LlamaConfig::from_json(const json& cfg, const std::string& label) {
   }
   if (c.family == Family::Qwen2 && opt_bool(cfg, "use_sliding_window", false, label))
     bad_data(label + ": use_sliding_window is not supported for Qwen2 (set it false; calibration sequences are short)");
-  c.rms_eps = opt_positive(cfg, "rms_norm_eps", 1e-6, label);
+  c.rms_eps = opt_positive(cfg, "rms_norm_eps", phi3 ? 1e-5 : 1e-6, label);
   const bool gemma = is_gemma(c.family);
   // Gemma 2/3's MLP reads hidden_activation; Gemma 1's reads hidden_act (then hidden_activation), where
   // transformers 5 takes "gelu" for the tanh form the model was trained with (the first Gemma configs
@@ -282,7 +290,9 @@ LlamaConfig LlamaConfig::from_json(const json& cfg, const std::string& label) {
   // for Gemma 3 one set per layer type ({"full_attention": {...}, "sliding_attention": {...}}).
   if (c.family == Family::Gemma3) c.rope_theta = 1000000.0;  // Gemma3TextConfig's default global base
   if (present(cfg, "rope_theta")) c.rope_theta = opt_positive(cfg, "rope_theta", c.rope_theta, label);
-  const json* rs = cfg.contains("rope_scaling") && cfg["rope_scaling"].is_object() ? &cfg["rope_scaling"] : nullptr;
+  // An empty rope_scaling falls through to rope_parameters, as in transformers (rope_scaling or rope_parameters).
+  const json* rs = cfg.contains("rope_scaling") && cfg["rope_scaling"].is_object() && !cfg["rope_scaling"].empty()
+                       ? &cfg["rope_scaling"] : nullptr;
   const json* rp = cfg.contains("rope_parameters") && cfg["rope_parameters"].is_object() ? &cfg["rope_parameters"] : nullptr;
   const bool per_type = rp && (rp->contains("full_attention") || rp->contains("sliding_attention"));
   if (per_type) {

@@ -15,12 +15,29 @@ std::optional<QuantizedLinear> QuantizedLinears::quantized(int64_t block, Linear
   const LinearSource s = linear_source(cfg_, block, l);
   auto it = by_prefix_.find(s.prefix);
   if (it == by_prefix_.end()) return std::nullopt;
-  QuantizedLinear q = read_module(ck_, mods_[it->second], fi_);
-  if (q.n != s.total_rows || q.k != s.in)
-    bad_data(ck_.source().string() + ": module " + s.prefix + " is [k=" + std::to_string(q.k) + ", n=" + std::to_string(q.n) +
-             "], config.json implies [k=" + std::to_string(s.in) + ", n=" + std::to_string(s.total_rows) + "]");
-  if (!s.fused()) return q;
-  return slice_n(q, s.row0, s.rows);
+  auto check = [&](const QuantizedLinear& q) {
+    if (q.n != s.total_rows || q.k != s.in)
+      bad_data(ck_.source().string() + ": module " + s.prefix + " is [k=" + std::to_string(q.k) + ", n=" +
+               std::to_string(q.n) + "], config.json implies [k=" + std::to_string(s.in) + ", n=" +
+               std::to_string(s.total_rows) + "]");
+  };
+  if (!s.fused()) {
+    QuantizedLinear q = read_module(ck_, mods_[it->second], fi_);
+    check(q);
+    return q;
+  }
+  std::shared_ptr<const QuantizedLinear> whole;  // a fused module is read once for its parts
+  {
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    if (cached_ && cached_prefix_ == s.prefix) whole = cached_;
+  }
+  if (!whole) {
+    whole = std::make_shared<const QuantizedLinear>(read_module(ck_, mods_[it->second], fi_));
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    cached_prefix_ = s.prefix, cached_ = whole;
+  }
+  check(*whole);
+  return slice_n(*whole, s.row0, s.rows);
 }
 
 std::optional<Matrix> QuantizedLinears::weight(int64_t block, Linear l) const {

@@ -3,6 +3,8 @@
 // `marlinc ppl` measures a quantized model with the same forward pass as the original.
 #pragma once
 #include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -33,6 +35,10 @@ class QuantizedLinears : public LinearProvider {
   FormatInfo fi_;
   std::vector<ModuleDesc> mods_;
   std::map<std::string, size_t> by_prefix_;
+  // The last fused module read: its parts are asked for one after another.
+  mutable std::mutex cache_mu_;
+  mutable std::string cached_prefix_;
+  mutable std::shared_ptr<const QuantizedLinear> cached_;
 };
 
 }  // namespace marlinc::calib

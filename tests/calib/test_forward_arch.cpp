@@ -22,7 +22,10 @@
 #include "checkpoint/half.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/writer.h"
+#include "packer/adapters.h"
 #include "quantizer/calib/llama.h"
+#include "quantizer/calib/quantized_linears.h"
+#include "quantizer/quantize_checkpoint.h"
 #include "tests/calib/golden_compare.h"
 #include "tests/common.h"
 
@@ -389,7 +392,35 @@ TEST_CASE("Phi-3: fused modules' rows, transformers 4 config keys, and refusals 
     }
     return std::string();
   };
+  // Phi3Config's precedence and defaults: the top-level original length (default 4096) wins over the rope
+  // parameters' own; an empty rope_scaling falls through to rope_parameters.
+  nlohmann::json no_top = m.checkpoint().config();
+  no_top.erase("original_max_position_embeddings");
+  const LlamaConfig ct = LlamaConfig::from_json(no_top, "cfg");
+  CHECK(ct.rope_scaling.original_max_position_embeddings == 4096);
+  CHECK(ct.rope_scaling.attention_factor == 1.0);  // max 256 / 4096 <= 1
+  nlohmann::json empty_rs = m.checkpoint().config();
+  empty_rs["rope_scaling"] = nlohmann::json::object();
+  CHECK(LlamaConfig::from_json(empty_rs, "cfg").rope_scaling.type == "longrope");
+  // Phi-3-mini-4k-instruct's config.json (transformers 4): plain RoPE, a window, no rope_scaling.
+  const nlohmann::json mini = {{"architectures", {"Phi3ForCausalLM"}}, {"hidden_size", 3072}, {"intermediate_size", 8192},
+                               {"num_hidden_layers", 32}, {"num_attention_heads", 32}, {"num_key_value_heads", 32},
+                               {"vocab_size", 32064}, {"rope_scaling", nullptr}, {"rope_theta", 10000.0},
+                               {"sliding_window", 2047}, {"original_max_position_embeddings", 4096},
+                               {"max_position_embeddings", 4096}, {"rms_norm_eps", 1e-5}};
+  const LlamaConfig cm = LlamaConfig::from_json(mini, "mini");
+  CHECK((cm.rope_scaling.type == "default" && cm.rotary_dim == 96 && cm.sliding_window == 2047 && cm.fused_linears));
+  nlohmann::json bare = mini;  // absent keys take Phi3Config's defaults
+  bare.erase("rms_norm_eps");
+  bare.erase("max_position_embeddings");
+  const LlamaConfig cb = LlamaConfig::from_json(bare, "bare");
+  CHECK((cb.rms_eps == 1e-5 && cb.max_position_embeddings == 4096));
+
   nlohmann::json bad = m.checkpoint().config();
+  bad["rope_parameters"] = {{"rope_type", "linear"}, {"factor", 2.0}, {"rope_theta", 10000.0}};
+  CHECK(refusal(bad).find("rope type 'linear' is not supported for Phi3ForCausalLM (supported: default, longrope)") !=
+        std::string::npos);
+  bad = m.checkpoint().config();
   bad["rope_parameters"]["short_factor"] = {1.0, 2.0};
   CHECK(refusal(bad).find("longrope 'short_factor' must be a list of rotary_dim / 2 = 4 numbers") != std::string::npos);
   bad = m.checkpoint().config();
@@ -401,4 +432,38 @@ TEST_CASE("Phi-3: fused modules' rows, transformers 4 config keys, and refusals 
   bad = m.checkpoint().config();
   bad["architectures"] = {"LlamaForCausalLM"};
   CHECK(refusal(bad).find("rope type 'longrope' is supported for Phi3ForCausalLM only") != std::string::npos);
+}
+
+TEST_CASE("Phi-3: a quantized checkpoint's fused modules give each linear its own rows", "[forward]") {
+  // RTN of the fixture to GPTQ's format: QuantizedLinears hands out q/k/v and gate/up as rows of the one
+  // qkv_proj / gate_up_proj module, each the dequantized rows of the stored module and close to the original.
+  test::TempDir tmp("phi3-q");
+  QuantizeOptions o;
+  o.to = TargetFormat::GptqV1;
+  o.group_size = 32;
+  quantize_checkpoint(golden_dir() / "phi3", tmp.path / "q", o);
+  const LlamaModel qm = LlamaModel::open(tmp.path / "q", /*quantized_linears=*/true);
+  const QuantizedLinears ql(qm.checkpoint(), qm.config());
+  const LlamaModel plain = LlamaModel::open(golden_dir() / "phi3");
+  const BlockWeights orig = plain.load_block(1);
+  const QuantizedLinear qkv =
+      read_module(qm.checkpoint(), describe_module(qm.checkpoint(), "model.layers.1.self_attn.qkv_proj", ql.format()),
+                  ql.format());
+  REQUIRE(qkv.n == 128);
+  const std::vector<float> all = dequantize(qkv);  // [k 64, n 128]
+  for (Linear l : {Linear::Q, Linear::K, Linear::V, Linear::Gate, Linear::Up}) {
+    INFO("linear " << int(l));
+    const std::optional<Matrix> w = ql.weight(1, l);
+    REQUIRE(w.has_value());
+    const LinearSource s = linear_source(qm.config(), 1, l);
+    REQUIRE(w->rows() == s.rows);
+    if (s.prefix == qkv.name) {  // exactly the stored module's rows
+      bool same = true;
+      for (int64_t r = 0; r < s.rows; ++r)
+        for (int64_t c = 0; c < s.in; ++c) same = same && (*w)(r, c) == all[size_t(c * qkv.n + s.row0 + r)];
+      CHECK(same);
+    }
+    const double e = rel_err(*w, orig.weight(l));
+    CHECK(e < 0.25);  // 4-bit RTN: about 0.1; another part's rows would be about 1.4
+  }
 }

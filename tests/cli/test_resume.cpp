@@ -115,6 +115,35 @@ TEST_CASE("gptq resume: an interrupted run finishes byte-identical to an uninter
   require_same_files(td.path / "ref", out);
 }
 
+TEST_CASE("gptq resume: Phi-3's fused modules are split back into their parts when a block is replayed",
+          "[cli][gptq][resume]") {
+  // The phi3 fixture (tests/data/arch-golden): qkv_proj and gate_up_proj are one module each in the job and the
+  // output; replaying block 1 must give block 2 the inputs an uninterrupted run gave it.
+  TempDir td("resume-phi3");
+  const fs::path model = fs::path(MARLINC_SOURCE_DIR) / "tests" / "data" / "arch-golden" / "phi3";
+  {
+    std::ofstream f(td.path / "ids.jsonl");  // 10 documents of 30-48 ids below the fixture's vocabulary of 128
+    for (int d = 0; d < 10; ++d) {
+      f << "[1";
+      for (int t = 1; t < 30 + 2 * d; ++t) f << "," << (d * 37 + t * 11) % 128;
+      f << "]\n";
+    }
+  }
+  for (const char* order : {"natural", "dynamic"}) {
+    INFO("order " << order);
+    const std::string opts = " --method gptq --format gptq --group 32 --calib-format tokens --min-len 8 --calib " +
+                             q(td.path / "ids.jsonl") + " --order " + order;
+    const fs::path out = td.path / (std::string("out-") + order), ref = td.path / (std::string("ref-") + order);
+    interrupt(model, out, opts, 1, td.path);
+    Result r = run_cli("quantize " + q(model) + " " + q(out) + opts, td.path);
+    INFO(r.out << r.err);
+    REQUIRE(r.rc == 0);
+    CHECK(r.out.find("block 1/2 replayed") != std::string::npos);
+    REQUIRE(run_cli("quantize " + q(model) + " " + q(ref) + opts, td.path).rc == 0);
+    require_same_files(ref, out);
+  }
+}
+
 TEST_CASE("gptq resume: stories260K with text calibration and --true-sequential, interrupted twice", "[cli][gptq][resume]") {
   MARLINC_REQUIRE_SHARED();
   TempDir td("resume-s260");
