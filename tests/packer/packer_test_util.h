@@ -3,9 +3,13 @@
 // are checked through the real pack functions).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <random>
+#include <string>
 #include <type_traits>
 #include <vector>
+
+#include "checkpoint/error.h"
 
 namespace marlinc::test {
 
@@ -64,6 +68,16 @@ Field single_field(const std::vector<W>& words, int64_t cols, int bits) {
   }
   if (hits != 1) f.found = false;
   return f;
+}
+
+// The message of the marlinc::Error that f throws, or "<no error>".
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no error>";
 }
 
 }  // namespace marlinc::test

@@ -18,14 +18,7 @@ namespace {
 constexpr int kRandomShapes = 10;
 constexpr uint64_t kSeed = 0x6a7b2025;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using marlinc::test::error_of;
 bool contains(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
 }  // namespace
 
