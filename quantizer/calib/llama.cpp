@@ -15,7 +15,7 @@ using nlohmann::json;
 const std::vector<std::string>& supported_architectures() {
   static const std::vector<std::string> k = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                                              "Qwen3ForCausalLM", "GemmaForCausalLM",   "Gemma2ForCausalLM",
-                                             "Gemma3ForCausalLM", "Phi3ForCausalLM"};
+                                             "Gemma3ForCausalLM", "Phi3ForCausalLM",   "GraniteForCausalLM"};
   return k;
 }
 
@@ -199,6 +199,7 @@ LlamaConfig LlamaConfig::from_json(const json& cfg, const std::string& label) {
     else if (mt == "gemma2") c.architecture = "Gemma2ForCausalLM";
     else if (mt == "gemma3_text") c.architecture = "Gemma3ForCausalLM";
     else if (mt == "phi3") c.architecture = "Phi3ForCausalLM";
+    else if (mt == "granite") c.architecture = "GraniteForCausalLM";
     else c.architecture = mt.empty() ? std::string("(none)") : "model_type " + mt;
   }
   if (c.architecture == "LlamaForCausalLM") c.family = Family::Llama;
@@ -209,6 +210,7 @@ LlamaConfig LlamaConfig::from_json(const json& cfg, const std::string& label) {
   else if (c.architecture == "Gemma2ForCausalLM") c.family = Family::Gemma2;
   else if (c.architecture == "Gemma3ForCausalLM") c.family = Family::Gemma3;
   else if (c.architecture == "Phi3ForCausalLM") c.family = Family::Phi3;
+  else if (c.architecture == "GraniteForCausalLM") c.family = Family::Granite;
   else bad_data(label + ": architecture " + c.architecture + " is not supported by marlinc's forward pass (supported: " +
                 join(supported_architectures()) + "); `quantize --method rtn` and `convert` need no forward pass");
   c.hidden = req_int(cfg, "hidden_size", label);
@@ -270,6 +272,14 @@ LlamaConfig LlamaConfig::from_json(const json& cfg, const std::string& label) {
       bad_data(label + ": use_bidirectional_attention is not supported (a causal language model attends backwards only)");
     c.unit_offset_norms = true;
     c.scale_embeddings = true;
+  }
+  if (c.family == Family::Granite) {
+    // GraniteConfig's four multipliers (default 1): the attention one replaces head_dim^-1/2.
+    c.embedding_multiplier = opt_positive(cfg, "embedding_multiplier", 1.0, label);
+    c.scale_embeddings = c.embedding_multiplier != 1.0;
+    c.residual_multiplier = opt_positive(cfg, "residual_multiplier", 1.0, label);
+    c.attn_scale = opt_positive(cfg, "attention_multiplier", 1.0, label);
+    c.logits_scaling = opt_positive(cfg, "logits_scaling", 1.0, label);
   }
   if (c.family == Family::Gemma2 || c.family == Family::Gemma3) {
     const bool g2 = c.family == Family::Gemma2;
@@ -501,7 +511,9 @@ LlamaModel LlamaModel::open(const std::filesystem::path& dir, bool quantized_lin
   if (c.local_rope_theta > 0) m.inv_freq_local_ = rope_inv_freq(c, /*local=*/true);
   if (c.rope_scaling.type == "longrope") m.inv_freq_long_ = rope_inv_freq(c, false, /*long_seq=*/true);
   m.final_norm_ = m.load_norm("model.norm.weight", c.hidden);
-  if (c.scale_embeddings) {
+  if (c.family == Family::Granite) {
+    m.embed_scale_ = static_cast<float>(c.embedding_multiplier);  // a Python float times the embeddings
+  } else if (c.scale_embeddings) {
     // sqrt(hidden) as a Python float, then held in the model's dtype (the embedding table's).
     const double scale = std::sqrt(static_cast<double>(c.hidden));
     const DType dt = ck.at("model.embed_tokens.weight").info->dtype;
@@ -700,9 +712,10 @@ void LlamaModel::block_forward(Matrix& hidden, const BlockWeights& w, const Inpu
     attn.middleCols(h * hd, hd) = s * vh;
   }
   if (hook) hook(LinearInput::O, attn);
-  // Gemma 2/3 normalise each sub-block's output before the residual add.
+  // Gemma 2/3 normalise each sub-block's output before the residual add; Granite scales it.
   auto add_output = [&](Matrix y, const Vector& out_norm) {
     if (c.sandwich_norms) rms_norm_rows(y.data(), T, y.cols(), out_norm, c.rms_eps);
+    if (c.residual_multiplier != 1.0) y *= static_cast<float>(c.residual_multiplier);
     hidden += y;
   };
   add_output(linear(attn, w.o, w.o_bias), w.attn_out_norm);
@@ -742,6 +755,7 @@ Matrix LlamaModel::logits(const Matrix& normed) const {
     Eigen::Map<const Matrix> w(f.data(), n, c.hidden);
     out.middleCols(r0, n) = normed * w.transpose();
   }
+  if (c.logits_scaling != 1.0) out /= static_cast<float>(c.logits_scaling);  // Granite
   if (c.final_softcap > 0) {  // Gemma 2: logits -> cap · tanh(logits / cap)
     const float cap = static_cast<float>(c.final_softcap);
     out = ((out.array() / cap).tanh() * cap).matrix();

@@ -3,7 +3,8 @@
 // window), Qwen2/2.5 (q/k/v bias), Qwen3 (per-head q/k RMSNorm), Gemma 1/2/3 text models ((1 + w) norms,
 // scaled embeddings, GeGLU; Gemma 2/3: norms around both sub-blocks, query_pre_attn_scalar, soft-capped
 // scores and logits, sliding-window layers with their own RoPE base), Phi-3/Phi-4 (fused qkv_proj and
-// gate_up_proj, partial rotary, LongRoPE). Structured block by block so the
+// gate_up_proj, partial rotary, LongRoPE), Granite 3 (embedding, residual, attention and logit multipliers).
+// Structured block by block so the
 // calibration runner can capture each linear's input, quantize, and run the block again with
 // dequantized weights: embed -> block_forward x L -> final_norm -> logits.
 #pragma once
@@ -26,7 +27,7 @@ namespace marlinc::calib {
 using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using Vector = Eigen::VectorXf;
 
-enum class Family { Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma2, Gemma3, Phi3 };
+enum class Family { Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma2, Gemma3, Phi3, Granite };
 // The MLP's gate activation: silu (SwiGLU), gelu with tanh approximation (GeGLU as Gemma runs it:
 // gelu_pytorch_tanh, gelu_new) or exact gelu (erf).
 enum class Activation { Silu, GeluTanh, Gelu };
@@ -66,7 +67,10 @@ struct LlamaConfig {
   // (post_attention_layernorm, post_feedforward_layernorm) and the MLP's input norm is
   // pre_feedforward_layernorm.
   bool sandwich_norms = false;
-  bool scale_embeddings = false;  // Gemma: embeddings times sqrt(hidden) (LlamaModel::embed_scale)
+  bool scale_embeddings = false;  // Gemma: embeddings times sqrt(hidden); Granite: embedding_multiplier
+  double embedding_multiplier = 1.0;  // Granite
+  double residual_multiplier = 1.0;   // Granite: each sub-block's output times this before the residual add
+  double logits_scaling = 1.0;        // Granite: logits divided by this
   double attn_scale = 0;          // scores' scale; 0: head_dim^-1/2 (Gemma 2/3: query_pre_attn_scalar^-1/2)
   double attn_softcap = 0;        // scores -> cap·tanh(scores / cap) before the mask; 0: none (Gemma 2)
   double final_softcap = 0;       // the same on the logits (Gemma 2)
@@ -140,8 +144,9 @@ class LlamaModel {
   static LlamaModel open(const std::filesystem::path& dir, bool quantized_linears = false);
 
   const LlamaConfig& config() const { return cfg_; }
-  // What embed() multiplies the embeddings by: 1, or for Gemma sqrt(hidden) rounded to the embedding
-  // table's dtype, as the model runs in it (transformers and vLLM keep the factor in the model dtype).
+  // What embed() multiplies the embeddings by: 1; for Gemma sqrt(hidden) rounded to the embedding
+  // table's dtype, as the model runs in it (transformers and vLLM keep the factor in the model dtype);
+  // for Granite its embedding_multiplier.
   float embed_scale() const { return embed_scale_; }
   const Checkpoint& checkpoint() const { return *ckpt_; }
 

@@ -4,7 +4,8 @@ forward pass supports (quantizer/calib/llama.h): Llama 3 (llama3 RoPE scaling, G
 window shorter than the sequence), Qwen2 (q/k/v biases), Qwen3 (per-head q/k RMSNorm, head_dim !=
 hidden / heads, tied embeddings), Gemma 1/2/3 (text) and Phi-3/Phi-4 (fused qkv_proj / gate_up_proj; phi3:
 partial rotary, LongRoPE with an original length between the two sequences' lengths so that one takes the
-short factors and the other the long ones, a sliding window; phi4: plain RoPE, tied embeddings, MQA). tests/calib/test_forward_arch.cpp checks marlinc's CPU forward against
+short factors and the other the long ones, a sliding window; phi4: plain RoPE, tied embeddings, MQA) and
+Granite 3 (embedding, residual, attention and logit multipliers, biases on every linear). tests/calib/test_forward_arch.cpp checks marlinc's CPU forward against
 them, tests/gpu/test_forward_cuda.cpp its GPU forward ([gpu][forward]).
 
 Needs torch and transformers (the GPU machine has both); the outputs are committed, so the tests never
@@ -67,6 +68,12 @@ MODELS = {
     # Phi-4 style: plain RoPE over the whole head, tied embeddings (as Phi-4-mini), one KV head.
     "phi4": ("Phi3Config", "Phi3ForCausalLM",
              dict(PHI, rope_theta=250000.0, tie_word_embeddings=True, num_key_value_heads=1)),
+    # Granite 3: the four multipliers away from 1 (attention_multiplier instead of head_dim^-1/2), and
+    # biases on q/k/v/o and the MLP so that the residual multiplier is seen to scale them too.
+    "granite": ("GraniteConfig", "GraniteForCausalLM",
+                dict(PHI, rope_theta=10000.0, tie_word_embeddings=True, embedding_multiplier=6.0,
+                     residual_multiplier=0.4, attention_multiplier=0.1, logits_scaling=4.0, attention_bias=True,
+                     mlp_bias=True)),
 }
 # What every Gemma entry shares on top of COMMON.
 GEMMA_ROPE3 = dict(

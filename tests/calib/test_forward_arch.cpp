@@ -81,11 +81,12 @@ calib::Matrix logits_with_config(const std::string& name, const std::function<vo
 
 }  // namespace
 
-TEST_CASE("Llama 3 / Mistral / Qwen2 / Qwen3 / Gemma 1-3 / Phi-3 / Phi-4 forward passes match transformers' logits",
+TEST_CASE("Llama 3 / Mistral / Qwen2 / Qwen3 / Gemma 1-3 / Phi-3 / Phi-4 / Granite forward passes match transformers' logits",
           "[forward]") {
   const Case cases[] = {{"llama3", Family::Llama}, {"mistral", Family::Mistral}, {"qwen2", Family::Qwen2},
                         {"qwen3", Family::Qwen3},  {"gemma", Family::Gemma},     {"gemma2", Family::Gemma2},
-                        {"gemma3", Family::Gemma3}, {"phi3", Family::Phi3},      {"phi4", Family::Phi3}};
+                        {"gemma3", Family::Gemma3}, {"phi3", Family::Phi3},      {"phi4", Family::Phi3},
+                        {"granite", Family::Granite}};
   for (const Case& c : cases) {
     const std::filesystem::path dir = golden_dir() / c.dir;
     INFO(dir.string());
@@ -136,6 +137,11 @@ TEST_CASE("Llama 3 / Mistral / Qwen2 / Qwen3 / Gemma 1-3 / Phi-3 / Phi-4 forward
         CHECK(near(cfg.rope_scaling.attention_factor, std::sqrt(2.0)));  // factor 256 / 16: sqrt(1 + ln 16 / ln 16)
       }
     }
+    if (c.family == Family::Granite) {
+      CHECK((cfg.embedding_multiplier == 6.0 && model.embed_scale() == 6.0f && cfg.residual_multiplier == 0.4));
+      CHECK((cfg.attn_scale == 0.1 && cfg.logits_scaling == 4.0 && cfg.tie_embeddings));
+      CHECK(model.load_block(0).o_bias.size() == cfg.hidden);
+    }
     Golden golden = read_golden(dir);
     for (int s = 0; s < 2; ++s) {
       const std::string p = "seq" + std::to_string(s) + ".";
@@ -173,7 +179,7 @@ TEST_CASE("The Mistral fixture's window is live: without it the logits differ", 
   CHECK(rel_err(wide.forward(tokens), golden_matrix(golden, "seq0.logits")) > 100 * kArchRelTol);
 }
 
-TEST_CASE("Each Gemma and Phi-3 feature the fixtures exercise is live: without it the logits differ", "[forward]") {
+TEST_CASE("Each Gemma / Phi-3 / Granite feature the fixtures exercise is live: without it the logits differ", "[forward]") {
   // Guards the fixtures: a feature whose effect vanished at these weights would pass unnoticed above.
   using Edit = std::function<void(nlohmann::json&)>;
   struct Off {
@@ -199,6 +205,10 @@ TEST_CASE("Each Gemma and Phi-3 feature the fixtures exercise is live: without i
        [](nlohmann::json& c) { c["rope_parameters"]["short_factor"] = c["rope_parameters"]["long_factor"]; }, 1},
       {"phi3", "no attention factor", [](nlohmann::json& c) { c["rope_parameters"]["attention_factor"] = 1.0; }, 1},
       {"phi3", "no window", [](nlohmann::json& c) { c["sliding_window"] = nullptr; }},
+      {"granite", "no embedding multiplier", [](nlohmann::json& c) { c["embedding_multiplier"] = 1.0; }},
+      {"granite", "no residual multiplier", [](nlohmann::json& c) { c["residual_multiplier"] = 1.0; }},
+      {"granite", "head_dim^-1/2 attention scaling", [](nlohmann::json& c) { c["attention_multiplier"] = 0.25; }},
+      {"granite", "no logit scaling", [](nlohmann::json& c) { c["logits_scaling"] = 1.0; }},
       {"phi3", "plain RoPE over the whole head",
        [](nlohmann::json& c) {
          c["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}};
