@@ -272,6 +272,12 @@ __global__ void widen_add_kernel(float* y, float beta, const T* c, int64_t count
     y[e] = (beta != 0.0f ? beta * y[e] : 0.0f) + float(c[e]);
 }
 
+// y [count] += a·x (Granite's scaled residual add).
+__global__ void scaled_add_kernel(float* y, float a, const float* x, int64_t count) {
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < count; e += int64_t(gridDim.x) * blockDim.x)
+    y[e] += a * x[e];
+}
+
 __global__ void nonfinite_kernel(const float* x, int64_t count, int* flag) {
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < count; e += int64_t(gridDim.x) * blockDim.x)
     if (!isfinite(x[e])) *flag = 1;
@@ -474,6 +480,7 @@ CudaForward::CudaForward(const GpuDims& d, const std::vector<size_t>& lengths, G
       (d.rope_long_after > 0) != !inv_freq_long.empty())
     bad_usage(who + ": RoPE table of the wrong size");
   if (!(d.attn_scale >= 0) || !(d.attn_softcap >= 0)) bad_usage(who + ": attention scale and soft-cap must be >= 0");
+  if (d.sandwich_norms && d.residual_scale != 1.0) bad_usage(who + ": output norms and a residual multiplier together");
   I.len = lengths;
   I.off.assign(1, 0);
   for (size_t n : I.len) {
@@ -565,7 +572,7 @@ double CudaForward::device_bytes(const GpuDims& d, const std::vector<size_t>& le
   const double scores = std::clamp(std::floor(kScoreBudgetBytes / per_kv), 1.0, double(d.kv_heads)) * per_kv;
   const double scratch = chunk * (4 * h + 2 * std::max(h, qd) + 4 * (qd + 2 * kvd) + 2 * (qd + 2 * kvd) + 4 * qd +
                                   8 * f + 2 * f);
-  const double sandwich = d.sandwich_norms ? 4.0 * chunk * h : 0.0;
+  const double sandwich = d.sandwich_norms || d.residual_scale != 1.0 ? 4.0 * chunk * h : 0.0;
   return 4.0 * T * h + 16.0 * T + weights + hess + scores + scratch + sandwich;
 }
 
@@ -771,8 +778,15 @@ void CudaForward::Impl::run_chunk(const Chunk& ch, const bool want[4], int last,
   FWD_CHECK(cudaGetLastError());
   if (want[kGO]) gram(kGO, x, tc);
   if (stop_after(kGO)) return;
-  // The residual add: the GEMM's beta = 1, or after Gemma 2/3's output norm.
+  // The residual add: the GEMM's beta = 1, or after Gemma 2/3's output norm, or Granite's multiplier
+  // (on the output with its bias, as transformers scales it).
   auto add_output = [&](int l, const void* in, GpuVec out_norm) {
+    if (c.residual_scale != 1.0) {
+      linear(l, in, tc, sub.p, 0.0f);
+      scaled_add_kernel<<<stride_grid(tc * hid), kThreads, 0, stream>>>(h, float(c.residual_scale), sub.p, tc * hid);
+      FWD_CHECK(cudaGetLastError());
+      return;
+    }
     if (!c.sandwich_norms) {
       linear(l, in, tc, h, 1.0f);
       return;
@@ -827,7 +841,7 @@ void CudaForward::run(const bool capture[4], bool update, int64_t block) {
   I.gate.reserve(size_t(tc * inter), who);
   I.up.reserve(size_t(tc * inter), who);
   I.act16.reserve(size_t(tc * inter), who);
-  if (I.c.sandwich_norms) I.sub.reserve(size_t(tc * hid), who);
+  if (I.c.sandwich_norms || I.c.residual_scale != 1.0) I.sub.reserve(size_t(tc * hid), who);
   FWD_CHECK(cudaMemsetAsync(I.flag.p, 0, sizeof(int), I.stream));
   I.events_used = 0;
   for (const auto& ch : I.chunks) {

@@ -39,6 +39,7 @@ struct GpuDims {
   int64_t rotary_dim = 0;      // leading dims of a head RoPE rotates (Phi's partial rotary); 0: head_dim
   double rope_scale = 1.0;     // cos/sin factor (longrope's attention factor)
   int64_t rope_long_after = 0; // longrope: samples longer than this take the long table; 0: none
+  double residual_scale = 1.0; // Granite: each sub-block's output times this before the residual add
 };
 
 // Indices as in llama.h: Linear Q, K, V, O, Gate, Up, Down = 0..6; LinearInput QKV, O, GateUp,

@@ -56,6 +56,7 @@ GpuDims gpu_dims(const LlamaConfig& c) {
   const bool longrope = c.rope_scaling.type == "longrope";
   d.rope_scale = longrope ? c.rope_scaling.attention_factor : 1.0;
   d.rope_long_after = longrope ? c.rope_scaling.original_max_position_embeddings : 0;
+  d.residual_scale = c.residual_multiplier;
   return d;
 }
 
