@@ -118,8 +118,7 @@ void parse_rope(const json* rp, double& theta, RopeScaling& s, const LlamaConfig
     if (s.high_freq_factor <= s.low_freq_factor)
       bad_data(label + ": llama3 rope scaling needs high_freq_factor > low_freq_factor");
   } else if (type != "default" && type != "linear") {
-    bad_data(label + ": rope type '" + type + "' is not supported (supported: default, linear, llama3" +
-             (c.family == Family::Phi3 ? ", longrope)" : ")"));
+    bad_data(label + ": rope type '" + type + "' is not supported (supported: default, linear, llama3)");
   }
 }
 
