@@ -131,7 +131,8 @@ struct TokenMap {
 };
 
 // q/k/v projections [Tc, heads·hd] fp32 -> bias, per-head RMSNorm (Qwen3), RoPE (rotate_half pairs
-// (i, i + rot/2) for i < rot/2; dims from rot on pass through: Phi's partial rotary), into the attention
+// (i, i + rot/2) for i < rot/2; dims from rot on pass through: Phi's partial rotary, SmolLM3's NoPE layers
+// with rot 0), into the attention
 // layout: per sample, per head, [len, hd] 16-bit. One block per (token, head of q|k|v); thread i < hd/2
 // owns elements i and i + hd/2 (one rotation pair when rot == hd; through shared memory when rot < hd).
 struct QkvArgs {
@@ -321,7 +322,7 @@ struct CudaForward::Impl {
   DBuf<float> cosv, sinv;                  // [max_len, hd/2]
   DBuf<float> cosv_local, sinv_local;      // [max_len, rot/2] the local table, or empty
   DBuf<float> cosv_long, sinv_long;        // [max_len, rot/2] longrope's long table, or empty
-  bool layer_sliding = true, layer_local = false;  // set_layer
+  bool layer_sliding = true, layer_local = false, layer_rope = true;  // set_layer
   std::array<DBuf<uint16_t>, kLinears> W;  // [out, in] 16-bit
   // Linears that run through the Marlin kernel: packed tiles, permuted scales, group size.
   std::array<DBuf<int32_t>, kLinears> mB;
@@ -687,11 +688,12 @@ void CudaForward::set_linear_marlin(int l, const int32_t* B, size_t b_count, con
   I.marlin[size_t(l)] = true;
 }
 
-void CudaForward::set_layer(bool sliding, bool local_rope) {
+void CudaForward::set_layer(bool sliding, bool local_rope, bool rope) {
   Impl& I = *p_;
   if (local_rope && !I.cosv_local.p) bad_usage(I.who + ": a local-RoPE layer, but no local RoPE table was given");
   I.layer_sliding = sliding;
   I.layer_local = local_rope;
+  I.layer_rope = rope;
 }
 
 void CudaForward::set_vector(GpuVec which, const float* v, size_t count) {
@@ -766,9 +768,10 @@ void CudaForward::Impl::run_chunk(const Chunk& ch, const bool want[4], int last,
   const QkvArgs qa{qf.p, kf.p, vf.p, vec_or_null(GpuVec::BiasQ), vec_or_null(GpuVec::BiasK), vec_or_null(GpuVec::BiasV),
                    vec_or_null(GpuVec::QNorm), vec_or_null(GpuVec::KNorm),
                    layer_local ? cosv_local.p : cosv.p, layer_local ? sinv_local.p : sinv.p,
-                   cosv_long.p, sinv_long.p, c.rope_long_after, ch.t0, int(c.heads), int(c.kv_heads), int(c.head_dim), int(c.rotary_dim), eps};
+                   cosv_long.p, sinv_long.p, c.rope_long_after, ch.t0, int(c.heads), int(c.kv_heads), int(c.head_dim),
+                   layer_rope ? int(c.rotary_dim) : 0, eps};  // rot 0: a NoPE layer passes every dim through
   const unsigned pair_threads = unsigned((c.head_dim / 2 + 31) / 32 * 32);
-  const size_t rope_smem = c.rotary_dim == c.head_dim ? 0 : size_t(c.head_dim) * sizeof(float);
+  const size_t rope_smem = qa.rot == c.head_dim ? 0 : size_t(c.head_dim) * sizeof(float);
   qkv_rope_kernel<T><<<dim3(unsigned(tc), unsigned(c.heads + 2 * c.kv_heads)), pair_threads, rope_smem, stream>>>(
       qa, tm, reinterpret_cast<T*>(Qt.p), reinterpret_cast<T*>(Kt.p), reinterpret_cast<T*>(Vt.p));
   FWD_CHECK(cudaGetLastError());

@@ -107,9 +107,10 @@ class CudaForward {
   void set_linear_marlin(int l, const int32_t* B, size_t b_count, const uint16_t* s, size_t s_count, int group_size);
   // A norm weight or bias of the current block; count 0 removes an optional one (biases, q/k norm).
   void set_vector(GpuVec which, const float* v, size_t count);
-  // The current block's attention: through the sliding window (when GpuDims has one), and with the
-  // local RoPE table. A new CudaForward starts with (true, false), Mistral's every layer.
-  void set_layer(bool sliding, bool local_rope);
+  // The current block's attention: through the sliding window (when GpuDims has one), with the local
+  // RoPE table, and with RoPE at all (SmolLM3's NoPE layers: without). A new CudaForward starts with
+  // (true, false, true), Mistral's every layer.
+  void set_layer(bool sliding, bool local_rope, bool rope = true);
 
   // Runs the current block over every sample. The inputs of the groups with capture[g] set are added
   // to their Hessian sums. With update the hidden states become the block's outputs; without it they

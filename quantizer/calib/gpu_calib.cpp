@@ -163,7 +163,7 @@ void upload_block(CudaForward& f, const LlamaModel& m, int64_t b, const Quantize
   f.set_vector(GpuVec::KNorm, w.k_norm.data(), size_t(w.k_norm.size()));
   f.set_vector(GpuVec::AttnOutNorm, w.attn_out_norm.data(), size_t(w.attn_out_norm.size()));
   f.set_vector(GpuVec::MlpOutNorm, w.mlp_out_norm.data(), size_t(w.mlp_out_norm.size()));
-  f.set_layer(m.config().layer_slides(b), m.config().layer_local_rope(b));
+  f.set_layer(m.config().layer_slides(b), m.config().layer_local_rope(b), m.config().layer_rope(b));
   if (counts) {
     counts->plain += n.plain;
     counts->kernel += n.kernel;

@@ -15,7 +15,8 @@ using nlohmann::json;
 const std::vector<std::string>& supported_architectures() {
   static const std::vector<std::string> k = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                                              "Qwen3ForCausalLM", "GemmaForCausalLM",   "Gemma2ForCausalLM",
-                                             "Gemma3ForCausalLM", "Phi3ForCausalLM",   "GraniteForCausalLM"};
+                                             "Gemma3ForCausalLM", "Phi3ForCausalLM",   "GraniteForCausalLM",
+                                             "SmolLM3ForCausalLM"};
   return k;
 }
 
@@ -165,6 +166,11 @@ bool LlamaConfig::layer_slides(int64_t layer) const {
   return layer >= 0 && layer < static_cast<int64_t>(sliding_layers.size()) && sliding_layers[static_cast<size_t>(layer)];
 }
 
+bool LlamaConfig::layer_rope(int64_t layer) const {
+  return rope_layers.empty() || (layer >= 0 && layer < static_cast<int64_t>(rope_layers.size()) &&
+                                 rope_layers[static_cast<size_t>(layer)]);
+}
+
 bool LlamaConfig::layer_local_rope(int64_t layer) const {
   return local_rope_theta > 0 && layer >= 0 && layer < static_cast<int64_t>(sliding_layers.size()) &&
          sliding_layers[static_cast<size_t>(layer)];
@@ -199,6 +205,7 @@ LlamaConfig LlamaConfig::from_json(const json& cfg, const std::string& label) {
     else if (mt == "gemma3_text") c.architecture = "Gemma3ForCausalLM";
     else if (mt == "phi3") c.architecture = "Phi3ForCausalLM";
     else if (mt == "granite") c.architecture = "GraniteForCausalLM";
+    else if (mt == "smollm3") c.architecture = "SmolLM3ForCausalLM";
     else c.architecture = mt.empty() ? std::string("(none)") : "model_type " + mt;
   }
   if (c.architecture == "LlamaForCausalLM") c.family = Family::Llama;
@@ -210,6 +217,7 @@ LlamaConfig LlamaConfig::from_json(const json& cfg, const std::string& label) {
   else if (c.architecture == "Gemma3ForCausalLM") c.family = Family::Gemma3;
   else if (c.architecture == "Phi3ForCausalLM") c.family = Family::Phi3;
   else if (c.architecture == "GraniteForCausalLM") c.family = Family::Granite;
+  else if (c.architecture == "SmolLM3ForCausalLM") c.family = Family::SmolLM3;
   else bad_data(label + ": architecture " + c.architecture + " is not supported by marlinc's forward pass (supported: " +
                 join(supported_architectures()) + "); `quantize --method rtn` and `convert` need no forward pass");
   c.hidden = req_int(cfg, "hidden_size", label);
@@ -271,6 +279,25 @@ LlamaConfig LlamaConfig::from_json(const json& cfg, const std::string& label) {
       bad_data(label + ": use_bidirectional_attention is not supported (a causal language model attends backwards only)");
     c.unit_offset_norms = true;
     c.scale_embeddings = true;
+  }
+  if (c.family == Family::SmolLM3) {
+    // no_rope_layers (1 = RoPE, 0 = NoPE), else one NoPE layer every no_rope_layer_interval (SmolLM3Config).
+    if (opt_bool(cfg, "use_sliding_window", false, label))
+      bad_data(label + ": use_sliding_window is not supported for SmolLM3 (set it false; calibration sequences are short)");
+    c.rope_layers.assign(static_cast<size_t>(c.layers), true);
+    if (present(cfg, "no_rope_layers")) {
+      const json& nr = cfg["no_rope_layers"];
+      if (!nr.is_array() || static_cast<int64_t>(nr.size()) != c.layers)
+        bad_data(label + ": 'no_rope_layers' must be a list of num_hidden_layers (" + std::to_string(c.layers) + ") 0/1 values");
+      for (size_t i = 0; i < nr.size(); ++i) {
+        if (!nr[i].is_number_integer() || (nr[i].get<int64_t>() != 0 && nr[i].get<int64_t>() != 1))
+          bad_data(label + ": no_rope_layers[" + std::to_string(i) + "] must be 0 (no RoPE) or 1 (RoPE)");
+        c.rope_layers[i] = nr[i].get<int64_t>() == 1;
+      }
+    } else {
+      const int64_t every = opt_int(cfg, "no_rope_layer_interval", 4, 1, label);
+      for (int64_t i = 0; i < c.layers; ++i) c.rope_layers[static_cast<size_t>(i)] = (i + 1) % every != 0;
+    }
   }
   if (c.family == Family::Granite) {
     // GraniteConfig's four multipliers (default 1): the attention one replaces head_dim^-1/2.
@@ -682,8 +709,10 @@ void LlamaModel::block_forward(Matrix& hidden, const BlockWeights& w, const Inpu
         }
       }
   };
-  rope(q, H);
-  rope(k, KV);
+  if (c.layer_rope(w.index)) {  // SmolLM3's NoPE layers attend without positions
+    rope(q, H);
+    rope(k, KV);
+  }
   Matrix attn(T, H * hd);  // [T, H*hd]
   const float scale = c.attn_scale > 0 ? static_cast<float>(c.attn_scale) : 1.0f / std::sqrt(static_cast<float>(hd));
   const float cap = static_cast<float>(c.attn_softcap);

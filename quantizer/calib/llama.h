@@ -3,7 +3,8 @@
 // window), Qwen2/2.5 (q/k/v bias), Qwen3 (per-head q/k RMSNorm), Gemma 1/2/3 text models ((1 + w) norms,
 // scaled embeddings, GeGLU; Gemma 2/3: norms around both sub-blocks, query_pre_attn_scalar, soft-capped
 // scores and logits, sliding-window layers with their own RoPE base), Phi-3/Phi-4 (fused qkv_proj and
-// gate_up_proj, partial rotary, LongRoPE), Granite 3 (embedding, residual, attention and logit multipliers).
+// gate_up_proj, partial rotary, LongRoPE), Granite 3 (embedding, residual, attention and logit multipliers),
+// SmolLM3 (layers without RoPE).
 // Structured block by block so the
 // calibration runner can capture each linear's input, quantize, and run the block again with
 // dequantized weights: embed -> block_forward x L -> final_norm -> logits.
@@ -27,7 +28,7 @@ namespace marlinc::calib {
 using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using Vector = Eigen::VectorXf;
 
-enum class Family { Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma2, Gemma3, Phi3, Granite };
+enum class Family { Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma2, Gemma3, Phi3, Granite, SmolLM3 };
 // The MLP's gate activation: silu (SwiGLU), gelu with tanh approximation (GeGLU as Gemma runs it:
 // gelu_pytorch_tanh, gelu_new) or exact gelu (erf).
 enum class Activation { Silu, GeluTanh, Gelu };
@@ -81,7 +82,11 @@ struct LlamaConfig {
   double local_rope_theta = 0;
   RopeScaling local_rope_scaling;
 
+  // Per layer: whether it applies RoPE (SmolLM3's no_rope_layers: 0 = NoPE). Empty: every layer does.
+  std::vector<bool> rope_layers;
+
   bool layer_slides(int64_t layer) const;  // the layer's attention is windowed (sliding_window > 0)
+  bool layer_rope(int64_t layer) const;    // the layer rotates q and k
   bool layer_local_rope(int64_t layer) const;  // the layer uses the local RoPE table
 
   // Parses config.json. Unknown architectures, activations or rope types are refused by name, with

@@ -5,7 +5,8 @@ window shorter than the sequence), Qwen2 (q/k/v biases), Qwen3 (per-head q/k RMS
 hidden / heads, tied embeddings), Gemma 1/2/3 (text) and Phi-3/Phi-4 (fused qkv_proj / gate_up_proj; phi3:
 partial rotary, LongRoPE with an original length between the two sequences' lengths so that one takes the
 short factors and the other the long ones, a sliding window; phi4: plain RoPE, tied embeddings, MQA) and
-Granite 3 (embedding, residual, attention and logit multipliers, biases on every linear). tests/calib/test_forward_arch.cpp checks marlinc's CPU forward against
+Granite 3 (embedding, residual, attention and logit multipliers, biases on every linear) and SmolLM3 (a layer
+without RoPE). tests/calib/test_forward_arch.cpp checks marlinc's CPU forward against
 them, tests/gpu/test_forward_cuda.cpp its GPU forward ([gpu][forward]).
 
 Needs torch and transformers (the GPU machine has both); the outputs are committed, so the tests never
@@ -74,6 +75,10 @@ MODELS = {
                 dict(PHI, rope_theta=10000.0, tie_word_embeddings=True, embedding_multiplier=6.0,
                      residual_multiplier=0.4, attention_multiplier=0.1, logits_scaling=4.0, attention_bias=True,
                      mlp_bias=True)),
+    # SmolLM3: the middle one of three layers attends without RoPE (no_rope_layers 0).
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM",
+                dict(PHI, num_hidden_layers=3, rope_theta=50000.0, tie_word_embeddings=True, no_rope_layers=[1, 0, 1],
+                     use_sliding_window=False)),
 }
 # What every Gemma entry shares on top of COMMON.
 GEMMA_ROPE3 = dict(

@@ -81,19 +81,21 @@ calib::Matrix logits_with_config(const std::string& name, const std::function<vo
 
 }  // namespace
 
-TEST_CASE("Llama 3 / Mistral / Qwen2 / Qwen3 / Gemma 1-3 / Phi-3 / Phi-4 / Granite forward passes match transformers' logits",
+TEST_CASE("Llama 3 / Mistral / Qwen2 / Qwen3 / Gemma 1-3 / Phi-3 / Phi-4 / Granite / SmolLM3 forward passes match "
+          "transformers' logits",
           "[forward]") {
   const Case cases[] = {{"llama3", Family::Llama}, {"mistral", Family::Mistral}, {"qwen2", Family::Qwen2},
                         {"qwen3", Family::Qwen3},  {"gemma", Family::Gemma},     {"gemma2", Family::Gemma2},
                         {"gemma3", Family::Gemma3}, {"phi3", Family::Phi3},      {"phi4", Family::Phi3},
-                        {"granite", Family::Granite}};
+                        {"granite", Family::Granite}, {"smollm3", Family::SmolLM3}};
   for (const Case& c : cases) {
     const std::filesystem::path dir = golden_dir() / c.dir;
     INFO(dir.string());
     auto model = LlamaModel::open(dir);
     const LlamaConfig& cfg = model.config();
     CHECK(cfg.family == c.family);
-    CHECK(cfg.layers == (c.family == Family::Gemma3 ? 3 : 2));
+    CHECK(cfg.layers == (c.family == Family::Gemma3 || c.family == Family::SmolLM3 ? 3 : 2));
+    if (c.family == Family::SmolLM3) CHECK(cfg.rope_layers == std::vector<bool>{true, false, true});
     // What each fixture is there to exercise, read back from its config.
     if (c.family == Family::Llama) CHECK(cfg.rope_scaling.type == "llama3");
     if (c.family == Family::Mistral) CHECK(cfg.sliding_window == 8);
@@ -179,7 +181,8 @@ TEST_CASE("The Mistral fixture's window is live: without it the logits differ", 
   CHECK(rel_err(wide.forward(tokens), golden_matrix(golden, "seq0.logits")) > 100 * kArchRelTol);
 }
 
-TEST_CASE("Each Gemma / Phi-3 / Granite feature the fixtures exercise is live: without it the logits differ", "[forward]") {
+TEST_CASE("Each Gemma / Phi-3 / Granite / SmolLM3 feature the fixtures exercise is live: without it the logits differ",
+          "[forward]") {
   // Guards the fixtures: a feature whose effect vanished at these weights would pass unnoticed above.
   using Edit = std::function<void(nlohmann::json&)>;
   struct Off {
@@ -205,6 +208,7 @@ TEST_CASE("Each Gemma / Phi-3 / Granite feature the fixtures exercise is live: w
        [](nlohmann::json& c) { c["rope_parameters"]["short_factor"] = c["rope_parameters"]["long_factor"]; }, 1},
       {"phi3", "no attention factor", [](nlohmann::json& c) { c["rope_parameters"]["attention_factor"] = 1.0; }, 1},
       {"phi3", "no window", [](nlohmann::json& c) { c["sliding_window"] = nullptr; }},
+      {"smollm3", "RoPE on the NoPE layer", [](nlohmann::json& c) { c["no_rope_layers"] = {1, 1, 1}; }},
       {"granite", "no embedding multiplier", [](nlohmann::json& c) { c["embedding_multiplier"] = 1.0; }},
       {"granite", "no residual multiplier", [](nlohmann::json& c) { c["residual_multiplier"] = 1.0; }},
       {"granite", "head_dim^-1/2 attention scaling", [](nlohmann::json& c) { c["attention_multiplier"] = 0.25; }},

@@ -176,7 +176,7 @@ TEST_CASE("gptq on a bf16 model: Marlin keeps bf16 scales, Marlin-24 fp16, and v
   }
 }
 
-TEST_CASE("gptq on the Llama 3 / Mistral / Qwen2 / Qwen3 / Gemma 1-3 / Phi-3 / Phi-4 / Granite fixtures: verify accepts, biases and norms kept, same bytes twice",
+TEST_CASE("gptq on the Llama 3 / Mistral / Qwen2 / Qwen3 / Gemma 1-3 / Phi-3 / Phi-4 / Granite / SmolLM3 fixtures: verify accepts, biases and norms kept, same bytes twice",
           "[cli][gptq]") {
   // tests/data/arch-golden: the forward pass of each matches transformers (tests/calib/test_forward_arch.cpp).
   // Their 64-wide layers fit GPTQ's format at group 32, not Marlin's tiles.
@@ -190,7 +190,8 @@ TEST_CASE("gptq on the Llama 3 / Mistral / Qwen2 / Qwen3 / Gemma 1-3 / Phi-3 / P
       f << "]\n";
     }
   }
-  for (const char* arch : {"llama3", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "phi4", "granite"}) {
+  for (const char* arch :
+       {"llama3", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "phi4", "granite", "smollm3"}) {
     INFO(arch);
     const bool phi = std::string(arch).rfind("phi", 0) == 0;  // fused qkv_proj and gate_up_proj: 4 modules a block
     const fs::path model = fs::path(MARLINC_SOURCE_DIR) / "tests" / "data" / "arch-golden" / arch;
@@ -203,8 +204,8 @@ TEST_CASE("gptq on the Llama 3 / Mistral / Qwen2 / Qwen3 / Gemma 1-3 / Phi-3 / P
     Result v = run_cli("verify " + q(td.path / arch) + " --reference " + q(model), td.path);
     INFO(v.out << v.err);
     CHECK(v.rc == 0);
-    CHECK(v.out.find(std::string(arch) == "gemma3" ? "21 passed, 0 failed" : phi ? "8 passed, 0 failed" : "14 passed, 0 failed") !=
-          std::string::npos);
+    const bool three = std::string(arch) == "gemma3" || std::string(arch) == "smollm3";  // three blocks
+    CHECK(v.out.find(three ? "21 passed, 0 failed" : phi ? "8 passed, 0 failed" : "14 passed, 0 failed") != std::string::npos);
     const marlinc::Checkpoint ck = marlinc::Checkpoint::open(td.path / arch);
     CHECK(ck.contains(phi ? "model.layers.1.self_attn.qkv_proj.qweight" : "model.layers.1.self_attn.q_proj.qweight"));
     if (phi) CHECK(ck.contains("model.layers.1.mlp.gate_up_proj.qweight"));

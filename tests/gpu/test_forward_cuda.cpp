@@ -163,13 +163,15 @@ TEST_CASE("GPU forward: stories260K matches transformers' golden outputs within 
   check_golden(GpuAct::BF16, CudaForward::kDefaultChunkTokens, kGpuBf16RelTol);
 }
 
-TEST_CASE("GPU forward: Llama 3 / Mistral / Qwen2 / Qwen3 / Gemma 1-3 / Phi-3 / Phi-4 / Granite match transformers' logits "
+TEST_CASE("GPU forward: Llama 3 / Mistral / Qwen2 / Qwen3 / Gemma 1-3 / Phi-3 / Phi-4 / Granite / SmolLM3 match transformers' "
+          "logits "
           "within "
           "fp16 tolerance",
           "[gpu][forward]") {
   // phi3: partial rotary, and longrope's long table for seq0 (24 tokens, past the original 16) in the same
   // chunk as seq1 on its short table.
-  for (const char* name : {"llama3", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "phi4", "granite"}) {
+  for (const char* name :
+       {"llama3", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "phi4", "granite", "smollm3"}) {
     const std::filesystem::path dir = std::filesystem::path(MARLINC_SOURCE_DIR) / "tests" / "data" / "arch-golden" / name;
     const LlamaModel m = LlamaModel::open(dir);
     auto g = SafetensorsFile::open(dir / "golden.safetensors");
