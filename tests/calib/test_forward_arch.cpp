@@ -481,3 +481,29 @@ TEST_CASE("Phi-3: a quantized checkpoint's fused modules give each linear its ow
     CHECK(e < 0.25);  // 4-bit RTN: about 0.1; another part's rows would be about 1.4
   }
 }
+
+TEST_CASE("SmolLM3 configs: the NoPE interval by default, and refusals by name", "[forward]") {
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(golden_dir() / "smollm3" / "config.json"));
+  cfg.erase("no_rope_layers");  // SmolLM3Config's default: one NoPE layer every no_rope_layer_interval (4)
+  cfg["num_hidden_layers"] = 8;
+  CHECK(LlamaConfig::from_json(cfg, "c").rope_layers == std::vector<bool>{true, true, true, false, true, true, true, false});
+  cfg["no_rope_layer_interval"] = 2;
+  const LlamaConfig c2 = LlamaConfig::from_json(cfg, "c");
+  CHECK((!c2.layer_rope(1) && c2.layer_rope(2) && !c2.layer_rope(7)));
+  auto refusal = [](const nlohmann::json& j) {
+    try {
+      LlamaConfig::from_json(j, "cfg.json");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  nlohmann::json bad = cfg;
+  bad["no_rope_layers"] = {1, 0};
+  CHECK(refusal(bad).find("'no_rope_layers' must be a list of num_hidden_layers (8) 0/1 values") != std::string::npos);
+  bad["no_rope_layers"] = {1, 0, 1, 2, 1, 1, 1, 1};
+  CHECK(refusal(bad).find("no_rope_layers[3] must be 0 (no RoPE) or 1 (RoPE)") != std::string::npos);
+  bad = cfg;
+  bad["use_sliding_window"] = true;
+  CHECK(refusal(bad).find("use_sliding_window is not supported for SmolLM3") != std::string::npos);
+}
