@@ -79,6 +79,16 @@ calib::Matrix logits_with_config(const std::string& name, const std::function<vo
   return LlamaModel::open(tmp.path).forward(tokens);
 }
 
+// LlamaConfig::from_json's error for a config, or "" when it accepts it.
+std::string config_error(const nlohmann::json& cfg) {
+  try {
+    LlamaConfig::from_json(cfg, "cfg.json");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 }  // namespace
 
 TEST_CASE("Llama 3 / Mistral / Qwen2 / Qwen3 / Gemma 1-3 / Phi-3 / Phi-4 / Granite / SmolLM3 forward passes match "
@@ -398,14 +408,6 @@ TEST_CASE("Phi-3: fused modules' rows, transformers 4 config keys, and refusals 
   CHECK_FALSE(rope_long(c, 16));
   CHECK(rope_long(c, 17));
 
-  auto refusal = [](const nlohmann::json& cfg) {
-    try {
-      LlamaConfig::from_json(cfg, "cfg.json");
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  };
   // Phi3Config's precedence and defaults: the top-level original length (default 4096) wins over the rope
   // parameters' own; an empty rope_scaling falls through to rope_parameters.
   nlohmann::json no_top = m.checkpoint().config();
@@ -432,20 +434,20 @@ TEST_CASE("Phi-3: fused modules' rows, transformers 4 config keys, and refusals 
 
   nlohmann::json bad = m.checkpoint().config();
   bad["rope_parameters"] = {{"rope_type", "linear"}, {"factor", 2.0}, {"rope_theta", 10000.0}};
-  CHECK(refusal(bad).find("rope type 'linear' is not supported for Phi3ForCausalLM (supported: default, longrope)") !=
+  CHECK(config_error(bad).find("rope type 'linear' is not supported for Phi3ForCausalLM (supported: default, longrope)") !=
         std::string::npos);
   bad = m.checkpoint().config();
   bad["rope_parameters"]["short_factor"] = {1.0, 2.0};
-  CHECK(refusal(bad).find("longrope 'short_factor' must be a list of rotary_dim / 2 = 4 numbers") != std::string::npos);
+  CHECK(config_error(bad).find("longrope 'short_factor' must be a list of rotary_dim / 2 = 4 numbers") != std::string::npos);
   bad = m.checkpoint().config();
   bad["partial_rotary_factor"] = 0.3;  // 16 x 0.3 = 4.8 -> 4 dims: the factor lists no longer fit
   bad["rope_parameters"].erase("partial_rotary_factor");
-  CHECK(refusal(bad).find("rotary_dim / 2 = 2") != std::string::npos);
+  CHECK(config_error(bad).find("rotary_dim / 2 = 2") != std::string::npos);
   bad["partial_rotary_factor"] = 0.1;  // 1 dim
-  CHECK(refusal(bad).find("an even number >= 2 is needed") != std::string::npos);
+  CHECK(config_error(bad).find("an even number >= 2 is needed") != std::string::npos);
   bad = m.checkpoint().config();
   bad["architectures"] = {"LlamaForCausalLM"};
-  CHECK(refusal(bad).find("rope type 'longrope' is supported for Phi3ForCausalLM only") != std::string::npos);
+  CHECK(config_error(bad).find("rope type 'longrope' is supported for Phi3ForCausalLM only") != std::string::npos);
 }
 
 TEST_CASE("Phi-3: a quantized checkpoint's fused modules give each linear its own rows", "[forward]") {
@@ -490,20 +492,12 @@ TEST_CASE("SmolLM3 configs: the NoPE interval by default, and refusals by name",
   cfg["no_rope_layer_interval"] = 2;
   const LlamaConfig c2 = LlamaConfig::from_json(cfg, "c");
   CHECK((!c2.layer_rope(1) && c2.layer_rope(2) && !c2.layer_rope(7)));
-  auto refusal = [](const nlohmann::json& j) {
-    try {
-      LlamaConfig::from_json(j, "cfg.json");
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  };
   nlohmann::json bad = cfg;
   bad["no_rope_layers"] = {1, 0};
-  CHECK(refusal(bad).find("'no_rope_layers' must be a list of num_hidden_layers (8) 0/1 values") != std::string::npos);
+  CHECK(config_error(bad).find("'no_rope_layers' must be a list of num_hidden_layers (8) 0/1 values") != std::string::npos);
   bad["no_rope_layers"] = {1, 0, 1, 2, 1, 1, 1, 1};
-  CHECK(refusal(bad).find("no_rope_layers[3] must be 0 (no RoPE) or 1 (RoPE)") != std::string::npos);
+  CHECK(config_error(bad).find("no_rope_layers[3] must be 0 (no RoPE) or 1 (RoPE)") != std::string::npos);
   bad = cfg;
   bad["use_sliding_window"] = true;
-  CHECK(refusal(bad).find("use_sliding_window is not supported for SmolLM3") != std::string::npos);
+  CHECK(config_error(bad).find("use_sliding_window is not supported for SmolLM3") != std::string::npos);
 }

@@ -292,13 +292,7 @@ TEST_CASE("AWQ and compressed-tensors checkpoints") {
     REQUIRE(mods.size() == 1);
     CHECK(mods[0].k == 256);
     CHECK(mods[0].n == 768);
-  }
-  SECTION("compressed-tensors actorder: only group/dynamic/true mean g_idx") {
-    std::vector<TensorData> ts;
-    add_plain(ts);
-    ts.push_back(filled(std::string(kQ) + ".weight_packed", DType::I32, {768, 256 / 8}, 1));
-    ts.push_back(filled(std::string(kQ) + ".weight_scale", DType::BF16, {768, 2}, 2));
-    ts.push_back(typed<int64_t>(std::string(kQ) + ".weight_shape", DType::I64, {2}, {768, 256}));
+    // actorder: only group/dynamic/true mean g_idx.
     // llm-compressor's default is "static" (= "weight"): calibration order only, contiguous groups.
     for (const auto& [order, act] : std::vector<std::pair<std::string, bool>>{
              {"\"static\"", false}, {"\"weight\"", false}, {"\"Weight\"", false}, {"false", false},
