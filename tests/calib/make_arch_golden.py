@@ -5,9 +5,9 @@ window shorter than the sequence), Qwen2 (q/k/v biases), Qwen3 (per-head q/k RMS
 hidden / heads, tied embeddings), Gemma 1/2/3 (text) and Phi-3/Phi-4 (fused qkv_proj / gate_up_proj; phi3:
 partial rotary, LongRoPE with an original length between the two sequences' lengths so that one takes the
 short factors and the other the long ones, a sliding window; phi4: plain RoPE, tied embeddings, MQA) and
-Granite 3 (embedding, residual, attention and logit multipliers, biases on every linear) and SmolLM3 (a layer
-without RoPE). tests/calib/test_forward_arch.cpp checks marlinc's CPU forward against
-them, tests/gpu/test_forward_cuda.cpp its GPU forward ([gpu][forward]).
+Granite 3 (embedding, residual, attention and logit multipliers, biases on every linear), SmolLM3 (a layer
+without RoPE) and the mixture-of-experts Mixtral, Qwen2-MoE (a shared expert, a dense layer) and Qwen3-MoE.
+tests/calib/test_forward_arch.cpp checks marlinc's CPU forward against them, tests/gpu/test_forward_cuda.cpp its GPU forward ([gpu][forward]).
 
 Needs torch and transformers (the GPU machine has both); the outputs are committed, so the tests never
 need Python. Each model is written in fp16 (small files) and run by transformers in fp32 after reloading
@@ -79,6 +79,21 @@ MODELS = {
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM",
                 dict(PHI, num_hidden_layers=3, rope_theta=50000.0, tie_word_embeddings=True, no_rope_layers=[1, 0, 1],
                      use_sliding_window=False)),
+    # Mixtral: 4 experts, top-2 with the top weights renormalised; the experts' size is intermediate_size.
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM",
+                dict(PHI, rope_theta=1000000.0, num_local_experts=4, num_experts_per_tok=2, intermediate_size=64,
+                     sliding_window=None, tie_word_embeddings=False)),
+    # Qwen2-MoE: 4 routed experts (top-2, weights not renormalised) plus a shared expert behind a sigmoid
+    # gate, q/k/v biases; layer 1 is dense (mlp_only_layers) with the dense intermediate_size.
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+                  dict(rope_theta=1000000.0, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                       shared_expert_intermediate_size=64, norm_topk_prob=False, mlp_only_layers=[1],
+                       decoder_sparse_step=1, use_sliding_window=False, tie_word_embeddings=False)),
+    # Qwen3-MoE: 8 experts, top-2 renormalised (norm_topk_prob), per-head q/k norms, head_dim 32.
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                  dict(rope_theta=1000000.0, head_dim=32, num_experts=8, num_experts_per_tok=2,
+                       moe_intermediate_size=32, norm_topk_prob=True, decoder_sparse_step=1,
+                       use_sliding_window=False, tie_word_embeddings=False, attention_bias=False)),
 }
 # What every Gemma entry shares on top of COMMON.
 GEMMA_ROPE3 = dict(
@@ -114,6 +129,10 @@ def main(out_root: Path) -> None:
                     p.copy_((0.0 if name.startswith("gemma") else 1.0) + 0.2 * torch.randn_like(p))
                 elif pname.endswith(".bias"):
                     p.copy_(0.3 * torch.randn_like(p))
+                elif "experts" in pname or pname.endswith("gate.weight"):
+                    # MoE routers and experts: some start at zero or uninitialised (torch.empty); routers
+                    # get a spread wide enough that no two experts tie for a token.
+                    p.copy_((0.5 if pname.endswith("gate.weight") else 0.15) * torch.randn_like(p))
         out = out_root / name
         model.half().save_pretrained(out, safe_serialization=True)
         model = getattr(transformers, model_cls).from_pretrained(out, torch_dtype=torch.float32,
@@ -129,6 +148,10 @@ def main(out_root: Path) -> None:
         save_file(golden, str(out / "golden.safetensors"),
                   metadata={"transformers": transformers.__version__, "torch": torch.__version__})
         (out / "generation_config.json").unlink(missing_ok=True)
+        if "moe" in name or name == "mixtral":  # the names save_pretrained wrote (per-expert, as on the Hub)
+            from safetensors import safe_open
+            with safe_open(str(out / "model.safetensors"), "pt") as f:
+                print(name, sorted(k for k in f.keys() if "layers.0.mlp" in k or "layers.0.block_sparse" in k)[:8])
         print(name, json.load(open(out / "config.json"))["architectures"], "transformers", transformers.__version__)
 
 
