@@ -2,8 +2,10 @@
 
 #include <omp.h>
 
-#include <array>
 #include <chrono>
+#include <iterator>
+#include <map>
+#include <utility>
 
 #include "checkpoint/error.h"
 #include "quantizer/hessian.h"
@@ -20,7 +22,7 @@ LinearInput input_of(Linear l) {
   return LinearInput::QKV;
 }
 
-std::vector<QuantizedLinear> CalibPass::quantize_all(const std::vector<Linear>& ls, const std::vector<GptqOptions>& o,
+std::vector<QuantizedLinear> CalibPass::quantize_all(const std::vector<LinearRef>& ls, const std::vector<GptqOptions>& o,
                                                      std::vector<GptqStats>& stats) {
   stats.assign(ls.size(), GptqStats{});
   std::vector<QuantizedLinear> out;
@@ -43,50 +45,71 @@ class CpuPass : public CalibPass {
 
   void load(int64_t block) override {
     W_ = m_.load_block(block);
-    for (auto& h : H_) h.reset();
+    H_.clear();
+    tokens_.clear();
   }
 
   // The forwards of a chunk of samples run in parallel and keep their captured inputs; the sums then
   // take them in sample order, so the Hessians do not depend on the thread count.
+  // An MoE block's experts each have their own Hessians (from the tokens routed to them).
   void capture(std::initializer_list<LinearInput> groups) override {
-    std::array<std::unique_ptr<HessianAccumulator>, 4> acc;
-    for (LinearInput g : groups) acc[size_t(g)] = std::make_unique<HessianAccumulator>(in_features(g));
+    const LlamaConfig& c = m_.config();
+    std::map<Key, HessianAccumulator> acc;
+    for (LinearInput g : groups)
+      for (LinearRef r : block_linears(c, W_.index, g))
+        acc.try_emplace(Key{g, r.expert}, group_in_features(c, g, r.expert));
     const size_t chunk = size_t(std::max(1, 2 * omp_get_max_threads()));
     for (size_t c0 = 0; c0 < hs_.size(); c0 += chunk) {
       const size_t cn = std::min(chunk, hs_.size() - c0);
-      std::vector<std::array<Matrix, 4>> inputs(cn);  // [sample][group] -> [T, in]
+      std::vector<std::map<Key, Matrix>> inputs(cn);  // [sample] (group, expert) -> [T or routed, in]
       const auto t0 = Clock::now();
 #pragma omp parallel for schedule(dynamic, 1)
       for (long long i = 0; i < (long long)cn; ++i) {
         Matrix x = hs_[c0 + size_t(i)];
-        m_.block_forward(x, W_, [&](LinearInput g, const Matrix& X) {
-          if (acc[size_t(g)]) inputs[size_t(i)][size_t(g)] = X;
+        m_.block_forward(x, W_, [&](LinearInput g, int32_t expert, const Matrix& X) {
+          if (acc.count(Key{g, expert})) inputs[size_t(i)][Key{g, expert}] = X;
         });
       }
       t_.forward += since(t0);
       const auto th = Clock::now();
       for (size_t i = 0; i < cn; ++i)
-        for (size_t g = 0; g < 4; ++g)
-          if (acc[g]) acc[g]->add(inputs[i][g].data(), inputs[i][g].rows());
+        for (auto& [key, a] : acc) {
+          const auto it = inputs[i].find(key);
+          if (it != inputs[i].end()) a.add(it->second.data(), it->second.rows());
+        }
       t_.hessian += since(th);
     }
     const auto th = Clock::now();
-    for (size_t g = 0; g < 4; ++g) H_[g] = acc[g] ? std::make_unique<Eigen::MatrixXf>(acc[g]->finalize()) : nullptr;
+    for (LinearInput g : groups)  // a new capture replaces these groups' Hessians
+      for (auto it = H_.begin(); it != H_.end();) it = it->first.first == g ? H_.erase(it) : std::next(it);
+    for (auto& [key, a] : acc) {
+      tokens_[key] = a.tokens();
+      if (a.tokens() > 0) H_.emplace(key, a.finalize());
+    }
     t_.hessian += since(th);
   }
 
-  QuantizedLinear quantize(Linear l, const GptqOptions& o, GptqStats* stats) override {
-    const auto& H = H_[size_t(input_of(l))];
-    if (!H) fail(ErrorKind::Internal, o.name + ": quantized before its group's Hessian was captured");
+  int64_t hessian_tokens(LinearRef r) const override {
+    const auto it = tokens_.find(Key{input_of(r.l), r.expert});
+    return it == tokens_.end() ? 0 : it->second;
+  }
+
+  QuantizedLinear quantize(LinearRef r, const GptqOptions& o, GptqStats* stats) override {
+    const Key key{input_of(r.l), r.expert};
+    if (!tokens_.count(key)) fail(ErrorKind::Internal, o.name + ": quantized before its group's Hessian was captured");
     const auto t0 = Clock::now();
-    const Matrix& Wl = W_.weight(l);  // [n, k]
-    QuantizedLinear q = gptq_quantize(Wl.data(), Wl.rows(), Wl.cols(), *H, o, stats);
+    const Matrix& Wl = W_.weight(r);  // [n, k]
+    const auto it = H_.find(key);
+    // An expert no token was routed to: H = I, under which GPTQ is round-to-nearest with an unweighted clip
+    // search (and magnitude 2:4) -- the weights alone decide, as nothing else is known about its inputs.
+    const Eigen::MatrixXf eye = it == H_.end() ? Eigen::MatrixXf::Identity(Wl.cols(), Wl.cols()) : Eigen::MatrixXf();
+    QuantizedLinear q = gptq_quantize(Wl.data(), Wl.rows(), Wl.cols(), it == H_.end() ? eye : it->second, o, stats);
     t_.gptq += since(t0);
     return q;
   }
 
-  void set_weight(Linear l, const QuantizedLinear& q) override {
-    Matrix& Wl = W_.weight(l);               // [n, k]
+  void set_weight(LinearRef r, const QuantizedLinear& q) override {
+    Matrix& Wl = W_.weight(r);               // [n, k]
     const std::vector<float> dq = dequantize(q);  // [k, n]
     for (int64_t r = 0; r < q.k; ++r)
       for (int64_t col = 0; col < q.n; ++col) Wl(col, r) = dq[size_t(r * q.n + col)];
@@ -100,15 +123,13 @@ class CpuPass : public CalibPass {
   }
 
  private:
-  int64_t in_features(LinearInput g) const {
-    const LlamaConfig& c = m_.config();
-    return g == LinearInput::O ? c.heads * c.head_dim : g == LinearInput::Down ? c.intermediate : c.hidden;
-  }
+  using Key = std::pair<LinearInput, int32_t>;  // (input group, expert or kDenseMlp / kSharedExpert)
 
   const LlamaModel& m_;
   std::vector<Matrix> hs_;  // [samples] x [T_i, hidden]
   BlockWeights W_;
-  std::array<std::unique_ptr<Eigen::MatrixXf>, 4> H_;  // finalized, per group, from the last capture
+  std::map<Key, Eigen::MatrixXf> H_;  // finalized Hessians [k, k] from the last captures
+  std::map<Key, int64_t> tokens_;     // tokens in each of them (0: an expert no token was routed to)
 };
 
 }  // namespace

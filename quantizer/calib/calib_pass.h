@@ -29,15 +29,19 @@ class CalibPass {
   // Runs the samples through the current block (its weights as they are now) and makes the Hessians
   // of `groups` the ones the following quantize() calls use.
   virtual void capture(std::initializer_list<LinearInput> groups) = 0;
-  // GPTQ of linear l of the current block with its group's Hessian from the last capture.
-  virtual QuantizedLinear quantize(Linear l, const GptqOptions& o, GptqStats* stats) = 0;
+  // GPTQ of linear r of the current block with its group's Hessian from the last capture (an MoE expert's:
+  // from the tokens routed to it).
+  virtual QuantizedLinear quantize(LinearRef r, const GptqOptions& o, GptqStats* stats) = 0;
+  // Tokens in the Hessian linear r would use, from the last capture. An MoE expert no calibration token was
+  // routed to has none; quantize() then runs GPTQ with H = I (round-to-nearest with an unweighted clip).
+  virtual int64_t hessian_tokens(LinearRef r) const = 0;
   // The same for several linears (o[i] for ls[i]); results in the order given. The GPU pass runs them
   // concurrently (one GPTQ leaves most of an H100 idle: its column loop has a thread per output row);
   // each result is what quantize() alone would give.
-  virtual std::vector<QuantizedLinear> quantize_all(const std::vector<Linear>& ls, const std::vector<GptqOptions>& o,
+  virtual std::vector<QuantizedLinear> quantize_all(const std::vector<LinearRef>& ls, const std::vector<GptqOptions>& o,
                                                     std::vector<GptqStats>& stats);
-  // From now on the current block's linear l computes with q's dequantized weights.
-  virtual void set_weight(Linear l, const QuantizedLinear& q) = 0;
+  // From now on the current block's linear r computes with q's dequantized weights.
+  virtual void set_weight(LinearRef r, const QuantizedLinear& q) = 0;
   // The samples' hidden states become the current block's outputs: the next block's inputs.
   virtual void advance() = 0;
   const PassTimes& times() const { return t_; }
@@ -49,6 +53,8 @@ class CalibPass {
 // The group whose Hessian a linear uses.
 LinearInput input_of(Linear l);
 
+// The CPU pass runs GPTQ where each linear's options say (o.device): with Device::Cuda the forward pass stays
+// on the CPU and GPTQ runs on the GPU (mixture-of-experts models, which the GPU pass does not run).
 std::unique_ptr<CalibPass> make_cpu_pass(const LlamaModel& m, const std::vector<std::vector<int32_t>>& samples);
 // Defined only in builds with MARLINC_CUDA (gpu_calib.cpp).
 std::unique_ptr<CalibPass> make_gpu_pass(const LlamaModel& m, const std::vector<std::vector<int32_t>>& samples);

@@ -44,13 +44,33 @@ std::string mb(double bytes) { return std::to_string(int64_t(std::llround(bytes 
 
 constexpr LinearInput kGroups[] = {LinearInput::QKV, LinearInput::O, LinearInput::GateUp, LinearInput::Down};
 
-// Hidden states + one block in fp32 + the four Hessians (fp32 [k, k]) + the dequantize scratch.
+// Hidden states + one block in fp32 + its Hessians (fp32 [k, k]: four, or an MoE block's two per expert)
+// + the dequantize scratch.
 double peak_estimate(const LlamaConfig& c, size_t tokens) {
-  const double qd = double(c.heads * c.head_dim), kvd = double(c.kv_heads * c.head_dim), h = double(c.hidden),
-               f = double(c.intermediate);
-  const double block = 4.0 * (h * qd * 2 + h * kvd * 2 + 3 * h * f);
-  const double hess = 4.0 * (2 * h * h + qd * qd + f * f);
-  return 4.0 * double(tokens) * h + block * 2 + hess;
+  const double qd = double(c.heads * c.head_dim), kvd = double(c.kv_heads * c.head_dim), h = double(c.hidden);
+  const double attn = 4.0 * (h * qd * 2 + h * kvd * 2), attn_hess = 4.0 * (h * h + qd * qd);
+  double mlp = 0, mlp_hess = 0;  // the largest block's
+  for (int64_t b = 0; b < c.layers; ++b) {
+    double m = 0, mh = 0;
+    if (c.layer_moe(b)) {
+      const double E = double(c.moe.experts), f = double(c.moe.expert_intermediate), s = double(c.moe.shared_intermediate);
+      m = 4.0 * (E * 3 * h * f + 3 * h * s + E * h);
+      mh = 4.0 * (E * (h * h + f * f) + (s > 0 ? h * h + s * s : 0));
+    } else {
+      const double f = double(c.intermediate);
+      m = 4.0 * 3 * h * f;
+      mh = 4.0 * (h * h + f * f);
+    }
+    mlp = std::max(mlp, m);
+    mlp_hess = std::max(mlp_hess, mh);
+  }
+  return 4.0 * double(tokens) * h + (attn + mlp) * 2 + attn_hess + mlp_hess;
+}
+
+bool has_moe(const LlamaConfig& c) {
+  for (int64_t b = 0; b < c.layers; ++b)
+    if (c.layer_moe(b)) return true;
+  return false;
 }
 
 // Puts a block that an interrupted run finished back (job_file.h): its saved results are written in
@@ -64,9 +84,9 @@ void replay_block(const GptqJob& job, int64_t b, const QuantPlan& P, const Quant
   const std::string file = job.block_file(b).string();
   // What a fresh run produces for this block, in its order: the planned modules, group by group (a
   // fused module once, with the linears it holds).
-  std::vector<std::pair<std::vector<Linear>, size_t>> expected;  // (linears, index into P.jobs)
+  std::vector<std::pair<std::vector<LinearRef>, size_t>> expected;  // (linears, index into P.jobs)
   for (LinearInput g : kGroups)
-    for (Linear l : linears_of(g)) {
+    for (LinearRef l : block_linears(c, b, g)) {
       const auto it = P.job_of_tensor.find(linear_source(c, b, l).prefix + ".weight");
       if (it == P.job_of_tensor.end()) continue;
       if (!expected.empty() && expected.back().second == it->second) expected.back().first.push_back(l);
@@ -84,7 +104,7 @@ void replay_block(const GptqJob& job, int64_t b, const QuantPlan& P, const Quant
                std::to_string(f.q.k) + "], expected " + qj.prefix + " [" + std::to_string(qj.desc.n) + ", " +
                std::to_string(qj.desc.k) + "]");
     const QuantizedLinear q = write_quantized(w, qo, qj, std::move(f.q), rep);
-    for (Linear l : ls) {
+    for (LinearRef l : ls) {
       const LinearSource s = linear_source(c, b, l);
       pass.set_weight(l, s.fused() ? slice_n(q, s.row0, s.rows) : q);
     }
@@ -248,8 +268,11 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
   I.samples = cs.samples.size();
   I.tokens = cs.tokens;
   const bool on_gpu = base.device == GptqOptions::Device::Cuda;
+  // The GPU forward pass runs dense blocks only: an MoE model's forward pass (and Hessians) stay on the CPU,
+  // and GPTQ itself runs on the GPU.
+  const bool gpu_forward = on_gpu && !has_moe(c);
   std::string need;
-  if (on_gpu) {
+  if (gpu_forward) {
 #ifdef MARLINC_HAVE_CUDA
     std::vector<size_t> lengths;
     for (const auto& smp : cs.samples) lengths.push_back(smp.size());
@@ -259,6 +282,9 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
   } else {
     I.estimated_peak_bytes = peak_estimate(c, cs.tokens);
     need = mb(I.estimated_peak_bytes) + " of memory";
+    if (on_gpu)
+      say("--device cuda: " + c.architecture + " is a mixture of experts; its forward pass runs on the CPU (the GPU "
+          "pass runs dense blocks only) and GPTQ on the GPU");
   }
   say("calibration: " + std::to_string(I.samples) + " samples, " + std::to_string(I.tokens) + " tokens (" + cs.name +
       "); needs about " + need);
@@ -298,7 +324,7 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
   // The samples' embeddings become the first block's inputs inside the pass (CPU or GPU).
   std::unique_ptr<CalibPass> pass;
 #ifdef MARLINC_HAVE_CUDA
-  if (on_gpu) pass = make_gpu_pass(model, cs.samples);
+  if (gpu_forward) pass = make_gpu_pass(model, cs.samples);
 #endif
   if (!pass) pass = make_cpu_pass(model, cs.samples);
 
@@ -310,15 +336,18 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
     std::vector<FinishedLayer> finished;  // this block's results as gptq_quantize gave them, for the job
     // Quantizes the linears of one input group with the Hessian of the last capture and gives the
     // pass their quantized weights, so the passes after it see the quantized block.
+    int64_t unrouted = 0;  // this block's experts without calibration tokens
     auto quantize_group = [&](LinearInput g) {
-      std::vector<Linear> ls;
+      std::vector<LinearRef> ls;
       std::vector<GptqOptions> os;
       std::vector<size_t> jobs;
-      for (Linear l : linears_of(g)) {
+      std::vector<bool> uncalibrated;  // an MoE expert no calibration token was routed to
+      for (LinearRef l : block_linears(c, b, g)) {
         const LinearSource src = linear_source(c, b, l);
         auto it = P.job_of_tensor.find(src.prefix + ".weight");
         if (it == P.job_of_tensor.end()) continue;  // skipped by the plan: stays as it is
         ls.push_back(l);
+        uncalibrated.push_back(pass->hessian_tokens(l) == 0);
         os.push_back(base);
         // A fused module's parts run GPTQ on their own rows (with the shared Hessian, rows are independent).
         os.back().name = src.prefix + (src.fused() ? " rows " + std::to_string(src.row0) + ".." +
@@ -330,6 +359,11 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
       if (ls.empty()) return;
       std::vector<GptqStats> st;
       std::vector<QuantizedLinear> qs = pass->quantize_all(ls, os, st);
+      for (size_t i = 0; i < ls.size(); ++i)
+        if (uncalibrated[i]) {  // GPTQ with H = I (calib_pass.h): reported as not calibrated
+          st[i].loss = st[i].damp_used = -1;
+          ++unrouted;
+        }
       for (size_t i0 = 0; i0 < ls.size();) {
         // The linears of one module: one, or the consecutive parts of a fused one, in row order.
         size_t i1 = i0 + 1;
@@ -398,7 +432,10 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
       eta = ", eta " + std::to_string(int64_t(std::llround(left))) + " s";
     }
     say("block " + std::to_string(b + 1) + "/" + std::to_string(c.layers) + (b < resumed ? " replayed" : " done") +
-        " in " + std::to_string(block_s).substr(0, 5) + " s" + eta);
+        " in " + std::to_string(block_s).substr(0, 5) + " s" + eta +
+        (unrouted ? "; " + std::to_string(unrouted) + " expert linears had no calibration token routed to them "
+                        "(GPTQ with H = I: round-to-nearest with the clip search)"
+                  : std::string()));
     if (b >= resumed && go.stop_after_block == b + 1) {
       saver.wait();
       fail(ErrorKind::Internal, "stopped after block " + std::to_string(b + 1) +
@@ -411,6 +448,11 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
     I.seconds_io += since(t_s);
   }
 
+  // The decoder blocks' MoE experts no calibration token reached (in computed and replayed blocks alike: their reports say
+  // loss -1), named in the record so that a user can see which experts more calibration text would help.
+  std::vector<std::string> uncalibrated;
+  for (const QuantizedLayerReport& lr : rep.layers)
+    if (lr.loss < 0) uncalibrated.push_back(lr.name);
   // Linears outside the decoder blocks (lm_head with --include-lm-head): no calibrated inputs here,
   // so round-to-nearest with the clip search.
   for (size_t j = 0; j < P.jobs.size(); ++j) {
@@ -434,6 +476,12 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
                            {"sparsity", base.sparse24 ? "2:4" : "none"},
                            {"true_sequential", go.true_sequential},
                            {"calibration", I.calibration}};
+  if (!uncalibrated.empty()) {
+    record["uncalibrated_experts"] = uncalibrated;
+    rep.notes.push_back(std::to_string(uncalibrated.size()) + " expert linears had no calibration token routed to them "
+                        "and were quantized without calibration (listed as uncalibrated_experts in the config); more "
+                        "or longer calibration samples reach more experts");
+  }
   t_io = Clock::now();
   finish_output(w, ck, qo, P, rep, nlohmann::json{{"marlinc", record}});
   if (base.order == GptqOptions::DynamicActOrder)

@@ -40,6 +40,10 @@ void require_cuda_device(const std::string& what) {
 }
 
 GpuDims gpu_dims(const LlamaConfig& c) {
+  for (int64_t b = 0; b < c.layers; ++b)
+    if (c.layer_moe(b))
+      bad_usage("--device cuda: the GPU forward pass does not run mixture-of-experts blocks (" + c.architecture +
+                "); use --device cpu (quantize --method gptq --device cuda runs GPTQ itself on the GPU)");
   GpuDims d;
   d.hidden = c.hidden;
   d.intermediate = c.intermediate;
@@ -335,15 +339,18 @@ class GpuPass : public CalibPass {
     t_.hessian += gram;
   }
 
-  QuantizedLinear quantize(Linear l, const GptqOptions& o, GptqStats* stats) override {
+  QuantizedLinear quantize(LinearRef r, const GptqOptions& o, GptqStats* stats) override {
     std::vector<GptqStats> st;
-    QuantizedLinear q = std::move(quantize_all({l}, {o}, st)[0]);
+    QuantizedLinear q = std::move(quantize_all({r}, {o}, st)[0]);
     if (stats) *stats = st[0];
     return q;
   }
 
   // The Hessians are finalized first, in order; then the linears run on the pass's worker threads.
-  std::vector<QuantizedLinear> quantize_all(const std::vector<Linear>& ls, const std::vector<GptqOptions>& o,
+  // Dense models only (gpu_dims refuses MoE): every linear reads a group input of all the tokens.
+  int64_t hessian_tokens(LinearRef) const override { return int64_t(f_->tokens()); }
+
+  std::vector<QuantizedLinear> quantize_all(const std::vector<LinearRef>& ls, const std::vector<GptqOptions>& o,
                                             std::vector<GptqStats>& stats) override {
     const LlamaConfig& c = m_.config();
     auto k_of = [&](size_t g) {
@@ -351,7 +358,7 @@ class GpuPass : public CalibPass {
     };
     const auto th = Clock::now();
     for (size_t i = 0; i < ls.size(); ++i) {
-      const size_t g = size_t(input_of(ls[i]));
+      const size_t g = size_t(input_of(ls[i].l));
       const float* sum = f_->hessian_sum(int(g));
       if (!sum) fail(ErrorKind::Internal, o[i].name + ": quantized before its group's Hessian was captured");
       if (ready_[g]) continue;
@@ -365,13 +372,13 @@ class GpuPass : public CalibPass {
     std::vector<std::vector<float>> W(ls.size());  // [n, k] fp32, GPTQ's host interface
     for (size_t i = 0; i < ls.size(); ++i) {
       DType dt = DType::F32;
-      const auto bytes = linear_bytes(m_, block_, ls[i], &dt);
+      const auto bytes = linear_bytes(m_, block_, ls[i].l, &dt);
       W[i] = to_float(bytes, dt);
     }
     std::vector<QuantizedLinear> out(ls.size());
     stats.assign(ls.size(), GptqStats{});
     workers_.run(ls.size(), [&](size_t i) {
-      const size_t g = size_t(input_of(ls[i]));
+      const size_t g = size_t(input_of(ls[i].l));
       const int64_t k = k_of(g);
       GptqOptions go = o[i];
       go.device = GptqOptions::Device::Cuda;
@@ -381,7 +388,7 @@ class GpuPass : public CalibPass {
     return out;
   }
 
-  void set_weight(Linear l, const QuantizedLinear& q) override { upload_quantized(*f_, l, q); }
+  void set_weight(LinearRef r, const QuantizedLinear& q) override { upload_quantized(*f_, r.l, q); }
 
   void advance() override {
     const auto t0 = Clock::now();

@@ -16,7 +16,8 @@ const std::vector<std::string>& supported_architectures() {
   static const std::vector<std::string> k = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                                              "Qwen3ForCausalLM", "GemmaForCausalLM",   "Gemma2ForCausalLM",
                                              "Gemma3ForCausalLM", "Phi3ForCausalLM",   "GraniteForCausalLM",
-                                             "SmolLM3ForCausalLM"};
+                                             "SmolLM3ForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
+                                             "Qwen3MoeForCausalLM"};
   return k;
 }
 
@@ -171,6 +172,11 @@ bool LlamaConfig::layer_rope(int64_t layer) const {
                                  rope_layers[static_cast<size_t>(layer)]);
 }
 
+bool LlamaConfig::layer_moe(int64_t layer) const {
+  return moe.experts > 0 && layer >= 0 && layer < static_cast<int64_t>(moe.layers.size()) &&
+         moe.layers[static_cast<size_t>(layer)];
+}
+
 bool LlamaConfig::layer_local_rope(int64_t layer) const {
   return local_rope_theta > 0 && layer >= 0 && layer < static_cast<int64_t>(sliding_layers.size()) &&
          sliding_layers[static_cast<size_t>(layer)];
@@ -206,6 +212,9 @@ LlamaConfig LlamaConfig::from_json(const json& cfg, const std::string& label) {
     else if (mt == "phi3") c.architecture = "Phi3ForCausalLM";
     else if (mt == "granite") c.architecture = "GraniteForCausalLM";
     else if (mt == "smollm3") c.architecture = "SmolLM3ForCausalLM";
+    else if (mt == "mixtral") c.architecture = "MixtralForCausalLM";
+    else if (mt == "qwen2_moe") c.architecture = "Qwen2MoeForCausalLM";
+    else if (mt == "qwen3_moe") c.architecture = "Qwen3MoeForCausalLM";
     else c.architecture = mt.empty() ? std::string("(none)") : "model_type " + mt;
   }
   if (c.architecture == "LlamaForCausalLM") c.family = Family::Llama;
@@ -218,6 +227,9 @@ LlamaConfig LlamaConfig::from_json(const json& cfg, const std::string& label) {
   else if (c.architecture == "Phi3ForCausalLM") c.family = Family::Phi3;
   else if (c.architecture == "GraniteForCausalLM") c.family = Family::Granite;
   else if (c.architecture == "SmolLM3ForCausalLM") c.family = Family::SmolLM3;
+  else if (c.architecture == "MixtralForCausalLM") c.family = Family::Mixtral;
+  else if (c.architecture == "Qwen2MoeForCausalLM") c.family = Family::Qwen2Moe;
+  else if (c.architecture == "Qwen3MoeForCausalLM") c.family = Family::Qwen3Moe;
   else bad_data(label + ": architecture " + c.architecture + " is not supported by marlinc's forward pass (supported: " +
                 join(supported_architectures()) + "); `quantize --method rtn` and `convert` need no forward pass");
   c.hidden = req_int(cfg, "hidden_size", label);
@@ -241,8 +253,9 @@ LlamaConfig LlamaConfig::from_json(const json& cfg, const std::string& label) {
   if (c.head_dim % 2 != 0) bad_data(label + ": head_dim " + std::to_string(c.head_dim) + " must be even for RoPE");
   const bool phi3 = c.family == Family::Phi3;
   c.max_position_embeddings = opt_int(cfg, "max_position_embeddings", phi3 ? 4096 : 0, 0, label);  // Phi3Config's defaults
-  // Mistral and Phi-3 window every layer (null or absent: none).
-  if (c.family == Family::Mistral || c.family == Family::Phi3) c.sliding_window = opt_int(cfg, "sliding_window", 0, 0, label);
+  // Mistral, Mixtral and Phi-3 window every layer (null or absent: none).
+  if (c.family == Family::Mistral || c.family == Family::Mixtral || c.family == Family::Phi3)
+    c.sliding_window = opt_int(cfg, "sliding_window", 0, 0, label);
   c.fused_linears = c.family == Family::Phi3;
   c.rotary_dim = c.head_dim;
   if (phi3) {
@@ -255,8 +268,10 @@ LlamaConfig LlamaConfig::from_json(const json& cfg, const std::string& label) {
       bad_data(label + ": partial_rotary_factor " + std::to_string(prf) + " gives " + std::to_string(c.rotary_dim) +
                " rotary dims of head_dim " + std::to_string(c.head_dim) + "; an even number >= 2 is needed");
   }
-  if (c.family == Family::Qwen2 && opt_bool(cfg, "use_sliding_window", false, label))
-    bad_data(label + ": use_sliding_window is not supported for Qwen2 (set it false; calibration sequences are short)");
+  if ((c.family == Family::Qwen2 || c.family == Family::Qwen2Moe || c.family == Family::Qwen3Moe) &&
+      opt_bool(cfg, "use_sliding_window", false, label))
+    bad_data(label + ": use_sliding_window is not supported for " + c.architecture +
+             " (set it false; calibration sequences are short)");
   c.rms_eps = opt_positive(cfg, "rms_norm_eps", phi3 ? 1e-5 : 1e-6, label);
   const bool gemma = is_gemma(c.family);
   // Gemma 2/3's MLP reads hidden_activation; Gemma 1's reads hidden_act (then hidden_activation), where
@@ -273,7 +288,8 @@ LlamaConfig LlamaConfig::from_json(const json& cfg, const std::string& label) {
   else bad_data(label + ": " + (gemma && !gemma1 ? "hidden_activation '" : "hidden_act '") + act.substr(0, 64) +
                 "' is not supported (supported: silu" + (gemma ? ", gelu_pytorch_tanh, gelu_new, gelu)" : ")"));
   c.tie_embeddings = opt_bool(cfg, "tie_word_embeddings", gemma, label);
-  c.qk_norm = c.family == Family::Qwen3 || c.family == Family::Gemma3;
+  c.qk_norm = c.family == Family::Qwen3 || c.family == Family::Qwen3Moe || c.family == Family::Gemma3;
+  parse_moe(cfg, c, label);
   if (gemma) {
     if (opt_bool(cfg, "use_bidirectional_attention", false, label))
       bad_data(label + ": use_bidirectional_attention is not supported (a causal language model attends backwards only)");
@@ -397,15 +413,51 @@ std::vector<float> rope_inv_freq(const LlamaConfig& c, bool local, bool long_seq
   return f;
 }
 
-std::string linear_name(int64_t block, Linear l) {
+std::string linear_name(const LlamaConfig& c, int64_t block, LinearRef r) {
   static const char* kNames[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                                  "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
-  return "model.layers." + std::to_string(block) + "." + kNames[static_cast<int>(l)];
+  const std::string p = "model.layers." + std::to_string(block) + ".";
+  const int li = static_cast<int>(r.l);
+  if (r.expert == kSharedExpert) return p + "mlp.shared_expert." + (kNames[li] + 4);  // Qwen2-MoE
+  if (r.expert >= 0) {
+    if (c.moe.mixtral_names) {  // w1 = gate, w3 = up, w2 = down
+      const char* w = r.l == Linear::Gate ? "w1" : r.l == Linear::Up ? "w3" : "w2";
+      return p + "block_sparse_moe.experts." + std::to_string(r.expert) + "." + w;
+    }
+    return p + "mlp.experts." + std::to_string(r.expert) + "." + (kNames[li] + 4);
+  }
+  return p + kNames[li];
 }
 
-LinearSource linear_source(const LlamaConfig& c, int64_t block, Linear l) {
+int64_t group_in_features(const LlamaConfig& c, LinearInput g, int32_t expert) {
+  if (g == LinearInput::O) return c.heads * c.head_dim;
+  if (g != LinearInput::Down) return c.hidden;
+  return expert == kSharedExpert ? c.moe.shared_intermediate : expert >= 0 ? c.moe.expert_intermediate : c.intermediate;
+}
+
+std::vector<LinearRef> block_linears(const LlamaConfig& c, int64_t block, LinearInput g) {
+  std::vector<LinearRef> out;
+  const bool mlp = g == LinearInput::GateUp || g == LinearInput::Down;
+  if (!mlp || !c.layer_moe(block)) {
+    for (Linear l : linears_of(g)) out.emplace_back(l);
+    return out;
+  }
+  for (int32_t e = 0; e < static_cast<int32_t>(c.moe.experts); ++e)
+    for (Linear l : linears_of(g)) out.emplace_back(l, e);
+  if (c.moe.shared_intermediate > 0)
+    for (Linear l : linears_of(g)) out.emplace_back(l, kSharedExpert);
+  return out;
+}
+
+LinearSource linear_source(const LlamaConfig& c, int64_t block, LinearRef r) {
+  const Linear l = r.l;
   const int64_t qd = c.heads * c.head_dim, kvd = c.kv_heads * c.head_dim;
   const std::string p = "model.layers." + std::to_string(block) + ".";
+  if (r.expert != kDenseMlp) {
+    const int64_t inter = group_in_features(c, LinearInput::Down, r.expert);
+    const bool down = l == Linear::Down;
+    return {linear_name(c, block, r), 0, down ? c.hidden : inter, down ? c.hidden : inter, down ? inter : c.hidden};
+  }
   if (c.fused_linears) {
     switch (l) {
       case Linear::Q: return {p + "self_attn.qkv_proj", 0, qd, qd + 2 * kvd, c.hidden};
@@ -424,7 +476,7 @@ LinearSource linear_source(const LlamaConfig& c, int64_t block, Linear l) {
     case Linear::Gate: case Linear::Up: out = c.intermediate, in = c.hidden; break;
     case Linear::Down: out = c.hidden, in = c.intermediate; break;
   }
-  return {linear_name(block, l), 0, out, out, in};
+  return {linear_name(c, block, r), 0, out, out, in};
 }
 
 std::vector<Linear> linears_of(LinearInput g) {
@@ -437,8 +489,12 @@ std::vector<Linear> linears_of(LinearInput g) {
   return {};
 }
 
-Matrix& BlockWeights::weight(Linear l) {
-  switch (l) {
+Matrix& BlockWeights::weight(LinearRef r) {
+  if (r.expert != kDenseMlp) {
+    ExpertWeights& e = r.expert == kSharedExpert ? shared : experts.at(static_cast<size_t>(r.expert));
+    return r.l == Linear::Gate ? e.gate : r.l == Linear::Up ? e.up : e.down;
+  }
+  switch (r.l) {
     case Linear::Q: return q;
     case Linear::K: return k;
     case Linear::V: return v;
@@ -449,9 +505,11 @@ Matrix& BlockWeights::weight(Linear l) {
   }
   return q;
 }
-const Matrix& BlockWeights::weight(Linear l) const { return const_cast<BlockWeights*>(this)->weight(l); }
-const Vector& BlockWeights::bias(Linear l) const {
-  switch (l) {
+const Matrix& BlockWeights::weight(LinearRef r) const { return const_cast<BlockWeights*>(this)->weight(r); }
+const Vector& BlockWeights::bias(LinearRef r) const {
+  static const Vector kNone;
+  if (r.expert != kDenseMlp) return kNone;
+  switch (r.l) {
     case Linear::Q: return q_bias;
     case Linear::K: return k_bias;
     case Linear::V: return v_bias;
@@ -511,11 +569,17 @@ LlamaModel LlamaModel::open(const std::filesystem::path& dir, bool quantized_lin
     // them from the LinearProvider (QuantizedLinears), which checks their shapes.
     const bool plain_linears = !quantized_linears;
     if (plain_linears)
-      for (Linear l : kAllLinears) {
-        const LinearSource s = linear_source(c, i, l);
-        expect_shape(ck, s.prefix + ".weight", {s.total_rows, s.in});
-      }
-    if (c.family == Family::Qwen2) {
+      for (LinearInput g : {LinearInput::QKV, LinearInput::O, LinearInput::GateUp, LinearInput::Down})
+        for (LinearRef r : block_linears(c, i, g)) {
+          const LinearSource s = linear_source(c, i, r);
+          expect_shape(ck, s.prefix + ".weight", {s.total_rows, s.in});
+        }
+    if (c.layer_moe(i)) {  // routers stay 16-bit in quantized checkpoints too
+      expect_shape(ck, p + (c.moe.mixtral_names ? "block_sparse_moe.gate.weight" : "mlp.gate.weight"), {c.moe.experts, c.hidden});
+      if (c.moe.shared_intermediate > 0) expect_shape(ck, p + "mlp.shared_expert_gate.weight", {1, c.hidden});
+    }
+    // Qwen2-MoE's attention has biases unless qkv_bias is false (then none are stored).
+    if (c.family == Family::Qwen2 || (c.family == Family::Qwen2Moe && ck.contains(p + "self_attn.q_proj.bias"))) {
       expect_shape(ck, p + "self_attn.q_proj.bias", {qd});
       expect_shape(ck, p + "self_attn.k_proj.bias", {kvd});
       expect_shape(ck, p + "self_attn.v_proj.bias", {kvd});
@@ -584,22 +648,31 @@ BlockWeights LlamaModel::load_block(int64_t i, const LinearProvider* provider, b
   const std::string p = "model.layers." + std::to_string(i) + ".";
   BlockWeights w;
   w.index = i;
-  for (Linear l : kAllLinears) {
-    const LinearSource s = linear_source(c, i, l);
-    // A fused module's bias is its rows' part too.
-    if (ckpt_->contains(s.prefix + ".bias"))
-      const_cast<Vector&>(w.bias(l)) = load_vector(s.prefix + ".bias", s.total_rows).segment(s.row0, s.rows);
-    if (!linears) continue;
-    std::optional<Matrix> repl = provider ? provider->weight(i, l) : std::nullopt;
-    if (repl) {
-      if (repl->rows() != s.rows || repl->cols() != s.in)
-        bad_data(linear_name(i, l) + ": replacement weight is [" + std::to_string(repl->rows()) + ", " +
-                 std::to_string(repl->cols()) + "], expected [" + std::to_string(s.rows) + ", " + std::to_string(s.in) + "]");
-      w.weight(l) = std::move(*repl);
-    } else {
-      w.weight(l) = load_rows(s.prefix + ".weight", s.total_rows, s.in, s.row0, s.rows);
-    }
+  if (c.layer_moe(i)) {
+    w.moe = true;
+    const std::string router = p + (c.moe.mixtral_names ? "block_sparse_moe.gate.weight" : "mlp.gate.weight");
+    w.router = load_rows(router, c.moe.experts, c.hidden, 0, c.moe.experts);
+    w.experts.resize(static_cast<size_t>(c.moe.experts));
+    if (c.moe.shared_intermediate > 0)
+      w.shared_gate = load_rows(p + "mlp.shared_expert_gate.weight", 1, c.hidden, 0, 1).row(0).transpose();
   }
+  for (LinearInput g : {LinearInput::QKV, LinearInput::O, LinearInput::GateUp, LinearInput::Down})
+    for (LinearRef r : block_linears(c, i, g)) {
+      const LinearSource s = linear_source(c, i, r);
+      // A fused module's bias is its rows' part too; experts have none.
+      if (r.expert == kDenseMlp && ckpt_->contains(s.prefix + ".bias"))
+        const_cast<Vector&>(w.bias(r)) = load_vector(s.prefix + ".bias", s.total_rows).segment(s.row0, s.rows);
+      if (!linears) continue;
+      std::optional<Matrix> repl = provider ? provider->weight(i, r) : std::nullopt;
+      if (repl) {
+        if (repl->rows() != s.rows || repl->cols() != s.in)
+          bad_data(linear_name(c, i, r) + ": replacement weight is [" + std::to_string(repl->rows()) + ", " +
+                   std::to_string(repl->cols()) + "], expected [" + std::to_string(s.rows) + ", " + std::to_string(s.in) + "]");
+        w.weight(r) = std::move(*repl);
+      } else {
+        w.weight(r) = load_rows(s.prefix + ".weight", s.total_rows, s.in, s.row0, s.rows);
+      }
+    }
   w.input_norm = load_norm(p + "input_layernorm.weight", c.hidden);
   if (c.sandwich_norms) {
     w.attn_out_norm = load_norm(p + "post_attention_layernorm.weight", c.hidden);
@@ -675,7 +748,7 @@ void LlamaModel::block_forward(Matrix& hidden, const BlockWeights& w, const Inpu
   // Attention: pre-norm, q/k/v, (q/k norm), RoPE, causal softmax attention with GQA, o_proj.
   Matrix x = hidden;
   rms_norm_rows(x.data(), T, x.cols(), w.input_norm, c.rms_eps);
-  if (hook) hook(LinearInput::QKV, x);
+  if (hook) hook(LinearInput::QKV, kDenseMlp, x);
   Matrix q = linear(x, w.q, w.q_bias);  // [T, H*hd]
   Matrix k = linear(x, w.k, w.k_bias);  // [T, KV*hd]
   Matrix v = linear(x, w.v, w.v_bias);  // [T, KV*hd]
@@ -739,7 +812,7 @@ void LlamaModel::block_forward(Matrix& hidden, const BlockWeights& w, const Inpu
     }
     attn.middleCols(h * hd, hd) = s * vh;
   }
-  if (hook) hook(LinearInput::O, attn);
+  if (hook) hook(LinearInput::O, kDenseMlp, attn);
   // Gemma 2/3 normalise each sub-block's output before the residual add; Granite scales it.
   auto add_output = [&](Matrix y, const Vector& out_norm) {
     if (c.sandwich_norms) rms_norm_rows(y.data(), T, y.cols(), out_norm, c.rms_eps);
@@ -750,16 +823,26 @@ void LlamaModel::block_forward(Matrix& hidden, const BlockWeights& w, const Inpu
   // MLP: pre-norm, down(act(gate) * up).
   x = hidden;
   rms_norm_rows(x.data(), T, x.cols(), w.post_norm, c.rms_eps);
-  if (hook) hook(LinearInput::GateUp, x);
-  Matrix g = linear(x, w.gate, w.gate_bias);  // [T, inter]
-  Matrix u = linear(x, w.up, w.up_bias);      // [T, inter]
+  if (w.moe) {
+    add_output(moe_mlp(c, w, x, hook), w.mlp_out_norm);
+    return;
+  }
+  if (hook) hook(LinearInput::GateUp, kDenseMlp, x);
+  const Matrix g = mlp_hidden(c, x, w.gate, w.up, w.gate_bias, w.up_bias);  // [T, inter]
+  if (hook) hook(LinearInput::Down, kDenseMlp, g);
+  add_output(linear(g, w.down, w.down_bias), w.mlp_out_norm);
+}
+
+Matrix mlp_hidden(const LlamaConfig& c, const Matrix& x, const Matrix& gate, const Matrix& up, const Vector& gate_bias,
+                  const Vector& up_bias) {
+  Matrix g = linear(x, gate, gate_bias);  // [T, inter]
+  const Matrix u = linear(x, up, up_bias);  // [T, inter]
   if (c.act == Activation::Silu) {
     g = g.array() / (1.0f + (-g.array()).exp()) * u.array();
   } else {
     g = g.unaryExpr([&](float v) { return activation_ref(c.act, v); }).array() * u.array();
   }
-  if (hook) hook(LinearInput::Down, g);
-  add_output(linear(g, w.down, w.down_bias), w.mlp_out_norm);
+  return g;
 }
 
 Matrix LlamaModel::final_norm(const Matrix& hidden) const {

@@ -4,7 +4,8 @@
 // scaled embeddings, GeGLU; Gemma 2/3: norms around both sub-blocks, query_pre_attn_scalar, soft-capped
 // scores and logits, sliding-window layers with their own RoPE base), Phi-3/Phi-4 (fused qkv_proj and
 // gate_up_proj, partial rotary, LongRoPE), Granite 3 (embedding, residual, attention and logit multipliers),
-// SmolLM3 (layers without RoPE).
+// SmolLM3 (layers without RoPE), and the mixture-of-experts Mixtral, Qwen2-MoE (shared expert) and Qwen3-MoE
+// (moe_forward.cpp: top-k routing, each expert on the tokens routed to it).
 // Structured block by block so the
 // calibration runner can capture each linear's input, quantize, and run the block again with
 // dequantized weights: embed -> block_forward x L -> final_norm -> logits.
@@ -28,7 +29,7 @@ namespace marlinc::calib {
 using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using Vector = Eigen::VectorXf;
 
-enum class Family { Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma2, Gemma3, Phi3, Granite, SmolLM3 };
+enum class Family { Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma2, Gemma3, Phi3, Granite, SmolLM3, Mixtral, Qwen2Moe, Qwen3Moe };
 // The MLP's gate activation: silu (SwiGLU), gelu with tanh approximation (GeGLU as Gemma runs it:
 // gelu_pytorch_tanh, gelu_new) or exact gelu (erf).
 enum class Activation { Silu, GeluTanh, Gelu };
@@ -43,6 +44,18 @@ struct RopeScaling {
   // forward by its length), and the factor on cos/sin.
   std::vector<double> short_factor, long_factor;
   double attention_factor = 1.0;
+};
+
+// Mixture-of-experts MLPs: a router [experts, hidden] scores each token, softmax in fp32, the top_k experts
+// run on it and their outputs are summed with those probabilities (renormalised to sum 1 when norm_topk).
+struct MoeConfig {
+  int64_t experts = 0;              // routed experts per MoE layer; 0: a dense model
+  int64_t top_k = 0;                // experts per token
+  int64_t expert_intermediate = 0;  // each routed expert's intermediate size
+  int64_t shared_intermediate = 0;  // Qwen2-MoE's shared expert (scaled by sigmoid(shared_expert_gate)); 0: none
+  bool norm_topk = false;           // Mixtral always; Qwen's norm_topk_prob
+  bool mixtral_names = false;       // block_sparse_moe.experts.E.w1/w3/w2, not mlp.experts.E.gate/up/down_proj
+  std::vector<bool> layers;         // per layer: MoE (else the dense MLP of intermediate_size)
 };
 
 struct LlamaConfig {
@@ -85,9 +98,12 @@ struct LlamaConfig {
   // Per layer: whether it applies RoPE (SmolLM3's no_rope_layers: 0 = NoPE). Empty: every layer does.
   std::vector<bool> rope_layers;
 
+  MoeConfig moe;
+
   bool layer_slides(int64_t layer) const;  // the layer's attention is windowed (sliding_window > 0)
   bool layer_rope(int64_t layer) const;    // the layer rotates q and k
   bool layer_local_rope(int64_t layer) const;  // the layer uses the local RoPE table
+  bool layer_moe(int64_t layer) const;         // the layer's MLP is a mixture of experts
 
   // Parses config.json. Unknown architectures, activations or rope types are refused by name, with
   // what is supported. `label` names the file in messages.
@@ -99,8 +115,18 @@ const std::vector<std::string>& supported_architectures();
 // The seven linears of a block, in the order the calibration runner visits them.
 enum class Linear { Q, K, V, O, Gate, Up, Down };
 inline constexpr Linear kAllLinears[] = {Linear::Q, Linear::K, Linear::V, Linear::O, Linear::Gate, Linear::Up, Linear::Down};
-// "model.layers.3.self_attn.q_proj" (no ".weight"), the unfused name.
-std::string linear_name(int64_t block, Linear l);
+// Which MLP a gate/up/down linear belongs to: the block's dense MLP, routed expert e >= 0 of an MoE block,
+// or Qwen2-MoE's shared expert. Attention linears are always kDenseMlp.
+inline constexpr int32_t kDenseMlp = -1, kSharedExpert = -2;
+struct LinearRef {
+  Linear l = Linear::Q;
+  int32_t expert = kDenseMlp;
+  LinearRef(Linear l_, int32_t expert_ = kDenseMlp) : l(l_), expert(expert_) {}  // NOLINT: a Linear is a dense ref
+  bool operator==(const LinearRef&) const = default;
+};
+// "model.layers.3.self_attn.q_proj", "model.layers.3.mlp.experts.5.up_proj" (no ".weight"), the unfused
+// name; c gives the experts' naming (Mixtral: block_sparse_moe.experts.E.w1/w3/w2).
+std::string linear_name(const LlamaConfig& c, int64_t block, LinearRef r);
 // Where linear l of a block is stored: rows [row0, row0 + rows) of the checkpoint module `prefix`
 // (`<prefix>.weight` [total rows, in]). The whole module for every family but Phi-3's fused ones.
 struct LinearSource {
@@ -108,11 +134,20 @@ struct LinearSource {
   int64_t row0 = 0, rows = 0, total_rows = 0, in = 0;
   bool fused() const { return rows != total_rows; }
 };
-LinearSource linear_source(const LlamaConfig& c, int64_t block, Linear l);
+LinearSource linear_source(const LlamaConfig& c, int64_t block, LinearRef r);
 
 // Linears that read the same input share one Hessian: {q,k,v}, {o}, {gate,up}, {down}.
 enum class LinearInput { QKV, O, GateUp, Down };
 std::vector<Linear> linears_of(LinearInput g);
+// The linears of a block that read input g, in the order the runner visits (and writes) them: linears_of(g)
+// for attention and dense MLPs; in an MoE block gate/up (or down) of expert 0, 1, ..., then the shared expert's.
+std::vector<LinearRef> block_linears(const LlamaConfig& c, int64_t block, LinearInput g);
+// Input features of the linears in group g of MLP `expert` (kDenseMlp for attention groups).
+int64_t group_in_features(const LlamaConfig& c, LinearInput g, int32_t expert);
+
+struct ExpertWeights {
+  Matrix gate, up, down;  // [inter, hidden], [inter, hidden], [hidden, inter] fp32
+};
 
 struct BlockWeights {
   int64_t index = 0;  // the decoder layer: selects its attention window and RoPE table
@@ -123,9 +158,15 @@ struct BlockWeights {
   Vector input_norm, post_norm;
   Vector attn_out_norm, mlp_out_norm;  // [hidden] Gemma 2/3's output norms, or empty
   Vector q_norm, k_norm;         // [head_dim] (Qwen3, Gemma 3) or empty
-  Matrix& weight(Linear l);
-  const Matrix& weight(Linear l) const;
-  const Vector& bias(Linear l) const;
+  // An MoE block (moe true): its router and experts replace gate/up/down.
+  bool moe = false;
+  Matrix router;                       // [experts, hidden]
+  std::vector<ExpertWeights> experts;  // [experts]
+  ExpertWeights shared;                // Qwen2-MoE's shared expert, or empty
+  Vector shared_gate;                  // [hidden] Qwen2-MoE's shared_expert_gate (one output), or empty
+  Matrix& weight(LinearRef r);
+  const Matrix& weight(LinearRef r) const;
+  const Vector& bias(LinearRef r) const;  // experts have none: an empty vector
 };
 
 // Where a block's linear weights come from: the checkpoint by default; the calibration runner (or a
@@ -134,11 +175,13 @@ class LinearProvider {
  public:
   virtual ~LinearProvider() = default;
   // nullopt: use the checkpoint's weight.
-  virtual std::optional<Matrix> weight(int64_t block, Linear l) const = 0;
+  virtual std::optional<Matrix> weight(int64_t block, LinearRef r) const = 0;
 };
 
-// Called by block_forward with each linear group's input, [T, in_features], before the linears run.
-using InputHook = std::function<void(LinearInput, const Matrix&)>;
+// Called by block_forward with each linear group's input, [T, in_features], before the linears run; for an
+// MoE block's experts, with the rows of the tokens routed to `expert` (in token order; not called for an
+// expert no token reached).
+using InputHook = std::function<void(LinearInput, int32_t expert, const Matrix&)>;
 
 class LlamaModel {
  public:
@@ -201,5 +244,23 @@ std::vector<float> rope_inv_freq(const LlamaConfig& cfg, bool local = false, boo
 bool rope_long(const LlamaConfig& cfg, int64_t len);
 // The MLP's gate activation of one value, in fp32 (the GPU pass forms the same expressions).
 float activation_ref(Activation a, float g);
+
+// act(x·gateᵀ) ⊙ (x·upᵀ) [T, inter] for x [T, hidden] (biases optional): the down projection's input.
+Matrix mlp_hidden(const LlamaConfig& c, const Matrix& x, const Matrix& gate, const Matrix& up, const Vector& gate_bias,
+                  const Vector& up_bias);
+
+// moe_forward.cpp. Each token's experts, best first, and their weights: [T, top_k] each, row-major. As
+// transformers routes: router logits in fp32, softmax, top-k (ties to the lower expert index), renormalised
+// when norm_topk.
+struct Routing {
+  int64_t tokens = 0, top_k = 0;
+  std::vector<int32_t> expert;  // [T, top_k]
+  std::vector<float> weight;    // [T, top_k]
+};
+Routing route_tokens(const LlamaConfig& c, const Matrix& router /*[E, hidden]*/, const Matrix& x /*[T, hidden]*/);
+// The MoE MLP's output [T, hidden] for its normed input x [T, hidden]; hook sees each expert's routed rows.
+Matrix moe_mlp(const LlamaConfig& c, const BlockWeights& w, const Matrix& x, const InputHook& hook);
+// Parses the MoE keys of config.json into c.moe (c.family, c.layers and c.intermediate already set).
+void parse_moe(const nlohmann::json& cfg, LlamaConfig& c, const std::string& label);
 
 }  // namespace marlinc::calib

@@ -11,8 +11,8 @@ QuantizedLinears::QuantizedLinears(const Checkpoint& ck, const LlamaConfig& c) :
   for (size_t i = 0; i < mods_.size(); ++i) by_prefix_[mods_[i].prefix] = i;
 }
 
-std::optional<QuantizedLinear> QuantizedLinears::quantized(int64_t block, Linear l) const {
-  const LinearSource s = linear_source(cfg_, block, l);
+std::optional<QuantizedLinear> QuantizedLinears::quantized(int64_t block, LinearRef r) const {
+  const LinearSource s = linear_source(cfg_, block, r);
   auto it = by_prefix_.find(s.prefix);
   if (it == by_prefix_.end()) return std::nullopt;
   auto check = [&](const QuantizedLinear& q) {
@@ -40,8 +40,8 @@ std::optional<QuantizedLinear> QuantizedLinears::quantized(int64_t block, Linear
   return slice_n(*whole, s.row0, s.rows);
 }
 
-std::optional<Matrix> QuantizedLinears::weight(int64_t block, Linear l) const {
-  const std::optional<QuantizedLinear> oq = quantized(block, l);
+std::optional<Matrix> QuantizedLinears::weight(int64_t block, LinearRef r) const {
+  const std::optional<QuantizedLinear> oq = quantized(block, r);
   if (!oq) return std::nullopt;
   const QuantizedLinear& q = *oq;
   const std::vector<float> w = dequantize(q);  // [k, n]

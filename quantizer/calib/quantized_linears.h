@@ -22,10 +22,10 @@ class QuantizedLinears : public LinearProvider {
   // config) says where each block linear is stored (linear_source: Phi-3's fused modules).
   QuantizedLinears(const Checkpoint& ck, const LlamaConfig& c);
   // The dequantized weight of a quantized module; nullopt (the plain weight) for one that is not.
-  std::optional<Matrix> weight(int64_t block, Linear l) const override;
+  std::optional<Matrix> weight(int64_t block, LinearRef r) const override;
   // The quantized module itself, or a fused module's rows of it (the GPU pass runs it through the Marlin
   // kernel); nullopt for a linear that is not quantized.
-  std::optional<QuantizedLinear> quantized(int64_t block, Linear l) const;
+  std::optional<QuantizedLinear> quantized(int64_t block, LinearRef r) const;
   const FormatInfo& format() const { return fi_; }
   size_t modules() const { return mods_.size(); }
 

@@ -106,7 +106,8 @@ TEST_CASE("RMSNorm fast path equals the scalar reference, input hooks see the fo
   }
   std::vector<std::pair<LinearInput, std::pair<Eigen::Index, Eigen::Index>>> seen;
   Matrix qkv_in;
-  model.block_forward(h, w, [&](LinearInput g, const Matrix& x) {
+  model.block_forward(h, w, [&](LinearInput g, int32_t expert, const Matrix& x) {
+    CHECK(expert == kDenseMlp);
     seen.push_back({g, {x.rows(), x.cols()}});
     if (g == LinearInput::QKV) qkv_in = x;
   });
@@ -127,8 +128,8 @@ TEST_CASE("A LinearProvider replaces a block's weights", "[forward]") {
   MARLINC_REQUIRE_SHARED();
   auto model = LlamaModel::open(data() / "stories260K");
   struct ZeroDown : LinearProvider {
-    std::optional<Matrix> weight(int64_t block, Linear l) const override {
-      if (block == 1 && l == Linear::Down) return Matrix::Zero(64, 172);
+    std::optional<Matrix> weight(int64_t block, LinearRef r) const override {
+      if (block == 1 && r.l == Linear::Down) return Matrix::Zero(64, 172);
       return std::nullopt;
     }
   } zero_down;
@@ -138,8 +139,8 @@ TEST_CASE("A LinearProvider replaces a block's weights", "[forward]") {
   std::vector<int32_t> tokens = {1, 5, 6, 7};
   CHECK((model.forward(tokens, &zero_down) - model.forward(tokens)).cwiseAbs().maxCoeff() > 1e-3f);
   struct BadShape : LinearProvider {
-    std::optional<Matrix> weight(int64_t, Linear l) const override {
-      return l == Linear::Q ? std::optional<Matrix>(Matrix::Zero(3, 3)) : std::nullopt;
+    std::optional<Matrix> weight(int64_t, LinearRef r) const override {
+      return r.l == Linear::Q ? std::optional<Matrix>(Matrix::Zero(3, 3)) : std::nullopt;
     }
   } bad;
   REQUIRE_THROWS_AS(model.load_block(0, &bad), Error);

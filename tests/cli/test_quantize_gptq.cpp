@@ -176,7 +176,7 @@ TEST_CASE("gptq on a bf16 model: Marlin keeps bf16 scales, Marlin-24 fp16, and v
   }
 }
 
-TEST_CASE("gptq on the Llama 3 / Mistral / Qwen2 / Qwen3 / Gemma 1-3 / Phi-3 / Phi-4 / Granite / SmolLM3 fixtures: verify accepts, biases and norms kept, same bytes twice",
+TEST_CASE("gptq on the Llama 3 / Mistral / Qwen2 / Qwen3 / Gemma 1-3 / Phi-3 / Phi-4 / Granite / SmolLM3 / MoE fixtures: verify accepts, biases and norms kept, same bytes twice",
           "[cli][gptq]") {
   // tests/data/arch-golden: the forward pass of each matches transformers (tests/calib/test_forward_arch.cpp).
   // Their 64-wide layers fit GPTQ's format at group 32, not Marlin's tiles.
@@ -191,9 +191,16 @@ TEST_CASE("gptq on the Llama 3 / Mistral / Qwen2 / Qwen3 / Gemma 1-3 / Phi-3 / P
     }
   }
   for (const char* arch :
-       {"llama3", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "phi4", "granite", "smollm3"}) {
+       {"llama3", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "phi4", "granite", "smollm3",
+        "mixtral", "qwen2_moe", "qwen3_moe"}) {
     INFO(arch);
-    const bool phi = std::string(arch).rfind("phi", 0) == 0;  // fused qkv_proj and gate_up_proj: 4 modules a block
+    const std::string a = arch;
+    const bool phi = a.rfind("phi", 0) == 0;  // fused qkv_proj and gate_up_proj: 4 modules a block
+    // Mixtral: 4 attention + 4 experts x 3 a block; Qwen2-MoE: block 0 4 + 4 x 3 + a shared expert's 3, block 1
+    // dense; Qwen3-MoE: 4 + 8 x 3 a block.
+    const char* count = a == "mixtral" ? "32 passed, 0 failed" : a == "qwen2_moe" ? "26 passed, 0 failed"
+                        : a == "qwen3_moe" ? "56 passed, 0 failed" : a == "gemma3" || a == "smollm3" ? "21 passed, 0 failed"
+                        : phi ? "8 passed, 0 failed" : "14 passed, 0 failed";
     const fs::path model = fs::path(MARLINC_SOURCE_DIR) / "tests" / "data" / "arch-golden" / arch;
     const std::string args = " --method gptq --format gptq --group 32 --calib " + q(tokens) +
                              " --calib-format tokens --samples 16 --min-len 32";
@@ -204,8 +211,7 @@ TEST_CASE("gptq on the Llama 3 / Mistral / Qwen2 / Qwen3 / Gemma 1-3 / Phi-3 / P
     Result v = run_cli("verify " + q(td.path / arch) + " --reference " + q(model), td.path);
     INFO(v.out << v.err);
     CHECK(v.rc == 0);
-    const bool three = std::string(arch) == "gemma3" || std::string(arch) == "smollm3";  // three blocks
-    CHECK(v.out.find(three ? "21 passed, 0 failed" : phi ? "8 passed, 0 failed" : "14 passed, 0 failed") != std::string::npos);
+    CHECK(v.out.find(count) != std::string::npos);
     const marlinc::Checkpoint ck = marlinc::Checkpoint::open(td.path / arch);
     CHECK(ck.contains(phi ? "model.layers.1.self_attn.qkv_proj.qweight" : "model.layers.1.self_attn.q_proj.qweight"));
     if (phi) CHECK(ck.contains("model.layers.1.mlp.gate_up_proj.qweight"));
@@ -216,6 +222,16 @@ TEST_CASE("gptq on the Llama 3 / Mistral / Qwen2 / Qwen3 / Gemma 1-3 / Phi-3 / P
     }
     if (std::string(arch) == "gemma2" || std::string(arch) == "gemma3")
       CHECK(ck.contains("model.layers.1.post_feedforward_layernorm.weight"));
+    if (a == "mixtral") {  // routers stay 16-bit, experts are quantized under their Hub names
+      CHECK(ck.contains("model.layers.1.block_sparse_moe.gate.weight"));
+      CHECK(ck.contains("model.layers.1.block_sparse_moe.experts.3.w2.qweight"));
+    }
+    if (a == "qwen2_moe") {
+      CHECK(ck.contains("model.layers.0.mlp.shared_expert_gate.weight"));
+      CHECK(ck.contains("model.layers.0.mlp.shared_expert.down_proj.qweight"));
+      CHECK(ck.contains("model.layers.1.mlp.down_proj.qweight"));  // the dense layer (mlp_only_layers)
+    }
+    if (a == "qwen3_moe") CHECK(ck.contains("model.layers.0.mlp.experts.7.gate_proj.qweight"));
     const fs::path again = td.path / (std::string(arch) + "-again");
     REQUIRE(run_cli("quantize " + q(model) + " " + q(again) + args, td.path).rc == 0);
     CHECK(slurp(td.path / arch / "model.safetensors") == slurp(again / "model.safetensors"));

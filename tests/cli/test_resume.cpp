@@ -144,6 +144,35 @@ TEST_CASE("gptq resume: Phi-3's fused modules are split back into their parts wh
   }
 }
 
+TEST_CASE("gptq resume: an MoE model's experts, some without calibration tokens, replay byte-identical",
+          "[cli][gptq][resume][moe]") {
+  // The qwen3_moe fixture (8 experts, top-2) on one 3-token sample: most experts get no token, so GPTQ runs on
+  // them with H = I and the config names them. Replaying block 1 must give block 2 its inputs (through the
+  // router) and the same uncalibrated list.
+  TempDir td("resume-moe");
+  const fs::path model = fs::path(MARLINC_SOURCE_DIR) / "tests" / "data" / "arch-golden" / "qwen3_moe";
+  std::ofstream(td.path / "ids.jsonl") << "[5,9,17]\n";
+  const std::string opts = " --method gptq --format gptq --group 32 --calib-format tokens --min-len 2 --calib " +
+                           q(td.path / "ids.jsonl");
+  const fs::path out = td.path / "out", ref = td.path / "ref";
+  interrupt(model, out, opts, 1, td.path);
+  Result r = run_cli("quantize " + q(model) + " " + q(out) + opts, td.path);
+  INFO(r.out << r.err);
+  REQUIRE(r.rc == 0);
+  CHECK(r.out.find("block 1/2 replayed") != std::string::npos);
+  Result f = run_cli("quantize " + q(model) + " " + q(ref) + opts, td.path);
+  REQUIRE(f.rc == 0);
+  CHECK(f.out.find("expert linears had no calibration token routed to them") != std::string::npos);
+  require_same_files(ref, out);
+  const nlohmann::json cfg = nlohmann::json::parse(slurp(ref / "config.json"));
+  const nlohmann::json& unc = cfg["quantization_config"]["marlinc"]["uncalibrated_experts"];
+  REQUIRE(unc.is_array());
+  // 3 tokens reach at most 6 of 8 experts a block: at least 2 experts x 3 linears x 2 blocks.
+  CHECK(unc.size() >= 12);
+  CHECK(unc.size() % 3 == 0);  // an expert's gate, up and down together
+  for (const auto& n : unc) CHECK(n.get<std::string>().find(".mlp.experts.") != std::string::npos);
+}
+
 TEST_CASE("gptq resume: stories260K with text calibration and --true-sequential, interrupted twice", "[cli][gptq][resume]") {
   MARLINC_REQUIRE_SHARED();
   TempDir td("resume-s260");

@@ -232,7 +232,7 @@ void check_hessians_and_update(const std::filesystem::path& dir) {
   std::vector<Matrix> cpu_out;
   for (const auto& s : samples) {
     Matrix h = m.embed(s);
-    m.block_forward(h, w, [&](LinearInput g, const Matrix& x) { acc[size_t(g)].add(x.data(), x.rows()); });
+    m.block_forward(h, w, [&](LinearInput g, int32_t, const Matrix& x) { acc[size_t(g)].add(x.data(), x.rows()); });
     cpu_out.push_back(h);
   }
   const Matrix before = download_hidden(*f, 3, c.hidden);
