@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Fixture for the end-to-end GPTQ benchmark (issue 6): a randomly initialised Llama model written by
-transformers (never committed), and a pre-tokenized calibration file of variable-length samples.
+"""Fixture for the end-to-end GPTQ benchmark (issue 6): a randomly initialised Llama (or Qwen3-MoE) model
+written by transformers (never committed), and a pre-tokenized calibration file of variable-length samples.
 
     python3 bench/make_random_llama.py OUT_DIR --shape llama3-8b --calib calib.jsonl
 
@@ -25,6 +25,13 @@ SHAPES = {
     "llama3-8b-2": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=2, num_attention_heads=32,
                         num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0, rms_norm_eps=1e-5,
                         max_position_embeddings=8192, bos_token_id=128000, eos_token_id=128001),
+    # Qwen3-30B-A3B's block shapes (128 experts of 768, top-8 renormalised, GQA 32/4 with head_dim 128), 2 blocks:
+    # the MoE calibration path at a real model's expert count.
+    "qwen3-30b-a3b-2": dict(config="Qwen3MoeConfig", model="Qwen3MoeForCausalLM", hidden_size=2048,
+                            intermediate_size=6144, num_hidden_layers=2, num_attention_heads=32, num_key_value_heads=4,
+                            head_dim=128, num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
+                            norm_topk_prob=True, vocab_size=151936, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                            max_position_embeddings=32768, bos_token_id=151643, eos_token_id=151645),
 }
 
 
@@ -41,14 +48,15 @@ def main():
     a = ap.parse_args()
 
     t0 = time.time()
-    dims = SHAPES[a.shape]
-    cfg = transformers.LlamaConfig(tie_word_embeddings=False, **dims)
+    dims = dict(SHAPES[a.shape])
+    cfg_cls, model_cls = dims.pop("config", "LlamaConfig"), dims.pop("model", "LlamaForCausalLM")
+    cfg = getattr(transformers, cfg_cls)(tie_word_embeddings=False, **dims)
     dtype = getattr(torch, a.dtype)
     torch.manual_seed(a.seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.set_default_dtype(dtype)
     with torch.device(device):
-        model = transformers.LlamaForCausalLM(cfg)
+        model = getattr(transformers, model_cls)(cfg)
     model.save_pretrained(a.out, safe_serialization=True, max_shard_size="5GB")
     print(f"model: {a.shape} {a.dtype} written to {a.out} in {time.time() - t0:.1f} s")
 

@@ -2,7 +2,7 @@
 # The one script for the lent GPU machine (H100/H200, CUDA 13): configures the `cuda` preset for
 # sm_90 only, builds everything, runs the [gpu] tests, compute-sanitizer memcheck + racecheck on the
 # [sanitize] subset, the Marlin (with each layer's read floor) and GPU-GPTQ benchmarks, the CLI end to
-# end (the sample and its bf16 / act-order / 2:4 variants and the eleven architecture fixtures quantized on
+# end (the sample and its bf16 / act-order / 2:4 variants and the fourteen architecture fixtures quantized on
 # the GPU and verified with the kernel; an 8B-shaped checkpoint certified and timed), and prints a short
 # summary with the kernel benchmark table LAST. Logs go under $OUT when set (the device tool returns them).
 #
@@ -148,8 +148,9 @@ if [ "${SKIP_VERIFY:-0}" != 1 ]; then
   # 2:4: GPTQ + SparseGPT to Sparse-Marlin; verify runs each layer's values on the dense kernel.
   sample_variant 24 data/sample/model "2:4 sample (gptq --format marlin24)" "pruned weights as zeros), every column" \
     --format marlin24
-  # The architecture fixtures (tests/data/arch-golden: Llama 3, Mistral, Qwen2, Qwen3, Gemma 1-3, Phi-3/4, Granite, SmolLM3), calibrated by the GPU
-  # forward pass on 16 token-id documents; their 64- and 96-deep layers take GPTQ's format at group 32 and
+  # The architecture fixtures (tests/data/arch-golden: Llama 3, Mistral, Qwen2, Qwen3, Gemma 1-3, Phi-3/4, Granite,
+  # SmolLM3; the MoE ones, whose forward pass stays on the CPU with GPTQ on the GPU), calibrated by the GPU
+  # forward pass on 16 token-id documents; their 32- to 96-deep layers take GPTQ's format at group 32 and
   # verify's CPU numerics (the kernel needs k % 128 == 0).
   tokens="$tmp/arch_tokens.jsonl"
   : > "$tokens"
@@ -158,7 +159,7 @@ if [ "${SKIP_VERIFY:-0}" != 1 ]; then
     for t in $(seq 0 $((39 + 2 * d))); do ids="$ids${ids:+,}$(( (d * 37 + t * 11) % 128 ))"; done
     echo "[$ids]" >> "$tokens"
   done
-  for a in llama3 mistral qwen2 qwen3 gemma gemma2 gemma3 phi3 phi4 granite smollm3; do
+  for a in llama3 mistral qwen2 qwen3 gemma gemma2 gemma3 phi3 phi4 granite smollm3 mixtral qwen2_moe qwen3_moe; do
     sample_variant "arch_$a" "tests/data/arch-golden/$a" "$a fixture gptq (group 32)" "CPU kernel numerics" \
       --format gptq --group 32 --calib "$tokens" --calib-format tokens --samples 16 --min-len 32
   done

@@ -267,7 +267,7 @@ TEST_CASE("An MoE checkpoint without one expert's tensor is refused naming it", 
   }
 }
 
-TEST_CASE("A quantized MoE checkpoint's experts reach the forward pass dequantized; its routers stay exact",
+TEST_CASE("A quantized MoE checkpoint's experts reach the forward pass dequantized, its routers exactly",
           "[forward][moe]") {
   // RTN of the Qwen2-MoE fixture to GPTQ's format: every expert (and the shared one) is quantized, the routers
   // and the shared expert's gate are not (loaders build them in 16 bits), and the model runs.
@@ -298,7 +298,7 @@ TEST_CASE("A quantized MoE checkpoint's experts reach the forward pass dequantiz
   CHECK(rel_err(logits, golden_matrix(golden, "seq0.logits")) > kArchRelTol);  // the quantized experts ran
 }
 
-TEST_CASE("The CPU calibration pass gives each expert the Hessian of its routed tokens; an unreached one H = I",
+TEST_CASE("The CPU calibration pass gives each expert the Hessian of its routed tokens, an unreached one H = I",
           "[forward][moe]") {
   const LlamaModel m = LlamaModel::open(fixture("qwen3_moe"));
   const LlamaConfig& c = m.config();

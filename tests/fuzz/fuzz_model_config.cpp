@@ -20,6 +20,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (d <= 0 || d > (int64_t(1) << 24)) std::abort();
     if (c.heads % c.kv_heads != 0 || c.head_dim % 2 != 0) std::abort();
     if (!(c.rms_eps > 0) || !(c.rope_theta > 0)) std::abort();
+    const marlinc::calib::MoeConfig& m = c.moe;  // an MoE layer's router and experts must be buildable
+    if (m.experts > 0 && (m.top_k < 1 || m.top_k > m.experts || m.expert_intermediate <= 0 ||
+                          static_cast<int64_t>(m.layers.size()) != c.layers))
+      std::abort();
   } catch (const marlinc::Error& e) {
     if (e.kind() != marlinc::ErrorKind::BadData) std::abort();
   }

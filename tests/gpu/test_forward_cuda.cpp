@@ -297,6 +297,10 @@ TEST_CASE("GPU forward: bad shapes and unloaded blocks are refused by name", "[g
   CHECK_THROWS_WITH(f->set_linear_quantized(0, wrong), Catch::Contains("q_proj"));
   CHECK_THROWS_WITH(f->set_hidden(0, small.data(), small.size()), Catch::Contains("wrong size"));
   CHECK_THROWS_AS(CudaForward(gpu_dims(m.config()), {}, GpuAct::F16, rope_inv_freq(m.config())), Error);
+  // Mixture-of-experts blocks are the CPU pass's (GPTQ --device cuda keeps their forward pass there).
+  const LlamaModel moe = LlamaModel::open(std::filesystem::path(MARLINC_SOURCE_DIR) / "tests" / "data" / "arch-golden" / "mixtral");
+  CHECK_THROWS_WITH(make_gpu_forward(moe, {{1, 2, 3}}, GpuAct::F16, 16),
+                    Catch::Contains("does not run mixture-of-experts blocks (MixtralForCausalLM); use --device cpu"));
 }
 
 namespace {
