@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <chrono>
+#include <exception>
 #include <iterator>
 #include <map>
 #include <utility>
@@ -21,6 +22,8 @@ LinearInput input_of(Linear l) {
   }
   return LinearInput::QKV;
 }
+
+size_t cpu_pass_chunk_samples() { return size_t(std::max(1, 2 * omp_get_max_threads())); }
 
 std::vector<QuantizedLinear> CalibPass::quantize_all(const std::vector<LinearRef>& ls, const std::vector<GptqOptions>& o,
                                                      std::vector<GptqStats>& stats) {
@@ -58,7 +61,7 @@ class CpuPass : public CalibPass {
     for (LinearInput g : groups)
       for (LinearRef r : block_linears(c, W_.index, g))
         acc.try_emplace(Key{g, r.expert}, group_in_features(c, g, r.expert));
-    const size_t chunk = size_t(std::max(1, 2 * omp_get_max_threads()));
+    const size_t chunk = cpu_pass_chunk_samples();
     for (size_t c0 = 0; c0 < hs_.size(); c0 += chunk) {
       const size_t cn = std::min(chunk, hs_.size() - c0);
       std::vector<std::map<Key, Matrix>> inputs(cn);  // [sample] (group, expert) -> [T or routed, in]
@@ -72,11 +75,26 @@ class CpuPass : public CalibPass {
       }
       t_.forward += since(t0);
       const auto th = Clock::now();
-      for (size_t i = 0; i < cn; ++i)
-        for (auto& [key, a] : acc) {
-          const auto it = inputs[i].find(key);
-          if (it != inputs[i].end()) a.add(it->second.data(), it->second.rows());
+      // Each accumulator takes its samples in order. A dense block's four split each product across the
+      // threads; an MoE block's many small ones (two per expert) run side by side instead, each product on
+      // one thread. Both give the same sums (hessian.cpp: a panel is one single-threaded GEMM either way).
+      std::vector<std::pair<const Key, HessianAccumulator>*> accs;
+      for (auto& kv : acc) accs.push_back(&kv);
+      const bool many = accs.size() > 4;
+      std::vector<std::exception_ptr> err(accs.size());  // an exception must not leave the parallel loop
+#pragma omp parallel for schedule(dynamic, 1) if (many)
+      for (long long j = 0; j < (long long)accs.size(); ++j) {
+        try {
+          for (size_t i = 0; i < cn; ++i) {
+            const auto it = inputs[i].find(accs[size_t(j)]->first);
+            if (it != inputs[i].end()) accs[size_t(j)]->second.add(it->second.data(), it->second.rows());
+          }
+        } catch (...) {
+          err[size_t(j)] = std::current_exception();
         }
+      }
+      for (const auto& e : err)
+        if (e) std::rethrow_exception(e);
       t_.hessian += since(th);
     }
     const auto th = Clock::now();

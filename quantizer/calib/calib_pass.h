@@ -50,6 +50,9 @@ class CalibPass {
   PassTimes t_;
 };
 
+// How many samples the CPU pass runs (and keeps captured inputs of) at a time: two per thread.
+size_t cpu_pass_chunk_samples();
+
 // The group whose Hessian a linear uses.
 LinearInput input_of(Linear l);
 

@@ -1,7 +1,9 @@
 #include "quantizer/calib/gptq_runner.h"
 
 
+#include <algorithm>
 #include <charconv>
+#include <numeric>
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -44,27 +46,32 @@ std::string mb(double bytes) { return std::to_string(int64_t(std::llround(bytes 
 
 constexpr LinearInput kGroups[] = {LinearInput::QKV, LinearInput::O, LinearInput::GateUp, LinearInput::Down};
 
-// Hidden states + one block in fp32 + its Hessians (fp32 [k, k]: four, or an MoE block's two per expert)
-// + the dequantize scratch.
-double peak_estimate(const LlamaConfig& c, size_t tokens) {
+// The CPU pass's peak (calib_pass.cpp): hidden states, one block in fp32 (twice: the checkpoint's and the
+// working copy), its Hessians (fp32 [k, k]: four, or an MoE block's two per expert), and the linear inputs
+// captured for one chunk of samples (`chunk_tokens`: the longest chunk's tokens; an MoE block captures each
+// token once per chosen expert). The checkpoint itself is mapped, not counted.
+double peak_estimate(const LlamaConfig& c, size_t tokens, size_t chunk_tokens) {
   const double qd = double(c.heads * c.head_dim), kvd = double(c.kv_heads * c.head_dim), h = double(c.hidden);
   const double attn = 4.0 * (h * qd * 2 + h * kvd * 2), attn_hess = 4.0 * (h * h + qd * qd);
-  double mlp = 0, mlp_hess = 0;  // the largest block's
+  double mlp = 0, mlp_hess = 0, captured = 0;  // the largest block's, and per token
   for (int64_t b = 0; b < c.layers; ++b) {
-    double m = 0, mh = 0;
+    double m = 0, mh = 0, per_token = h + qd;  // the attention's inputs
     if (c.layer_moe(b)) {
       const double E = double(c.moe.experts), f = double(c.moe.expert_intermediate), s = double(c.moe.shared_intermediate);
       m = 4.0 * (E * 3 * h * f + 3 * h * s + E * h);
       mh = 4.0 * (E * (h * h + f * f) + (s > 0 ? h * h + s * s : 0));
+      per_token += double(c.moe.top_k) * (h + f) + (s > 0 ? h + s : 0);
     } else {
       const double f = double(c.intermediate);
       m = 4.0 * 3 * h * f;
       mh = 4.0 * (h * h + f * f);
+      per_token += h + f;
     }
     mlp = std::max(mlp, m);
     mlp_hess = std::max(mlp_hess, mh);
+    captured = std::max(captured, per_token);
   }
-  return 4.0 * double(tokens) * h + (attn + mlp) * 2 + attn_hess + mlp_hess;
+  return 4.0 * double(tokens) * h + (attn + mlp) * 2 + attn_hess + mlp_hess + 4.0 * double(chunk_tokens) * captured;
 }
 
 bool has_moe(const LlamaConfig& c) {
@@ -280,7 +287,12 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
 #endif
     need = mb(I.estimated_device_bytes) + " of GPU memory for the forward pass and Hessians, plus GPTQ's own";
   } else {
-    I.estimated_peak_bytes = peak_estimate(c, cs.tokens);
+    // The CPU pass captures a chunk of samples at a time: at worst the longest ones.
+    std::vector<size_t> lengths;
+    for (const auto& smp : cs.samples) lengths.push_back(smp.size());
+    std::sort(lengths.rbegin(), lengths.rend());
+    const size_t chunk = std::min(lengths.size(), cpu_pass_chunk_samples());
+    I.estimated_peak_bytes = peak_estimate(c, cs.tokens, std::accumulate(lengths.begin(), lengths.begin() + ptrdiff_t(chunk), size_t(0)));
     need = mb(I.estimated_peak_bytes) + " of memory";
     if (on_gpu)
       say("--device cuda: " + c.architecture + " is a mixture of experts; its forward pass runs on the CPU (the GPU "
