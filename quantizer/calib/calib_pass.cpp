@@ -38,6 +38,29 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+// Rows bound for one Hessian, added kStageRows at a time.
+class RowStage {
+ public:
+  static constexpr int64_t kStageRows = 256;
+  void add(const Matrix& X, HessianAccumulator& a) {  // X [t, k]
+    for (int64_t r = 0; r < X.rows();) {
+      if (buf_.rows() == 0) buf_.resize(kStageRows, X.cols());
+      const int64_t take = std::min(kStageRows - n_, X.rows() - r);
+      buf_.middleRows(n_, take) = X.middleRows(r, take);
+      n_ += take, r += take;
+      if (n_ == kStageRows) flush(a);
+    }
+  }
+  void flush(HessianAccumulator& a) {
+    if (n_ > 0) a.add(buf_.data(), n_);
+    n_ = 0;
+  }
+
+ private:
+  Matrix buf_;  // [kStageRows, k], allocated on first use
+  int64_t n_ = 0;
+};
+
 class CpuPass : public CalibPass {
  public:
   CpuPass(const LlamaModel& m, const std::vector<std::vector<int32_t>>& samples) : m_(m), hs_(samples.size()) {
@@ -61,6 +84,8 @@ class CpuPass : public CalibPass {
     for (LinearInput g : groups)
       for (LinearRef r : block_linears(c, W_.index, g))
         acc.try_emplace(Key{g, r.expert}, group_in_features(c, g, r.expert));
+    std::map<Key, RowStage> stage;  // MoE blocks: each expert's rows not yet in its sum
+    for (const auto& kv : acc) stage[kv.first];
     const size_t chunk = cpu_pass_chunk_samples();
     for (size_t c0 = 0; c0 < hs_.size(); c0 += chunk) {
       const size_t cn = std::min(chunk, hs_.size() - c0);
@@ -76,8 +101,10 @@ class CpuPass : public CalibPass {
       t_.forward += since(t0);
       const auto th = Clock::now();
       // Each accumulator takes its samples in order. A dense block's four split each product across the
-      // threads; an MoE block's many small ones (two per expert) run side by side instead, each product on
-      // one thread. Both give the same sums (hessian.cpp: a panel is one single-threaded GEMM either way).
+      // threads. An MoE block's many small ones (two per expert) run side by side instead, each on one thread,
+      // and take their routed rows in batches of kStageRows (a few dozen rows per sample would make each
+      // product a pass over a [k, k] sum): the batch boundaries fall at fixed places in the sample-ordered
+      // row sequence, so the sums do not depend on the thread count either.
       std::vector<std::pair<const Key, HessianAccumulator>*> accs;
       for (auto& kv : acc) accs.push_back(&kv);
       const bool many = accs.size() > 4;
@@ -85,10 +112,14 @@ class CpuPass : public CalibPass {
 #pragma omp parallel for schedule(dynamic, 1) if (many)
       for (long long j = 0; j < (long long)accs.size(); ++j) {
         try {
+          auto& [key, a] = *accs[size_t(j)];
           for (size_t i = 0; i < cn; ++i) {
-            const auto it = inputs[i].find(accs[size_t(j)]->first);
-            if (it != inputs[i].end()) accs[size_t(j)]->second.add(it->second.data(), it->second.rows());
+            const auto it = inputs[i].find(key);
+            if (it == inputs[i].end()) continue;
+            if (many) stage.at(key).add(it->second, a);
+            else a.add(it->second.data(), it->second.rows());
           }
+          if (many && c0 + cn == hs_.size()) stage.at(key).flush(a);  // the last chunk: the rest
         } catch (...) {
           err[size_t(j)] = std::current_exception();
         }

@@ -2,6 +2,8 @@
 // tiny Mixtral, Qwen2-MoE and Qwen3-MoE fixtures of tests/calib/make_arch_golden.py; the routing rule on
 // its own; what each expert's Hessian hook sees and the CPU pass's per-expert Hessians; MoE config keys and
 // their refusals; quantized experts read back.
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -334,4 +336,39 @@ TEST_CASE("The CPU calibration pass gives each expert the Hessian of its routed 
       gptq_quantize(W.data(), W.rows(), W.cols(), Eigen::MatrixXf::Identity(W.cols(), W.cols()), o, nullptr);
   CHECK(got.codes == want.codes);
   CHECK(got.scales == want.scales);
+}
+
+TEST_CASE("The CPU pass's expert Hessians are the same sums whatever the thread count", "[forward][moe]") {
+  // 24 samples of 100-146 tokens: several hundred routed rows per expert, more than one batch of staged rows
+  // (calib_pass.cpp), in chunks of samples that differ between 1 and 3 threads. GPTQ's loss is a continuous
+  // function of the Hessian, so any other summation would show in it.
+  const LlamaModel m = LlamaModel::open(fixture("qwen3_moe"));
+  std::vector<std::vector<int32_t>> samples;
+  for (int d = 0; d < 24; ++d) {
+    samples.emplace_back();
+    for (int t = 0; t < 100 + 2 * d; ++t) samples.back().push_back((d * 53 + t * 29 + t * t) % 128);
+  }
+  GptqOptions o;
+  o.group_size = 32;
+  o.name = "expert";
+  std::vector<double> losses[2];
+  std::vector<int64_t> tokens[2];
+  const int before = omp_get_max_threads();
+  for (int run = 0; run < 2; ++run) {
+    omp_set_num_threads(run == 0 ? 1 : 3);
+    std::unique_ptr<CalibPass> pass = make_cpu_pass(m, samples);
+    pass->load(0);
+    pass->capture({LinearInput::GateUp, LinearInput::Down});
+    for (int32_t e = 0; e < 8; ++e)
+      for (Linear l : {Linear::Gate, Linear::Down}) {
+        GptqStats st;
+        pass->quantize(LinearRef(l, e), o, &st);
+        losses[run].push_back(st.loss);
+        tokens[run].push_back(pass->hessian_tokens(LinearRef(l, e)));
+      }
+  }
+  omp_set_num_threads(before);
+  CHECK(*std::min_element(tokens[0].begin(), tokens[0].end()) > 256);  // more than one staged batch each
+  CHECK(tokens[0] == tokens[1]);
+  CHECK(losses[0] == losses[1]);
 }
