@@ -3,10 +3,10 @@
 
 #include <algorithm>
 #include <charconv>
-#include <numeric>
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <numeric>
 #include <exception>
 #include <random>
 #include <thread>
@@ -57,7 +57,8 @@ double peak_estimate(const LlamaConfig& c, size_t tokens, size_t chunk_tokens) {
   for (int64_t b = 0; b < c.layers; ++b) {
     double m = 0, mh = 0, per_token = h + qd;  // the attention's inputs
     if (c.layer_moe(b)) {
-      const double E = double(c.moe.experts), f = double(c.moe.expert_intermediate), s = double(c.moe.shared_intermediate);
+      const double E = double(c.moe.experts), f = double(c.moe.expert_intermediate),
+                   s = double(c.moe.shared_intermediate);
       m = 4.0 * (E * 3 * h * f + 3 * h * s + E * h);
       mh = 4.0 * (E * (h * h + f * f) + (s > 0 ? h * h + s * s : 0));
       per_token += double(c.moe.top_k) * (h + f) + (s > 0 ? h + s : 0);
@@ -292,7 +293,8 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
     for (const auto& smp : cs.samples) lengths.push_back(smp.size());
     std::sort(lengths.rbegin(), lengths.rend());
     const size_t chunk = std::min(lengths.size(), cpu_pass_chunk_samples());
-    I.estimated_peak_bytes = peak_estimate(c, cs.tokens, std::accumulate(lengths.begin(), lengths.begin() + ptrdiff_t(chunk), size_t(0)));
+    const size_t chunk_tokens = std::accumulate(lengths.begin(), lengths.begin() + ptrdiff_t(chunk), size_t(0));
+    I.estimated_peak_bytes = peak_estimate(c, cs.tokens, chunk_tokens);
     need = mb(I.estimated_peak_bytes) + " of memory";
     if (on_gpu)
       say("--device cuda: " + c.architecture + " is a mixture of experts; its forward pass runs on the CPU (the GPU "
@@ -446,7 +448,7 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
     say("block " + std::to_string(b + 1) + "/" + std::to_string(c.layers) + (b < resumed ? " replayed" : " done") +
         " in " + std::to_string(block_s).substr(0, 5) + " s" + eta +
         (unrouted ? "; " + std::to_string(unrouted) + " expert linears had no calibration token routed to them "
-                        "(GPTQ with H = I: round-to-nearest with the clip search)"
+                        "(GPTQ with H = I: their weights alone decide)"
                   : std::string()));
     if (b >= resumed && go.stop_after_block == b + 1) {
       saver.wait();
@@ -460,8 +462,8 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
     I.seconds_io += since(t_s);
   }
 
-  // The decoder blocks' MoE experts no calibration token reached (in computed and replayed blocks alike: their reports say
-  // loss -1), named in the record so that a user can see which experts more calibration text would help.
+  // The decoder blocks' MoE experts no calibration token reached (in computed and replayed blocks alike: their
+  // reports say loss -1), named in the record so that a user sees which experts more calibration text would help.
   std::vector<std::string> uncalibrated;
   for (const QuantizedLayerReport& lr : rep.layers)
     if (lr.loss < 0) uncalibrated.push_back(lr.name);

@@ -525,6 +525,12 @@ const Vector& BlockWeights::bias(LinearRef r) const {
 
 namespace {
 
+// An MoE block's router weight [experts, hidden].
+std::string router_name(const LlamaConfig& c, int64_t block) {
+  return "model.layers." + std::to_string(block) +
+         (c.moe.mixtral_names ? ".block_sparse_moe.gate.weight" : ".mlp.gate.weight");
+}
+
 void expect_shape(const Checkpoint& ck, const std::string& name, std::vector<int64_t> shape) {
   auto ref = ck.find(name);
   if (!ref)
@@ -575,7 +581,7 @@ LlamaModel LlamaModel::open(const std::filesystem::path& dir, bool quantized_lin
           expect_shape(ck, s.prefix + ".weight", {s.total_rows, s.in});
         }
     if (c.layer_moe(i)) {  // routers stay 16-bit in quantized checkpoints too
-      expect_shape(ck, p + (c.moe.mixtral_names ? "block_sparse_moe.gate.weight" : "mlp.gate.weight"), {c.moe.experts, c.hidden});
+      expect_shape(ck, router_name(c, i), {c.moe.experts, c.hidden});
       if (c.moe.shared_intermediate > 0) expect_shape(ck, p + "mlp.shared_expert_gate.weight", {1, c.hidden});
     }
     // Qwen2-MoE's attention has biases unless qkv_bias is false (then none are stored).
@@ -650,8 +656,7 @@ BlockWeights LlamaModel::load_block(int64_t i, const LinearProvider* provider, b
   w.index = i;
   if (c.layer_moe(i)) {
     w.moe = true;
-    const std::string router = p + (c.moe.mixtral_names ? "block_sparse_moe.gate.weight" : "mlp.gate.weight");
-    w.router = load_rows(router, c.moe.experts, c.hidden, 0, c.moe.experts);
+    w.router = load_rows(router_name(c, i), c.moe.experts, c.hidden, 0, c.moe.experts);
     w.experts.resize(static_cast<size_t>(c.moe.experts));
     if (c.moe.shared_intermediate > 0)
       w.shared_gate = load_rows(p + "mlp.shared_expert_gate.weight", 1, c.hidden, 0, 1).row(0).transpose();
@@ -667,7 +672,8 @@ BlockWeights LlamaModel::load_block(int64_t i, const LinearProvider* provider, b
       if (repl) {
         if (repl->rows() != s.rows || repl->cols() != s.in)
           bad_data(linear_name(c, i, r) + ": replacement weight is [" + std::to_string(repl->rows()) + ", " +
-                   std::to_string(repl->cols()) + "], expected [" + std::to_string(s.rows) + ", " + std::to_string(s.in) + "]");
+                   std::to_string(repl->cols()) + "], expected [" + std::to_string(s.rows) + ", " +
+                   std::to_string(s.in) + "]");
         w.weight(r) = std::move(*repl);
       } else {
         w.weight(r) = load_rows(s.prefix + ".weight", s.total_rows, s.in, s.row0, s.rows);

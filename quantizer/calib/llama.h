@@ -29,7 +29,9 @@ namespace marlinc::calib {
 using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using Vector = Eigen::VectorXf;
 
-enum class Family { Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma2, Gemma3, Phi3, Granite, SmolLM3, Mixtral, Qwen2Moe, Qwen3Moe };
+enum class Family {
+  Llama, Mistral, Qwen2, Qwen3, Gemma, Gemma2, Gemma3, Phi3, Granite, SmolLM3, Mixtral, Qwen2Moe, Qwen3Moe
+};
 // The MLP's gate activation: silu (SwiGLU), gelu with tanh approximation (GeGLU as Gemma runs it:
 // gelu_pytorch_tanh, gelu_new) or exact gelu (erf).
 enum class Activation { Silu, GeluTanh, Gelu };

@@ -38,7 +38,8 @@ void parse_moe(const json& cfg, LlamaConfig& c, const std::string& label) {
     m.layers.assign(static_cast<size_t>(c.layers), true);
   } else {
     // Qwen configs say num_experts; transformers 5 writes Qwen3-MoE's as num_local_experts.
-    const char* count_key = cfg.contains("num_experts") && !cfg["num_experts"].is_null() ? "num_experts" : "num_local_experts";
+    const bool named = cfg.contains("num_experts") && !cfg["num_experts"].is_null();
+    const char* count_key = named ? "num_experts" : "num_local_experts";
     m.experts = moe_int(cfg, count_key, qwen2 ? 60 : 128, 0, label);
     m.top_k = moe_int(cfg, "num_experts_per_tok", qwen2 ? 4 : 8, 1, label);
     m.expert_intermediate = moe_int(cfg, "moe_intermediate_size", qwen2 ? 1408 : 768, 1, label);

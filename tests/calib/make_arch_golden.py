@@ -7,7 +7,8 @@ partial rotary, LongRoPE with an original length between the two sequences' leng
 short factors and the other the long ones, a sliding window; phi4: plain RoPE, tied embeddings, MQA) and
 Granite 3 (embedding, residual, attention and logit multipliers, biases on every linear), SmolLM3 (a layer
 without RoPE) and the mixture-of-experts Mixtral, Qwen2-MoE (a shared expert, a dense layer) and Qwen3-MoE.
-tests/calib/test_forward_arch.cpp checks marlinc's CPU forward against them, tests/gpu/test_forward_cuda.cpp its GPU forward ([gpu][forward]).
+tests/calib/test_forward_arch.cpp and test_forward_moe.cpp check marlinc's CPU forward against them,
+tests/gpu/test_forward_cuda.cpp its GPU forward ([gpu][forward]; the dense ones).
 
 Needs torch and transformers (the GPU machine has both); the outputs are committed, so the tests never
 need Python. Each model is written in fp16 (small files) and run by transformers in fp32 after reloading
