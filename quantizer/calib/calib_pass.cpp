@@ -38,6 +38,23 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+// f(0) .. f(n - 1) on the OpenMP threads, one index at a time. An exception must not leave an OpenMP region
+// (std::terminate): the lowest index's is rethrown once all have run.
+template <class F>
+void parallel_each(size_t n, const F& f) {
+  std::vector<std::exception_ptr> err(n);
+#pragma omp parallel for schedule(dynamic, 1)
+  for (long long i = 0; i < (long long)n; ++i) {
+    try {
+      f(size_t(i));
+    } catch (...) {
+      err[size_t(i)] = std::current_exception();
+    }
+  }
+  for (const auto& e : err)
+    if (e) std::rethrow_exception(e);
+}
+
 // Rows bound for one Hessian, added kStageRows at a time.
 class RowStage {
  public:
@@ -84,56 +101,56 @@ class CpuPass : public CalibPass {
     for (LinearInput g : groups)
       for (LinearRef r : block_linears(c, W_.index, g))
         acc.try_emplace(Key{g, r.expert}, group_in_features(c, g, r.expert));
-    std::map<Key, RowStage> stage;  // MoE blocks: each expert's rows not yet in its sum
-    for (const auto& kv : acc) stage[kv.first];
     const size_t chunk = cpu_pass_chunk_samples();
+    // The routed experts' accumulators; every other one reads all the tokens.
+    std::vector<std::pair<const Key, HessianAccumulator>*> routed;
+    std::map<Key, RowStage> stage;  // their rows not yet in their sums
+    for (auto& kv : acc)
+      if (kv.first.second >= 0) routed.push_back(&kv), stage[kv.first];
     for (size_t c0 = 0; c0 < hs_.size(); c0 += chunk) {
       const size_t cn = std::min(chunk, hs_.size() - c0);
       std::vector<std::map<Key, Matrix>> inputs(cn);  // [sample] (group, expert) -> [T or routed, in]
       const auto t0 = Clock::now();
-#pragma omp parallel for schedule(dynamic, 1)
-      for (long long i = 0; i < (long long)cn; ++i) {
-        Matrix x = hs_[c0 + size_t(i)];
+      parallel_each(cn, [&](size_t i) {
+        Matrix x = hs_[c0 + i];
         m_.block_forward(x, W_, [&](LinearInput g, int32_t expert, const Matrix& X) {
-          if (acc.count(Key{g, expert})) inputs[size_t(i)][Key{g, expert}] = X;
+          if (acc.count(Key{g, expert})) inputs[i][Key{g, expert}] = X;
         });
-      }
+      });
       t_.forward += since(t0);
       const auto th = Clock::now();
-      // Each accumulator takes its samples in order. A dense block's four split each product across the
-      // threads. An MoE block's many small ones (two per expert) run side by side instead, each on one thread,
-      // and take their routed rows in batches of kStageRows (a few dozen rows per sample would make each
-      // product a pass over a [k, k] sum): the batch boundaries fall at fixed places in the sample-ordered
-      // row sequence, so the sums do not depend on the thread count either.
-      std::vector<std::pair<const Key, HessianAccumulator>*> accs;
-      for (auto& kv : acc) accs.push_back(&kv);
-      const bool many = accs.size() > 4;
-      std::vector<std::exception_ptr> err(accs.size());  // an exception must not leave the parallel loop
-#pragma omp parallel for schedule(dynamic, 1) if (many)
-      for (long long j = 0; j < (long long)accs.size(); ++j) {
-        try {
-          auto& [key, a] = *accs[size_t(j)];
-          for (size_t i = 0; i < cn; ++i) {
-            const auto it = inputs[i].find(key);
-            if (it == inputs[i].end()) continue;
-            if (many) stage.at(key).add(it->second, a);
-            else a.add(it->second.data(), it->second.rows());
-          }
-          if (many && c0 + cn == hs_.size()) stage.at(key).flush(a);  // the last chunk: the rest
-        } catch (...) {
-          err[size_t(j)] = std::current_exception();
+      // Each accumulator takes its samples in order. Those that read every token (attention, a dense MLP,
+      // the shared expert) split each product across the threads (hessian.cpp). A routed expert sees a few
+      // dozen rows per sample, too few to make a pass over its [k, k] sum worth it: the experts take their
+      // rows in batches of kStageRows, side by side, each on one thread. The batch boundaries fall at fixed
+      // places in the sample-ordered rows, so no sum depends on the thread count.
+      for (auto& [key, a] : acc) {
+        if (key.second >= 0) continue;
+        for (size_t i = 0; i < cn; ++i) {
+          const auto it = inputs[i].find(key);
+          if (it != inputs[i].end()) a.add(it->second.data(), it->second.rows());
         }
       }
-      for (const auto& e : err)
-        if (e) std::rethrow_exception(e);
+      const bool last = c0 + cn == hs_.size();
+      parallel_each(routed.size(), [&](size_t j) {
+        auto& [key, a] = *routed[j];
+        RowStage& st = stage.at(key);
+        for (size_t i = 0; i < cn; ++i) {
+          const auto it = inputs[i].find(key);
+          if (it != inputs[i].end()) st.add(it->second, a);
+        }
+        if (last) st.flush(a);  // the rest
+      });
       t_.hessian += since(th);
     }
+    stage.clear();
     const auto th = Clock::now();
     for (LinearInput g : groups)  // a new capture replaces these groups' Hessians
       for (auto it = H_.begin(); it != H_.end();) it = it->first.first == g ? H_.erase(it) : std::next(it);
-    for (auto& [key, a] : acc) {
-      tokens_[key] = a.tokens();
-      if (a.tokens() > 0) H_.emplace(key, a.finalize());
+    // Each sum is dropped once finalized: 128 experts' Hessians are gigabytes, and twice that would not fit.
+    for (auto it = acc.begin(); it != acc.end(); it = acc.erase(it)) {
+      tokens_[it->first] = it->second.tokens();
+      if (it->second.tokens() > 0) H_.emplace(it->first, it->second.finalize());
     }
     t_.hessian += since(th);
   }
@@ -166,8 +183,7 @@ class CpuPass : public CalibPass {
 
   void advance() override {
     const auto t0 = Clock::now();
-#pragma omp parallel for schedule(dynamic, 1)
-    for (long long i = 0; i < (long long)hs_.size(); ++i) m_.block_forward(hs_[size_t(i)], W_);
+    parallel_each(hs_.size(), [&](size_t i) { m_.block_forward(hs_[i], W_); });
     t_.forward += since(t0);
   }
 

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <map>
 #include <numeric>
+#include <set>
 #include <exception>
 #include <random>
 #include <thread>
@@ -350,7 +351,7 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
     std::vector<FinishedLayer> finished;  // this block's results as gptq_quantize gave them, for the job
     // Quantizes the linears of one input group with the Hessian of the last capture and gives the
     // pass their quantized weights, so the passes after it see the quantized block.
-    int64_t unrouted = 0;  // this block's experts without calibration tokens
+    const size_t reported_before = rep.layers.size();
     auto quantize_group = [&](LinearInput g) {
       std::vector<LinearRef> ls;
       std::vector<GptqOptions> os;
@@ -374,10 +375,7 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
       std::vector<GptqStats> st;
       std::vector<QuantizedLinear> qs = pass->quantize_all(ls, os, st);
       for (size_t i = 0; i < ls.size(); ++i)
-        if (uncalibrated[i]) {  // GPTQ with H = I (calib_pass.h): reported as not calibrated
-          st[i].loss = st[i].damp_used = -1;
-          ++unrouted;
-        }
+        if (uncalibrated[i]) st[i].loss = st[i].damp_used = -1;  // GPTQ with H = I (calib_pass.h): not calibrated
       for (size_t i0 = 0; i0 < ls.size();) {
         // The linears of one module: one, or the consecutive parts of a fused one, in row order.
         size_t i1 = i0 + 1;
@@ -437,6 +435,9 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
       I.seconds_io += since(t_s);
       resumable = true;  // from here a failure leaves a job (at worst without block b, recomputed)
     }
+    // This block's expert linears without calibration tokens, computed or replayed (their reports say loss -1).
+    int64_t unrouted = 0;
+    for (size_t i = reported_before; i < rep.layers.size(); ++i) unrouted += rep.layers[i].loss < 0;
     // ETA from the blocks computed so far (replayed ones are much faster and say nothing about the rest).
     const double block_s = since(t_block);
     std::string eta;
@@ -463,10 +464,15 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
   }
 
   // The decoder blocks' MoE experts no calibration token reached (in computed and replayed blocks alike: their
-  // reports say loss -1), named in the record so that a user sees which experts more calibration text would help.
+  // linears' reports say loss -1), named in the record so that a user sees which experts more calibration text
+  // would help. An expert's gate, up and down share its tokens: it is listed once ("...mlp.experts.5").
   std::vector<std::string> uncalibrated;
-  for (const QuantizedLayerReport& lr : rep.layers)
-    if (lr.loss < 0) uncalibrated.push_back(lr.name);
+  std::set<std::string> listed;
+  for (const QuantizedLayerReport& lr : rep.layers) {
+    if (lr.loss >= 0) continue;
+    const std::string expert = lr.name.substr(0, lr.name.rfind('.'));
+    if (listed.insert(expert).second) uncalibrated.push_back(expert);
+  }
   // Linears outside the decoder blocks (lm_head with --include-lm-head): no calibrated inputs here,
   // so round-to-nearest with the clip search.
   for (size_t j = 0; j < P.jobs.size(); ++j) {
@@ -492,9 +498,9 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
                            {"calibration", I.calibration}};
   if (!uncalibrated.empty()) {
     record["uncalibrated_experts"] = uncalibrated;
-    rep.notes.push_back(std::to_string(uncalibrated.size()) + " expert linears had no calibration token routed to them "
-                        "and were quantized without calibration (listed as uncalibrated_experts in the config); more "
-                        "or longer calibration samples reach more experts");
+    rep.notes.push_back(std::to_string(uncalibrated.size()) + " experts had no calibration token routed to them and "
+                        "were quantized without calibration (listed as uncalibrated_experts in the config); more or "
+                        "longer calibration samples reach more experts");
   }
   t_io = Clock::now();
   finish_output(w, ck, qo, P, rep, nlohmann::json{{"marlinc", record}});

@@ -233,7 +233,10 @@ LlamaConfig LlamaConfig::from_json(const json& cfg, const std::string& label) {
   else bad_data(label + ": architecture " + c.architecture + " is not supported by marlinc's forward pass (supported: " +
                 join(supported_architectures()) + "); `quantize --method rtn` and `convert` need no forward pass");
   c.hidden = req_int(cfg, "hidden_size", label);
-  c.intermediate = req_int(cfg, "intermediate_size", label);
+  // Qwen3-MoE's dense layers (mlp_only_layers) are the only use of intermediate_size there: Qwen3MoeConfig
+  // defaults it.
+  c.intermediate = c.family == Family::Qwen3Moe && !present(cfg, "intermediate_size")
+                       ? 6144 : req_int(cfg, "intermediate_size", label);
   c.layers = req_int(cfg, "num_hidden_layers", label);
   c.heads = req_int(cfg, "num_attention_heads", label);
   c.kv_heads = cfg.contains("num_key_value_heads") && !cfg["num_key_value_heads"].is_null()
@@ -340,7 +343,8 @@ LlamaConfig LlamaConfig::from_json(const json& cfg, const std::string& label) {
 
   // RoPE: transformers 4 writes rope_theta and rope_scaling; transformers 5 writes rope_parameters,
   // for Gemma 3 one set per layer type ({"full_attention": {...}, "sliding_attention": {...}}).
-  if (c.family == Family::Gemma3) c.rope_theta = 1000000.0;  // Gemma3TextConfig's default global base
+  // Gemma3TextConfig's default global base, and MixtralConfig's.
+  if (c.family == Family::Gemma3 || c.family == Family::Mixtral) c.rope_theta = 1000000.0;
   if (present(cfg, "rope_theta")) c.rope_theta = opt_positive(cfg, "rope_theta", c.rope_theta, label);
   // An empty rope_scaling falls through to rope_parameters, as in transformers (rope_scaling or rope_parameters).
   const json* rs = cfg.contains("rope_scaling") && cfg["rope_scaling"].is_object() && !cfg["rope_scaling"].empty()

@@ -30,16 +30,19 @@ void parse_moe(const json& cfg, LlamaConfig& c, const std::string& label) {
   const bool mixtral = c.family == Family::Mixtral, qwen2 = c.family == Family::Qwen2Moe;
   if (!mixtral && !qwen2 && c.family != Family::Qwen3Moe) return;
   if (mixtral) {
-    m.experts = moe_int(cfg, "num_local_experts", 8, 1, label);
+    // MixtralConfig maps num_experts onto num_local_experts.
+    const bool alias = !(cfg.contains("num_local_experts") && !cfg["num_local_experts"].is_null());
+    m.experts = moe_int(cfg, alias ? "num_experts" : "num_local_experts", 8, 1, label);
     m.top_k = moe_int(cfg, "num_experts_per_tok", 2, 1, label);
     m.expert_intermediate = c.intermediate;  // Mixtral's experts are intermediate_size wide
     m.norm_topk = true;
     m.mixtral_names = true;
     m.layers.assign(static_cast<size_t>(c.layers), true);
   } else {
-    // Qwen configs say num_experts; transformers 5 writes Qwen3-MoE's as num_local_experts.
+    // Qwen configs say num_experts; transformers 5 writes Qwen3-MoE's as num_local_experts (Qwen2MoeConfig
+    // reads num_experts only).
     const bool named = cfg.contains("num_experts") && !cfg["num_experts"].is_null();
-    const char* count_key = named ? "num_experts" : "num_local_experts";
+    const char* count_key = named || qwen2 ? "num_experts" : "num_local_experts";
     m.experts = moe_int(cfg, count_key, qwen2 ? 60 : 128, 0, label);
     m.top_k = moe_int(cfg, "num_experts_per_tok", qwen2 ? 4 : 8, 1, label);
     m.expert_intermediate = moe_int(cfg, "moe_intermediate_size", qwen2 ? 1408 : 768, 1, label);

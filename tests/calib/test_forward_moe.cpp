@@ -222,6 +222,18 @@ TEST_CASE("MoE configs: key spellings, the sparse-step pattern, and refusals by 
     c["num_experts"] = 6;
   });
   CHECK(q3.moe.experts == 6);
+  // MixtralConfig takes num_experts for num_local_experts; Qwen2MoeConfig reads num_experts only (default 60).
+  CHECK(edited_config("mixtral", [](nlohmann::json& c) {
+          c.erase("num_local_experts");
+          c["num_experts"] = 6;
+        }).moe.experts == 6);
+  CHECK(edited_config("qwen2_moe", [](nlohmann::json& c) {
+          c.erase("num_experts");
+          c["num_local_experts"] = 6;
+        }).moe.experts == 60);
+  // Defaults of the config classes: Mixtral's RoPE base 1e6, Qwen3-MoE's dense intermediate_size 6144.
+  CHECK(edited_config("mixtral", [](nlohmann::json& c) { c.erase("rope_parameters"); }).rope_theta == 1e6);
+  CHECK(edited_config("qwen3_moe", [](nlohmann::json& c) { c.erase("intermediate_size"); }).intermediate == 6144);
   // decoder_sparse_step 2: layers 1, 3, ... are MoE, the rest dense.
   const LlamaConfig step = edited_config("qwen3_moe", [](nlohmann::json& c) {
     c["num_hidden_layers"] = 4;
