@@ -76,11 +76,6 @@ double peak_estimate(const LlamaConfig& c, size_t tokens, size_t chunk_tokens) {
   return 4.0 * double(tokens) * h + (attn + mlp) * 2 + attn_hess + mlp_hess + 4.0 * double(chunk_tokens) * captured;
 }
 
-bool has_moe(const LlamaConfig& c) {
-  for (int64_t b = 0; b < c.layers; ++b)
-    if (c.layer_moe(b)) return true;
-  return false;
-}
 
 // Puts a block that an interrupted run finished back (job_file.h): its saved results are written in
 // the order a fresh run writes them and reported as they were, and their dequantized weights go into
@@ -279,7 +274,7 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
   const bool on_gpu = base.device == GptqOptions::Device::Cuda;
   // The GPU forward pass runs dense blocks only: an MoE model's forward pass (and Hessians) stay on the CPU,
   // and GPTQ itself runs on the GPU.
-  const bool gpu_forward = on_gpu && !has_moe(c);
+  const bool gpu_forward = on_gpu && !c.has_moe();
   std::string need;
   if (gpu_forward) {
 #ifdef MARLINC_HAVE_CUDA

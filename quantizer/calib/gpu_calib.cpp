@@ -40,10 +40,9 @@ void require_cuda_device(const std::string& what) {
 }
 
 GpuDims gpu_dims(const LlamaConfig& c) {
-  for (int64_t b = 0; b < c.layers; ++b)
-    if (c.layer_moe(b))
-      bad_usage("--device cuda: the GPU forward pass does not run mixture-of-experts blocks (" + c.architecture +
-                "); use --device cpu (quantize --method gptq --device cuda runs GPTQ itself on the GPU)");
+  if (c.has_moe())
+    bad_usage("--device cuda: the GPU forward pass does not run mixture-of-experts blocks (" + c.architecture +
+              "); use --device cpu (quantize --method gptq --device cuda runs GPTQ itself on the GPU)");
   GpuDims d;
   d.hidden = c.hidden;
   d.intermediate = c.intermediate;

@@ -177,6 +177,12 @@ bool LlamaConfig::layer_moe(int64_t layer) const {
          moe.layers[static_cast<size_t>(layer)];
 }
 
+bool LlamaConfig::has_moe() const {
+  for (int64_t b = 0; b < layers; ++b)
+    if (layer_moe(b)) return true;
+  return false;
+}
+
 bool LlamaConfig::layer_local_rope(int64_t layer) const {
   return local_rope_theta > 0 && layer >= 0 && layer < static_cast<int64_t>(sliding_layers.size()) &&
          sliding_layers[static_cast<size_t>(layer)];

@@ -106,6 +106,7 @@ struct LlamaConfig {
   bool layer_rope(int64_t layer) const;    // the layer rotates q and k
   bool layer_local_rope(int64_t layer) const;  // the layer uses the local RoPE table
   bool layer_moe(int64_t layer) const;         // the layer's MLP is a mixture of experts
+  bool has_moe() const;                        // some layer's is
 
   // Parses config.json. Unknown architectures, activations or rope types are refused by name, with
   // what is supported. `label` names the file in messages.
