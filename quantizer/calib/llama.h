@@ -261,6 +261,9 @@ struct Routing {
   std::vector<float> weight;    // [T, top_k]
 };
 Routing route_tokens(const LlamaConfig& c, const Matrix& router /*[E, hidden]*/, const Matrix& x /*[T, hidden]*/);
+// The same from router logits [T, E] fp32 row-major into expert/weight [T, top_k] (the GPU pass computes
+// the logits and routes with this, so both passes route by one rule).
+void route_logits(const LlamaConfig& c, const float* logits, int64_t T, int64_t E, int32_t* expert, float* weight);
 // The MoE MLP's output [T, hidden] for its normed input x [T, hidden]; hook sees each expert's routed rows.
 Matrix moe_mlp(const LlamaConfig& c, const BlockWeights& w, const Matrix& x, const InputHook& hook);
 // Parses the MoE keys of config.json into c.moe (c.family, c.layers and c.intermediate already set).

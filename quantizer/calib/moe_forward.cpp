@@ -73,21 +73,16 @@ void parse_moe(const json& cfg, LlamaConfig& c, const std::string& label) {
              " experts");
 }
 
-Routing route_tokens(const LlamaConfig& c, const Matrix& router, const Matrix& x) {
-  const int64_t T = x.rows(), E = router.rows(), K = c.moe.top_k;
-  Routing r;
-  r.tokens = T;
-  r.top_k = K;
-  r.expert.resize(static_cast<size_t>(T * K));
-  r.weight.resize(static_cast<size_t>(T * K));
-  const Matrix logits = x * router.transpose();  // [T, E] fp32
+void route_logits(const LlamaConfig& c, const float* logits, int64_t T, int64_t E, int32_t* expert, float* weight) {
+  const int64_t K = c.moe.top_k;
   std::vector<float> p(static_cast<size_t>(E));
   std::vector<int32_t> order(static_cast<size_t>(E));
   for (int64_t t = 0; t < T; ++t) {
+    const float* lt = logits + t * E;
     float mx = -INFINITY;
-    for (int64_t e = 0; e < E; ++e) mx = std::max(mx, logits(t, e));
+    for (int64_t e = 0; e < E; ++e) mx = std::max(mx, lt[e]);
     float sum = 0;
-    for (int64_t e = 0; e < E; ++e) sum += (p[size_t(e)] = std::exp(logits(t, e) - mx));
+    for (int64_t e = 0; e < E; ++e) sum += (p[size_t(e)] = std::exp(lt[e] - mx));
     for (float& v : p) v /= sum;
     for (int32_t e = 0; e < static_cast<int32_t>(E); ++e) order[size_t(e)] = e;
     // Highest probability first; equal ones by expert index, so the choice is deterministic.
@@ -98,10 +93,21 @@ Routing route_tokens(const LlamaConfig& c, const Matrix& router, const Matrix& x
     for (int64_t j = 0; j < K; ++j) top += p[size_t(order[size_t(j)])];
     for (int64_t j = 0; j < K; ++j) {
       const int32_t e = order[size_t(j)];
-      r.expert[size_t(t * K + j)] = e;
-      r.weight[size_t(t * K + j)] = c.moe.norm_topk ? p[size_t(e)] / top : p[size_t(e)];
+      expert[t * K + j] = e;
+      weight[t * K + j] = c.moe.norm_topk ? p[size_t(e)] / top : p[size_t(e)];
     }
   }
+}
+
+Routing route_tokens(const LlamaConfig& c, const Matrix& router, const Matrix& x) {
+  const int64_t T = x.rows(), E = router.rows(), K = c.moe.top_k;
+  Routing r;
+  r.tokens = T;
+  r.top_k = K;
+  r.expert.resize(static_cast<size_t>(T * K));
+  r.weight.resize(static_cast<size_t>(T * K));
+  const Matrix logits = x * router.transpose();  // [T, E] fp32
+  route_logits(c, logits.data(), T, E, r.expert.data(), r.weight.data());
   return r;
 }
 
