@@ -56,8 +56,7 @@ size_t cpu_pass_chunk_samples();
 // The group whose Hessian a linear uses.
 LinearInput input_of(Linear l);
 
-// The CPU pass runs GPTQ where each linear's options say (o.device): with Device::Cuda the forward pass stays
-// on the CPU and GPTQ runs on the GPU (mixture-of-experts models, which the GPU pass does not run).
+// The CPU pass runs GPTQ where each linear's options say (o.device).
 std::unique_ptr<CalibPass> make_cpu_pass(const LlamaModel& m, const std::vector<std::vector<int32_t>>& samples);
 // Defined only in builds with MARLINC_CUDA (gpu_calib.cpp).
 std::unique_ptr<CalibPass> make_gpu_pass(const LlamaModel& m, const std::vector<std::vector<int32_t>>& samples);

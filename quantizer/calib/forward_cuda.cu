@@ -9,6 +9,8 @@
 #include <array>
 #include <cmath>
 #include <limits>
+#include <map>
+#include <memory>
 #include <string>
 
 #include "kernels/marlin.h"
@@ -279,6 +281,33 @@ __global__ void scaled_add_kernel(float* y, float a, const float* x, int64_t cou
     y[e] += a * x[e];
 }
 
+// An MoE block's gathered inputs: out[i] = x[rows[i]], rows of n elements (each expert's tokens together).
+template <class T>
+__global__ void gather_rows_kernel(const T* x, const int32_t* rows, int64_t count, int64_t n, T* out) {
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < count * n; e += int64_t(gridDim.x) * blockDim.x)
+    out[e] = x[int64_t(rows[e / n]) * n + e % n];
+}
+
+// An MoE block's output into the residual stream: h[t] += Σ_j w[t, j]·y[pos[t, j]] (j in expert index order,
+// as the CPU pass sums) + sigmoid(sg[t])·ys[t] when there is a shared expert (ys non-null).
+struct CombineArgs {
+  const float* y;      // [rows, n] the routed experts' outputs, in gathered order
+  const int32_t* pos;  // [tokens, top_k] each pick's row in y
+  const float* w;      // [tokens, top_k] its routing weight
+  const float *ys, *sg;  // [tokens, n], [tokens] the shared expert's output and gate logit, or null
+  int64_t tokens, n;
+  int top_k;
+};
+__global__ void moe_combine_kernel(CombineArgs a, float* h) {
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < a.tokens * a.n; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = e / a.n, d = e % a.n;
+    float o = 0.0f;
+    for (int j = 0; j < a.top_k; ++j) o += a.w[t * a.top_k + j] * a.y[int64_t(a.pos[t * a.top_k + j]) * a.n + d];
+    if (a.ys) o += (1.0f / (1.0f + expf(-a.sg[t]))) * a.ys[e];
+    h[e] += o;
+  }
+}
+
 __global__ void nonfinite_kernel(const float* x, int64_t count, int* flag) {
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < count; e += int64_t(gridDim.x) * blockDim.x)
     if (!isfinite(x[e])) *flag = 1;
@@ -295,7 +324,20 @@ unsigned stride_grid(int64_t count) { return std::max(1u, std::min(blocks_for(co
 namespace {
 enum : int { kQ, kK, kV, kO, kGate, kUp, kDown };       // llama.h's Linear
 enum : int { kGQKV, kGO, kGGateUp, kGDown, kGroups };   // llama.h's LinearInput
-const char* const kLinearNames[kLinears] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+constexpr int kSlots = kGpuSharedGate + 1;               // the seven, the router, the shared-expert gate
+static_assert(kGpuRouter == kLinears, "the router follows llama.h's seven linears");
+const char* const kLinearNames[kSlots] = {"q_proj",   "k_proj",  "v_proj",   "o_proj",           "gate_proj",
+                                          "up_proj",  "down_proj", "router", "shared_expert_gate"};
+
+// One linear's weights on the device: 16-bit [out, in] for cuBLAS, or Marlin's packed tiles.
+struct Slot {
+  DBuf<uint16_t> W;   // [out, in] 16-bit
+  DBuf<int32_t> mB;   // Marlin tiles [in/16, 2·out]
+  DBuf<uint16_t> mS;  // permuted scales [G, out]
+  int group = -1;
+  bool marlin = false;
+  bool loaded() const { return W.p || marlin; }
+};
 constexpr int kVecs = int(GpuVec::MlpOutNorm) + 1;
 const char* const kVecNames[kVecs] = {"input_layernorm", "the MLP's input norm", "q_norm", "k_norm",
                                       "q_proj.bias", "k_proj.bias", "v_proj.bias", "o_proj.bias",
@@ -323,19 +365,19 @@ struct CudaForward::Impl {
   DBuf<float> cosv_local, sinv_local;      // [max_len, rot/2] the local table, or empty
   DBuf<float> cosv_long, sinv_long;        // [max_len, rot/2] longrope's long table, or empty
   bool layer_sliding = true, layer_local = false, layer_rope = true;  // set_layer
-  std::array<DBuf<uint16_t>, kLinears> W;  // [out, in] 16-bit
-  // Linears that run through the Marlin kernel: packed tiles, permuted scales, group size.
-  std::array<DBuf<int32_t>, kLinears> mB;
-  std::array<DBuf<uint16_t>, kLinears> mS;
-  std::array<int, kLinears> m_group{};
-  std::array<bool, kLinears> marlin{};
+  bool layer_moe = false;
+  std::array<Slot, kSlots> dense;          // the block's linears, a dense MLP's, the router, the shared gate
+  std::unique_ptr<std::array<Slot, 3>[]> routed;  // [experts] gate, up, down of each routed expert
+  std::array<Slot, 3> shared;              // Qwen2-MoE's shared expert
   DBuf<uint8_t> m_work;                    // the kernel's workspace (locks zeroed once)
   DBuf<uint16_t> m_out;                    // [tc, max out] its 16-bit output
   int sms = 0;
   std::array<DBuf<float>, kVecs> vec;      // norms and biases
   std::array<bool, kVecs> has_vec{};
   DBuf<uint8_t> staging;                   // raw weight bytes on their way to W
-  std::array<DBuf<float>, kGroups> hess;   // Σ x xᵀ per group
+  // Σ x xᵀ per (group, MLP: kGpuDenseMlp, a routed expert, kGpuSharedExpert) and the rows in each.
+  std::map<std::pair<int, int32_t>, DBuf<float>> hess;
+  std::map<std::pair<int, int32_t>, int64_t> hess_rows;
   // Per-chunk scratch, sized for the largest chunk and kept across blocks.
   DBuf<float> res;                         // [tc, hidden] working copy when not updating
   DBuf<uint16_t> xin;                      // [tc, max(hidden, qd)] 16-bit GEMM input
@@ -346,6 +388,17 @@ struct CudaForward::Impl {
   DBuf<float> gate, up;                    // [tc, inter]
   DBuf<float> sub;                         // [tc, hidden] a sub-block's output before its norm (Gemma 2/3)
   DBuf<uint16_t> act16;                    // [tc, inter]
+  // MoE scratch: the router's logits, the routing on the host and on the device, the gathered rows.
+  DBuf<float> logits;                      // [tc, experts]
+  std::vector<float> h_logits, h_weight;   // [tc, experts], [tc, top_k]
+  std::vector<int32_t> h_expert, h_route;  // [tc, top_k] picks; perm [tc·top_k] | pos [tc, top_k]
+  std::vector<float> h_cw;                 // [tc, top_k] weights in expert order
+  std::vector<int64_t> first;              // [experts + 1] each expert's first gathered row
+  DBuf<int32_t> route;                     // perm | pos on the device
+  DBuf<float> cw;                          // [tc, top_k]
+  DBuf<uint16_t> xg;                       // [tc·top_k, hidden] gathered 16-bit inputs
+  DBuf<float> yg;                          // [tc·top_k, hidden] the experts' outputs
+  DBuf<float> sg;                          // [tc] the shared-expert gate's logits
   DBuf<int> flag;
   // Event pairs around the Hessian GEMMs of the current run, summed after it synchronises.
   std::vector<cudaEvent_t> events;
@@ -363,63 +416,89 @@ struct CudaForward::Impl {
   int64_t qd() const { return c.heads * c.head_dim; }
   int64_t kvd() const { return c.kv_heads * c.head_dim; }
   cudaDataType dtype() const { return act == GpuAct::F16 ? CUDA_R_16F : CUDA_R_16BF; }
-  static int64_t in_of(const GpuDims& c, int g) {
-    return g == kGO ? c.heads * c.head_dim : g == kGDown ? c.intermediate : c.hidden;
+  // The intermediate size of MLP `expert`.
+  static int64_t inter_of(const GpuDims& c, int32_t expert) {
+    return expert == kGpuDenseMlp ? c.intermediate : expert == kGpuSharedExpert ? c.shared_intermediate : c.expert_intermediate;
   }
-  std::pair<int64_t, int64_t> shape(int l) const {  // {out, in}
+  static int64_t in_of(const GpuDims& c, int g, int32_t expert = kGpuDenseMlp) {
+    return g == kGO ? c.heads * c.head_dim : g == kGDown ? inter_of(c, expert) : c.hidden;
+  }
+  std::pair<int64_t, int64_t> shape(int l, int32_t expert = kGpuDenseMlp) const {  // {out, in}
     switch (l) {
       case kQ: return {qd(), c.hidden};
       case kK: case kV: return {kvd(), c.hidden};
       case kO: return {c.hidden, qd()};
-      case kGate: case kUp: return {c.intermediate, c.hidden};
-      default: return {c.hidden, c.intermediate};
+      case kGate: case kUp: return {inter_of(c, expert), c.hidden};
+      case kDown: return {c.hidden, inter_of(c, expert)};
+      case kGpuRouter: return {c.experts, c.hidden};
+      default: return {1, c.hidden};  // kGpuSharedGate
     }
+  }
+  // "q_proj", "experts.5.up_proj", "shared_expert.down_proj": names in errors.
+  static std::string label(int l, int32_t expert) {
+    const std::string n = kLinearNames[l];
+    return expert == kGpuDenseMlp ? n : expert == kGpuSharedExpert ? "shared_expert." + n
+                                                                    : "experts." + std::to_string(expert) + "." + n;
+  }
+  // The slot of linear l of MLP `expert`; BadUsage for an index the configuration does not have.
+  Slot& slot(int l, int32_t expert) {
+    const bool mlp = l == kGate || l == kUp || l == kDown;
+    if (l < 0 || l >= kSlots || (expert != kGpuDenseMlp && !mlp) || expert < kGpuSharedExpert ||
+        (expert >= 0 && expert >= c.experts) || (expert == kGpuSharedExpert && c.shared_intermediate == 0) ||
+        ((l == kGpuRouter || l == kGpuSharedGate) && c.experts == 0) || (l == kGpuSharedGate && c.shared_intermediate == 0))
+      bad_usage(who + ": no linear " + std::to_string(l) + " of MLP " + std::to_string(expert) + " in this model");
+    if (expert == kGpuDenseMlp) return dense[size_t(l)];
+    return (expert == kGpuSharedExpert ? shared : routed[size_t(expert)])[size_t(l - kGate)];
   }
   int64_t vec_len(GpuVec v) const {
     switch (v) {
       case GpuVec::InputNorm: case GpuVec::PostNorm: case GpuVec::AttnOutNorm: case GpuVec::MlpOutNorm: return c.hidden;
       case GpuVec::QNorm: case GpuVec::KNorm: return c.head_dim;
-      default: return shape(int(v) - int(GpuVec::BiasQ)).first;
+      default: return shape(int(v) - int(GpuVec::BiasQ)).first;  // the dense linears' biases
     }
   }
   const float* vec_or_null(GpuVec v) const { return has_vec[size_t(v)] ? vec[size_t(v)].p : nullptr; }
 
   // Y [rows, out] fp32 (= beta·Y +) X [rows, in] · W[l]ᵀ (+ bias). Row-major X is column-major
   // [in, rows] and W [out, in] is column-major [in, out], so Yᵀ = op_T(W)·X in cuBLAS's terms.
-  void linear(int l, const void* X, int64_t rows, float* Y, float beta, bool with_bias = true) {
-    const auto [out, in] = shape(l);
+  void linear(int l, const void* X, int64_t rows, float* Y, float beta, bool with_bias = true,
+              int32_t expert = kGpuDenseMlp) {
+    const auto [out, in] = shape(l, expert);
     const float one = 1.0f;
-    if (marlin[size_t(l)]) {
-      marlin_linear(l, X, rows, Y, beta);
+    Slot& w = slot(l, expert);
+    if (w.marlin) {
+      marlin_linear(l, expert, X, rows, Y, beta);
     } else {
-      FWD_CHECK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, int(out), int(rows), int(in), &one, W[size_t(l)].p, dtype(),
-                             int(in), X, dtype(), int(in), &beta, Y, CUDA_R_32F, int(out), CUBLAS_COMPUTE_32F,
-                             CUBLAS_GEMM_DEFAULT));
+      FWD_CHECK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, int(out), int(rows), int(in), &one, w.W.p, dtype(), int(in),
+                             X, dtype(), int(in), &beta, Y, CUDA_R_32F, int(out), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     }
-    const float* b = with_bias ? vec_or_null(GpuVec(int(GpuVec::BiasQ) + l)) : nullptr;
+    // Only the block's own linears have biases (experts, the router and the shared gate have none).
+    const float* b = with_bias && l < kLinears && expert == kGpuDenseMlp ? vec_or_null(GpuVec(int(GpuVec::BiasQ) + l))
+                                                                          : nullptr;
     if (b) {
       add_bias_kernel<<<stride_grid(rows * out), kThreads, 0, stream>>>(Y, b, rows, out);
       FWD_CHECK(cudaGetLastError());
     }
   }
-  void marlin_linear(int l, const void* X, int64_t rows, float* Y, float beta) {
-    const auto [out, in] = shape(l);
+  void marlin_linear(int l, int32_t expert, const void* X, int64_t rows, float* Y, float beta) {
+    const auto [out, in] = shape(l, expert);
+    const Slot& w = slot(l, expert);
     if (!sms) FWD_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     const size_t ws = kernels::marlin_workspace_bytes(sms, false);
     if (m_work.count < ws) {
       m_work.reserve(ws, who + ": Marlin workspace");
       FWD_CHECK(cudaMemsetAsync(m_work.p, 0, ws, stream));  // the kernel leaves its locks zero again
     }
-    m_out.reserve(size_t(max_chunk * std::max(c.intermediate, std::max(c.hidden, qd()))), who + ": Marlin output");
+    m_out.reserve(size_t(rows * out), who + ": Marlin output");
     kernels::MarlinGemm g;
     g.A = X;
-    g.B = mB[size_t(l)].p;
-    g.s = mS[size_t(l)].p;
+    g.B = w.mB.p;
+    g.s = w.mS.p;
     g.C = m_out.p;
     g.m = int(rows);
     g.n = int(out);
     g.k = int(in);
-    g.group_size = m_group[size_t(l)];
+    g.group_size = w.group;
     g.act = act == GpuAct::F16 ? kernels::ActType::F16 : kernels::ActType::BF16;
     g.workspace = m_work.p;
     g.workspace_bytes = m_work.count;
@@ -428,7 +507,7 @@ struct CudaForward::Impl {
     g.path = kernels::MarlinPath::Marlin;  // the fused kernel at every m: this is what it is here to run
     const kernels::MarlinStatus st = kernels::marlin_gemm(g);
     if (st != kernels::MarlinStatus::Ok)
-      fail(ErrorKind::Internal, who + ": " + kLinearNames[l] + ": the Marlin kernel refused [m=" + std::to_string(rows) +
+      fail(ErrorKind::Internal, who + ": " + label(l, expert) + ": the Marlin kernel refused [m=" + std::to_string(rows) +
                                     ", n=" + std::to_string(out) + ", k=" + std::to_string(in) +
                                     "]: " + kernels::marlin_status_name(st));
     const int64_t count = rows * out;
@@ -441,9 +520,10 @@ struct CudaForward::Impl {
   }
 
   // sum [k, k] += Xᵀ X for X [rows, k] 16-bit (fp32 accumulation, both triangles).
-  void gram(int g, const void* X, int64_t rows) {
-    const int64_t k = in_of(c, g);
-    DBuf<float>& h = hess[size_t(g)];
+  void gram(int g, const void* X, int64_t rows, int32_t expert = kGpuDenseMlp) {
+    const int64_t k = in_of(c, g, expert);
+    DBuf<float>& h = hess[{g, expert}];
+    hess_rows[{g, expert}] += rows;
     if (!h.p) {
       h.reserve(size_t(k * k), who + ": Hessian sum");
       FWD_CHECK(cudaMemsetAsync(h.p, 0, size_t(k * k) * sizeof(float), stream));
@@ -456,6 +536,8 @@ struct CudaForward::Impl {
   }
 
   template <class T> void run_chunk(const Chunk& ch, const bool want[4], int last, bool update);
+  template <class A> bool moe(const Chunk& ch, const bool want[4], int last, bool update, const A* x, float* h);
+  void route_chunk(int64_t tc);
   template <class T> void attention(const Chunk& ch);
 };
 
@@ -482,6 +564,13 @@ CudaForward::CudaForward(const GpuDims& d, const std::vector<size_t>& lengths, G
     bad_usage(who + ": RoPE table of the wrong size");
   if (!(d.attn_scale >= 0) || !(d.attn_softcap >= 0)) bad_usage(who + ": attention scale and soft-cap must be >= 0");
   if (d.sandwich_norms && d.residual_scale != 1.0) bad_usage(who + ": output norms and a residual multiplier together");
+  if (d.experts < 0 || (d.experts > 0 && (d.top_k < 1 || d.top_k > d.experts || d.expert_intermediate <= 0 ||
+                                          d.shared_intermediate < 0 || !d.route || d.sandwich_norms ||
+                                          d.residual_scale != 1.0)))
+    bad_usage(who + ": mixture of experts with " + std::to_string(d.experts) + " experts, top_k " +
+              std::to_string(d.top_k) + ", expert intermediate " + std::to_string(d.expert_intermediate) +
+              " (top_k in [1, experts], a routing rule, no output norms or residual multiplier)");
+  if (d.experts > 0) I.routed = std::make_unique<std::array<Slot, 3>[]>(size_t(d.experts));
   I.len = lengths;
   I.off.assign(1, 0);
   for (size_t n : I.len) {
@@ -574,7 +663,18 @@ double CudaForward::device_bytes(const GpuDims& d, const std::vector<size_t>& le
   const double scratch = chunk * (4 * h + 2 * std::max(h, qd) + 4 * (qd + 2 * kvd) + 2 * (qd + 2 * kvd) + 4 * qd +
                                   8 * f + 2 * f);
   const double sandwich = d.sandwich_norms || d.residual_scale != 1.0 ? 4.0 * chunk * h : 0.0;
-  return 4.0 * T * h + 16.0 * T + weights + hess + scores + scratch + sandwich;
+  double moe = 0;  // an MoE block's experts, their Hessian sums and the routed rows' scratch
+  if (d.experts > 0) {
+    const double E = double(d.experts), mi = double(d.expert_intermediate), si = double(d.shared_intermediate),
+                 rows = chunk * double(d.top_k);
+    const double weights_moe = 2.0 * (E * 3 * h * mi + E * h + 3 * h * si + h);
+    const double hess_moe = 4.0 * (E * (h * h + mi * mi) + (si > 0 ? h * h + si * si : 0));
+    // gate, up (fp32) and act16 over the routed rows or the shared expert's, beyond the dense MLP's 10·f a token
+    const double mlp_extra = std::max(0.0, 10.0 * std::max(rows * mi, chunk * si) - 10.0 * chunk * f);
+    const double gathered = rows * (2 * h + 4 * h + 12) + chunk * (4 * E + 4 * h + 4);  // xg, yg, routes, logits, sub, sg
+    moe = weights_moe + hess_moe + mlp_extra + gathered;
+  }
+  return 4.0 * T * h + 16.0 * T + weights + hess + scores + scratch + sandwich + moe;
 }
 
 void CudaForward::set_hidden(size_t sample, const float* h, size_t count) {
@@ -593,40 +693,40 @@ void CudaForward::get_hidden(size_t sample, float* h, size_t count) const {
   FWD_CHECK(cudaMemcpy(h, I.hidden.p + I.off[sample] * I.c.hidden, count * sizeof(float), cudaMemcpyDeviceToHost));
 }
 
-void CudaForward::set_linear(int l, const void* bytes, size_t nbytes, GpuRaw raw) {
+void CudaForward::set_linear(int l, const void* bytes, size_t nbytes, GpuRaw raw, int32_t expert) {
   Impl& I = *p_;
-  if (l < 0 || l >= kLinears) bad_usage(I.who + ": no linear " + std::to_string(l));
-  const std::string who = I.who + ": " + kLinearNames[l];
-  const auto [out, in] = I.shape(l);
+  Slot& w = I.slot(l, expert);
+  const std::string who = I.who + ": " + Impl::label(l, expert);
+  const auto [out, in] = I.shape(l, expert);
   const size_t elt = raw == GpuRaw::F32 ? 4 : 2;
   if (nbytes != size_t(out * in) * elt)
     bad_usage(who + ": expected [" + std::to_string(out) + ", " + std::to_string(in) + "] of " + std::to_string(elt) +
               "-byte elements, got " + std::to_string(nbytes) + " bytes");
-  I.W[size_t(l)].reserve(size_t(out * in), who);
-  I.marlin[size_t(l)] = false;
+  w.W.reserve(size_t(out * in), who);
+  w.marlin = false;
   const bool same = (raw == GpuRaw::F16 && I.act == GpuAct::F16) || (raw == GpuRaw::BF16 && I.act == GpuAct::BF16);
   if (same) {
-    FWD_CHECK(cudaMemcpyAsync(I.W[size_t(l)].p, bytes, nbytes, cudaMemcpyHostToDevice, I.stream));
+    FWD_CHECK(cudaMemcpyAsync(w.W.p, bytes, nbytes, cudaMemcpyHostToDevice, I.stream));
   } else {
     I.staging.reserve(nbytes, who);
     FWD_CHECK(cudaMemcpyAsync(I.staging.p, bytes, nbytes, cudaMemcpyHostToDevice, I.stream));
     const int code = raw == GpuRaw::F32 ? 0 : raw == GpuRaw::F16 ? 1 : 2;
     if (I.act == GpuAct::F16)
       convert_kernel<__half><<<stride_grid(out * in), kThreads, 0, I.stream>>>(
-          I.staging.p, code, out * in, reinterpret_cast<__half*>(I.W[size_t(l)].p));
+          I.staging.p, code, out * in, reinterpret_cast<__half*>(w.W.p));
     else
       convert_kernel<__nv_bfloat16><<<stride_grid(out * in), kThreads, 0, I.stream>>>(
-          I.staging.p, code, out * in, reinterpret_cast<__nv_bfloat16*>(I.W[size_t(l)].p));
+          I.staging.p, code, out * in, reinterpret_cast<__nv_bfloat16*>(w.W.p));
     FWD_CHECK(cudaGetLastError());
   }
   FWD_CHECK(cudaStreamSynchronize(I.stream));  // the caller may release the host bytes now
 }
 
-void CudaForward::set_linear_quantized(int l, const GpuQuantized& q) {
+void CudaForward::set_linear_quantized(int l, const GpuQuantized& q, int32_t expert) {
   Impl& I = *p_;
-  if (l < 0 || l >= kLinears) bad_usage(I.who + ": no linear " + std::to_string(l));
-  const std::string who = I.who + ": " + kLinearNames[l];
-  const auto [out, in] = I.shape(l);
+  Slot& w = I.slot(l, expert);
+  const std::string who = I.who + ": " + Impl::label(l, expert);
+  const auto [out, in] = I.shape(l, expert);
   if (q.k != in || q.n != out || (q.bits != 4 && q.bits != 8) || !q.codes || !q.scales || (!q.sym && !q.zeros) ||
       (q.group_size > 0 && q.k % q.group_size != 0))
     bad_usage(who + ": quantized weights [k=" + std::to_string(q.k) + ", n=" + std::to_string(q.n) + "], " +
@@ -643,8 +743,8 @@ void CudaForward::set_linear_quantized(int l, const GpuQuantized& q) {
   auto up16 = [](size_t b) { return (b + 15) / 16 * 16; };
   const size_t o_mask = up16(kn), o_zero = o_mask + (q.mask ? up16(kn) : 0), o_scale = o_zero + (q.zeros ? up16(gn) : 0),
                o_gidx = o_scale + up16(gn * 2), total = o_gidx + (q.g_idx ? size_t(q.k) * 4 : 0);
-  I.W[size_t(l)].reserve(kn, who);
-  I.marlin[size_t(l)] = false;
+  w.W.reserve(kn, who);
+  w.marlin = false;
   I.staging.reserve(total, who);
   uint8_t* st = I.staging.p;
   FWD_CHECK(cudaMemcpyAsync(st, q.codes, kn, cudaMemcpyHostToDevice, I.stream));
@@ -660,37 +760,38 @@ void CudaForward::set_linear_quantized(int l, const GpuQuantized& q) {
                       q.k, q.n, q.bits, q.group_size, q.bf16_scales};
   const dim3 grid(blocks_for(q.n, 32), blocks_for(q.k, 32)), block(32, 8);
   if (I.act == GpuAct::F16)
-    dequant_transpose_kernel<__half><<<grid, block, 0, I.stream>>>(a, reinterpret_cast<__half*>(I.W[size_t(l)].p));
+    dequant_transpose_kernel<__half><<<grid, block, 0, I.stream>>>(a, reinterpret_cast<__half*>(w.W.p));
   else
-    dequant_transpose_kernel<__nv_bfloat16><<<grid, block, 0, I.stream>>>(
-        a, reinterpret_cast<__nv_bfloat16*>(I.W[size_t(l)].p));
+    dequant_transpose_kernel<__nv_bfloat16><<<grid, block, 0, I.stream>>>(a, reinterpret_cast<__nv_bfloat16*>(w.W.p));
   FWD_CHECK(cudaGetLastError());
   FWD_CHECK(cudaStreamSynchronize(I.stream));  // the caller may release the host arrays now
 }
 
 void CudaForward::set_linear_marlin(int l, const int32_t* B, size_t b_count, const uint16_t* s, size_t s_count,
-                                    int group_size) {
+                                    int group_size, int32_t expert) {
   Impl& I = *p_;
-  if (l < 0 || l >= kLinears) bad_usage(I.who + ": no linear " + std::to_string(l));
-  const std::string who = I.who + ": " + kLinearNames[l];
-  const auto [out, in] = I.shape(l);
+  Slot& w = I.slot(l, expert);
+  const std::string who = I.who + ": " + Impl::label(l, expert);
+  const auto [out, in] = I.shape(l, expert);
   const int64_t G = group_size > 0 && group_size < in ? in / group_size : 1;
   if (in % 128 != 0 || out % 64 != 0 || b_count != size_t(in / 16 * 2 * out) || s_count != size_t(G * out) ||
       (group_size > 0 && in % group_size != 0))
     bad_usage(who + ": Marlin tiles of " + std::to_string(b_count) + " words and " + std::to_string(s_count) +
               " scales (group " + std::to_string(group_size) + ") do not fit [k=" + std::to_string(in) +
               ", n=" + std::to_string(out) + "] (k % 128 == 0 and n % 64 == 0 are needed)");
-  I.mB[size_t(l)].reserve(b_count, who);
-  I.mS[size_t(l)].reserve(s_count, who);
-  FWD_CHECK(cudaMemcpy(I.mB[size_t(l)].p, B, b_count * 4, cudaMemcpyHostToDevice));
-  FWD_CHECK(cudaMemcpy(I.mS[size_t(l)].p, s, s_count * 2, cudaMemcpyHostToDevice));
-  I.m_group[size_t(l)] = G == 1 ? -1 : group_size;
-  I.marlin[size_t(l)] = true;
+  w.mB.reserve(b_count, who);
+  w.mS.reserve(s_count, who);
+  FWD_CHECK(cudaMemcpy(w.mB.p, B, b_count * 4, cudaMemcpyHostToDevice));
+  FWD_CHECK(cudaMemcpy(w.mS.p, s, s_count * 2, cudaMemcpyHostToDevice));
+  w.group = G == 1 ? -1 : group_size;
+  w.marlin = true;
 }
 
-void CudaForward::set_layer(bool sliding, bool local_rope, bool rope) {
+void CudaForward::set_layer(bool sliding, bool local_rope, bool rope, bool moe) {
   Impl& I = *p_;
   if (local_rope && !I.cosv_local.p) bad_usage(I.who + ": a local-RoPE layer, but no local RoPE table was given");
+  if (moe && I.c.experts == 0) bad_usage(I.who + ": a mixture-of-experts layer in a model without experts");
+  I.layer_moe = moe;
   I.layer_sliding = sliding;
   I.layer_local = local_rope;
   I.layer_rope = rope;
@@ -803,25 +904,136 @@ void CudaForward::Impl::run_chunk(const Chunk& ch, const bool want[4], int last,
   // MLP.
   rms_norm_kernel<T><<<unsigned(tc), kThreads, 0, stream>>>(h, hid, vec[size_t(GpuVec::PostNorm)].p, eps, x);
   FWD_CHECK(cudaGetLastError());
-  if (want[kGGateUp]) gram(kGGateUp, x, tc);
-  if (stop_after(kGGateUp)) return;
-  linear(kGate, x, tc, gate.p, 0.0f);
-  linear(kUp, x, tc, up.p, 0.0f);
-  T* a = reinterpret_cast<T*>(act16.p);
-  glu_kernel<T><<<stride_grid(tc * inter), kThreads, 0, stream>>>(gate.p, up.p, tc * inter, c.activation, a);
-  FWD_CHECK(cudaGetLastError());
-  if (want[kGDown]) gram(kGDown, a, tc);
-  if (!update) return;
-  add_output(kDown, a, GpuVec::MlpOutNorm);
+  if (layer_moe) {
+    if (!moe<T>(ch, want, last, update, x, h)) return;
+  } else {
+    if (want[kGGateUp]) gram(kGGateUp, x, tc);
+    if (stop_after(kGGateUp)) return;
+    linear(kGate, x, tc, gate.p, 0.0f);
+    linear(kUp, x, tc, up.p, 0.0f);
+    T* a = reinterpret_cast<T*>(act16.p);
+    glu_kernel<T><<<stride_grid(tc * inter), kThreads, 0, stream>>>(gate.p, up.p, tc * inter, c.activation, a);
+    FWD_CHECK(cudaGetLastError());
+    if (want[kGDown]) gram(kGDown, a, tc);
+    if (!update) return;
+    add_output(kDown, a, GpuVec::MlpOutNorm);
+  }
   nonfinite_kernel<<<stride_grid(tc * hid), kThreads, 0, stream>>>(h, tc * hid, flag.p);
   FWD_CHECK(cudaGetLastError());
+}
+
+// The router's logits of the chunk's normed tokens come down, and the CPU pass's rule routes them. On the
+// device go the gather order (each expert's tokens together, experts in index order, tokens in order within
+// each: `first` marks where each expert's rows start) and, per token, where its picks' outputs land and their
+// weights, in expert index order (the order the CPU pass adds the experts' outputs in).
+void CudaForward::Impl::route_chunk(int64_t tc) {
+  const int64_t E = c.experts, K = c.top_k;
+  h_logits.resize(size_t(tc * E));
+  FWD_CHECK(cudaMemcpyAsync(h_logits.data(), logits.p, h_logits.size() * sizeof(float), cudaMemcpyDeviceToHost, stream));
+  FWD_CHECK(cudaStreamSynchronize(stream));
+  h_expert.resize(size_t(tc * K));
+  h_weight.resize(size_t(tc * K));
+  c.route(h_logits.data(), tc, h_expert.data(), h_weight.data());
+  first.assign(size_t(E + 1), 0);
+  for (int32_t e : h_expert) {
+    if (e < 0 || e >= E) fail(ErrorKind::Internal, who + ": routing picked expert " + std::to_string(e));
+    ++first[size_t(e + 1)];
+  }
+  for (int64_t e = 0; e < E; ++e) first[size_t(e + 1)] += first[size_t(e)];
+  h_route.resize(size_t(2 * tc * K));
+  h_cw.resize(size_t(tc * K));
+  int32_t* perm = h_route.data();
+  int32_t* pos = perm + tc * K;
+  std::vector<int64_t> next(first.begin(), first.end() - 1);
+  std::vector<int32_t> picks(static_cast<size_t>(K));
+  for (int64_t t = 0; t < tc; ++t) {
+    const int32_t* ex = h_expert.data() + t * K;
+    for (int64_t j = 0; j < K; ++j) picks[size_t(j)] = int32_t(j);
+    std::sort(picks.begin(), picks.end(), [&](int32_t a, int32_t b) { return ex[a] < ex[b]; });
+    for (int64_t i = 0; i < K; ++i) {
+      const int32_t j = picks[size_t(i)], e = ex[j];
+      const int64_t row = next[size_t(e)]++;
+      perm[row] = int32_t(t);
+      pos[t * K + i] = int32_t(row);
+      h_cw[size_t(t * K + i)] = h_weight[size_t(t * K + j)];
+    }
+  }
+  FWD_CHECK(cudaMemcpyAsync(route.p, h_route.data(), h_route.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+  FWD_CHECK(cudaMemcpyAsync(cw.p, h_cw.data(), h_cw.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
+  FWD_CHECK(cudaStreamSynchronize(stream));  // the host vectors are rewritten by the next chunk
+}
+
+// The MoE MLP of a chunk from its normed input x [tc, hidden]: each routed expert on its gathered rows,
+// Qwen2-MoE's shared expert on all of them, the weighted sum into h. Returns false when the pass stops
+// early (no update, the last captured group done).
+// (A: the 16-bit GEMM input type; Impl's member T is the token count.)
+template <class A>
+bool CudaForward::Impl::moe(const Chunk& ch, const bool want[4], int last, bool update, const A* x, float* h) {
+  const int64_t tc = ch.tc, hid = c.hidden, E = c.experts, K = c.top_k, mi = c.expert_intermediate,
+                si = c.shared_intermediate, rows = tc * K;
+  linear(kGpuRouter, x, tc, logits.p, 0.0f, false);
+  route_chunk(tc);
+  const int32_t* perm = route.p;
+  A* xe = reinterpret_cast<A*>(xg.p);
+  gather_rows_kernel<A><<<stride_grid(rows * hid), kThreads, 0, stream>>>(x, perm, rows, hid, xe);
+  FWD_CHECK(cudaGetLastError());
+  auto each_expert = [&](auto&& fn) {  // fn(e, first row, rows) for each expert some token reached
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t r0 = first[size_t(e)], n = first[size_t(e + 1)] - r0;
+      if (n > 0) fn(int32_t(e), r0, n);
+    }
+  };
+  if (want[kGGateUp]) {
+    each_expert([&](int32_t e, int64_t r0, int64_t n) { gram(kGGateUp, xe + r0 * hid, n, e); });
+    if (si > 0) gram(kGGateUp, x, tc, kGpuSharedExpert);
+  }
+  if (!update && last == kGGateUp) return false;
+  A* a = reinterpret_cast<A*>(act16.p);
+  each_expert([&](int32_t e, int64_t r0, int64_t n) {
+    linear(kGate, xe + r0 * hid, n, gate.p + r0 * mi, 0.0f, false, e);
+    linear(kUp, xe + r0 * hid, n, up.p + r0 * mi, 0.0f, false, e);
+  });
+  glu_kernel<A><<<stride_grid(rows * mi), kThreads, 0, stream>>>(gate.p, up.p, rows * mi, c.activation, a);
+  FWD_CHECK(cudaGetLastError());
+  if (want[kGDown]) each_expert([&](int32_t e, int64_t r0, int64_t n) { gram(kGDown, a + r0 * mi, n, e); });
+  if (update)
+    each_expert([&](int32_t e, int64_t r0, int64_t n) { linear(kDown, a + r0 * mi, n, yg.p + r0 * hid, 0.0f, false, e); });
+  // The shared expert reuses the MLP scratch: the routed experts are done with it.
+  if (si > 0) {
+    linear(kGate, x, tc, gate.p, 0.0f, false, kGpuSharedExpert);
+    linear(kUp, x, tc, up.p, 0.0f, false, kGpuSharedExpert);
+    glu_kernel<A><<<stride_grid(tc * si), kThreads, 0, stream>>>(gate.p, up.p, tc * si, c.activation, a);
+    FWD_CHECK(cudaGetLastError());
+    if (want[kGDown]) gram(kGDown, a, tc, kGpuSharedExpert);
+  }
+  if (!update) return false;
+  if (si > 0) {
+    linear(kDown, a, tc, sub.p, 0.0f, false, kGpuSharedExpert);
+    linear(kGpuSharedGate, x, tc, sg.p, 0.0f, false);
+  }
+  const CombineArgs ca{yg.p, route.p + rows, cw.p, si > 0 ? sub.p : nullptr, si > 0 ? sg.p : nullptr, tc, hid, int(K)};
+  moe_combine_kernel<<<stride_grid(tc * hid), kThreads, 0, stream>>>(ca, h);
+  FWD_CHECK(cudaGetLastError());
+  return true;
 }
 
 void CudaForward::run(const bool capture[4], bool update, int64_t block) {
   Impl& I = *p_;
   const std::string who = I.who + " (block " + std::to_string(block) + ")";
-  for (int l = 0; l < kLinears; ++l)
-    if (!I.W[size_t(l)].p && !I.marlin[size_t(l)]) bad_usage(who + ": " + kLinearNames[l] + " was not loaded");
+  // The block's linears: attention and a dense MLP, or attention, the router and every expert's.
+  auto require = [&](int l, int32_t expert) {
+    if (!I.slot(l, expert).loaded()) bad_usage(who + ": " + Impl::label(l, expert) + " was not loaded");
+  };
+  for (int l = 0; l < (I.layer_moe ? kGate : kLinears); ++l) require(l, kGpuDenseMlp);
+  if (I.layer_moe) {
+    require(kGpuRouter, kGpuDenseMlp);
+    for (int32_t e = 0; e < int32_t(I.c.experts); ++e)
+      for (int l : {kGate, kUp, kDown}) require(l, e);
+    if (I.c.shared_intermediate > 0) {
+      for (int l : {kGate, kUp, kDown}) require(l, kGpuSharedExpert);
+      require(kGpuSharedGate, kGpuDenseMlp);
+    }
+  }
   if (!I.has_vec[size_t(GpuVec::InputNorm)] || !I.has_vec[size_t(GpuVec::PostNorm)] ||
       (I.c.sandwich_norms && (!I.has_vec[size_t(GpuVec::AttnOutNorm)] || !I.has_vec[size_t(GpuVec::MlpOutNorm)])))
     bad_usage(who + ": the block's norms were not loaded");
@@ -841,10 +1053,23 @@ void CudaForward::run(const bool capture[4], bool update, int64_t block) {
   I.Ot.reserve(size_t(tc * I.qd()), who);
   I.S.reserve(size_t(I.kv_batch * g * I.max_len * I.max_len), who + ": attention scores");
   I.P.reserve(size_t(I.kv_batch * g * I.max_len * I.max_len), who + ": attention probabilities");
-  I.gate.reserve(size_t(tc * inter), who);
-  I.up.reserve(size_t(tc * inter), who);
-  I.act16.reserve(size_t(tc * inter), who);
-  if (I.c.sandwich_norms || I.c.residual_scale != 1.0) I.sub.reserve(size_t(tc * hid), who);
+  // The MLP scratch: a dense MLP's, or the routed experts' rows (each token top_k times) and the shared expert's.
+  const int64_t mlp = I.layer_moe ? std::max(tc * I.c.top_k * I.c.expert_intermediate, tc * I.c.shared_intermediate)
+                                  : tc * inter;
+  I.gate.reserve(size_t(mlp), who);
+  I.up.reserve(size_t(mlp), who);
+  I.act16.reserve(size_t(mlp), who);
+  if (I.c.sandwich_norms || I.c.residual_scale != 1.0 || (I.layer_moe && I.c.shared_intermediate > 0))
+    I.sub.reserve(size_t(tc * hid), who);
+  if (I.layer_moe) {
+    const int64_t rows = tc * I.c.top_k;
+    I.logits.reserve(size_t(tc * I.c.experts), who + ": router logits");
+    I.route.reserve(size_t(2 * rows), who);
+    I.cw.reserve(size_t(rows), who);
+    I.xg.reserve(size_t(rows * hid), who + ": gathered expert inputs");
+    I.yg.reserve(size_t(rows * hid), who + ": expert outputs");
+    if (I.c.shared_intermediate > 0) I.sg.reserve(size_t(tc), who);
+  }
   FWD_CHECK(cudaMemsetAsync(I.flag.p, 0, sizeof(int), I.stream));
   I.events_used = 0;
   for (const auto& ch : I.chunks) {
@@ -865,14 +1090,21 @@ void CudaForward::run(const bool capture[4], bool update, int64_t block) {
              " GEMM input overflowed, or the weights hold inf/NaN); run with --device cpu to compute in fp32");
 }
 
-const float* CudaForward::hessian_sum(int group) const {
-  return group >= 0 && group < kGroups ? p_->hess[size_t(group)].p : nullptr;
+const float* CudaForward::hessian_sum(int group, int32_t expert) const {
+  const auto it = p_->hess.find({group, expert});
+  return it == p_->hess.end() ? nullptr : it->second.p;
+}
+
+int64_t CudaForward::hessian_rows(int group, int32_t expert) const {
+  const auto it = p_->hess_rows.find({group, expert});
+  return it == p_->hess_rows.end() ? 0 : it->second;
 }
 
 double CudaForward::hessian_seconds() const { return p_->gram_seconds; }
 
 void CudaForward::clear_hessians() {
-  for (auto& h : p_->hess) h.reset();
+  p_->hess.clear();
+  p_->hess_rows.clear();
 }
 
 }  // namespace marlinc::calib

@@ -7,7 +7,9 @@
 // window, Qwen2 biases, Qwen3 q/k norm; Gemma 2/3's per-layer windows and RoPE tables, score scale and
 // soft-cap) as strided-batched GEMMs around a masked softmax, Gemma's GeGLU and output norms, and the
 // Hessian sums Σ x xᵀ as one GEMM per captured group per chunk on the same 16-bit inputs the
-// linears read.
+// linears read. Mixture-of-experts blocks (Mixtral, Qwen2/3-MoE) route each chunk's tokens on the host
+// (the router's logits come down, the CPU pass's rule picks the experts), gather each expert's rows, run
+// its MLP as GEMMs over just those rows and keep a Hessian sum per expert from them.
 //
 // Device code is compiled as C++17 (CMake 3.25 has no C++20 flag for nvcc), so this header holds
 // plain types only; gpu_calib.h maps LlamaConfig / BlockWeights / QuantizedLinear onto it. The
@@ -15,6 +17,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -26,6 +29,17 @@ enum class GpuAct { F16, BF16 };
 
 // The MLP's gate activation (llama.h's Activation, same order).
 enum class GpuActivation { Silu, GeluTanh, Gelu };
+
+// Expert indices as llama.h's LinearRef holds them: routed expert e >= 0, the dense MLP (and the attention
+// linears), Qwen2-MoE's shared expert (gpu_calib.cpp pins the correspondence).
+constexpr int32_t kGpuDenseMlp = -1, kGpuSharedExpert = -2;
+// Linear indices past llama.h's seven (Q..Down = 0..6): an MoE block's router [experts, hidden] and
+// Qwen2-MoE's shared-expert gate [1, hidden]. Both run as 16-bit GEMMs like the other linears.
+constexpr int kGpuRouter = 7, kGpuSharedGate = 8;
+
+// Routes tokens from router logits [tokens, experts] fp32 row-major: each token's top_k experts and their
+// weights, [tokens, top_k] each (llama.h's route_logits).
+using GpuRouteFn = std::function<void(const float* logits, int64_t tokens, int32_t* expert, float* weight)>;
 
 // What the block needs of config.json (LlamaConfig's fields of the same names).
 struct GpuDims {
@@ -40,6 +54,9 @@ struct GpuDims {
   double rope_scale = 1.0;     // cos/sin factor (longrope's attention factor)
   int64_t rope_long_after = 0; // longrope: samples longer than this take the long table; 0: none
   double residual_scale = 1.0; // Granite: each sub-block's output times this before the residual add
+  // Mixture of experts (LlamaConfig::moe); experts 0: a dense model. set_layer says which layers are MoE.
+  int64_t experts = 0, top_k = 0, expert_intermediate = 0, shared_intermediate = 0;
+  GpuRouteFn route;            // required with experts
 };
 
 // Indices as in llama.h: Linear Q, K, V, O, Gate, Up, Down = 0..6; LinearInput QKV, O, GateUp,
@@ -95,31 +112,35 @@ class CudaForward {
   void set_hidden(size_t sample, const float* h, size_t count);
   void get_hidden(size_t sample, float* h, size_t count) const;
 
-  // Linear `l` of the current block from checkpoint bytes, [out, in] row-major.
-  void set_linear(int l, const void* bytes, size_t nbytes, GpuRaw raw);
+  // Linear `l` of the current block from checkpoint bytes, [out, in] row-major; gate/up/down of MLP
+  // `expert` (kGpuDenseMlp, a routed expert or kGpuSharedExpert); l may be kGpuRouter or kGpuSharedGate.
+  void set_linear(int l, const void* bytes, size_t nbytes, GpuRaw raw, int32_t expert = kGpuDenseMlp);
   // The same from a quantized linear, dequantized on the device exactly as QuantizedLinear::weight
   // does it ((code − zero)·scale in fp32, 0 where the 2:4 mask prunes), then rounded to 16 bits.
-  void set_linear_quantized(int l, const GpuQuantized& q);
+  void set_linear_quantized(int l, const GpuQuantized& q, int32_t expert = kGpuDenseMlp);
   // The same from Marlin's packed layout (../shared/spec/formats.md §1): B int32 [k/16, 2n] uint4b8
   // tiles and permuted scales [G, n] (fp16 bits; bf16 when the activations are bf16). The linear then
   // runs through marlinc's own Marlin kernel (kernels/marlin.h, the fused path at every m), whose
   // fp16 output is widened into the fp32 stream, instead of through cuBLAS.
-  void set_linear_marlin(int l, const int32_t* B, size_t b_count, const uint16_t* s, size_t s_count, int group_size);
+  void set_linear_marlin(int l, const int32_t* B, size_t b_count, const uint16_t* s, size_t s_count, int group_size,
+                         int32_t expert = kGpuDenseMlp);
   // A norm weight or bias of the current block; count 0 removes an optional one (biases, q/k norm).
   void set_vector(GpuVec which, const float* v, size_t count);
   // The current block's attention: through the sliding window (when GpuDims has one), with the local
-  // RoPE table, and with RoPE at all (SmolLM3's NoPE layers: without). A new CudaForward starts with
-  // (true, false, true), Mistral's every layer.
-  void set_layer(bool sliding, bool local_rope, bool rope = true);
+  // RoPE table, and with RoPE at all (SmolLM3's NoPE layers: without); its MLP a mixture of experts or
+  // dense. A new CudaForward starts with (true, false, true, false), Mistral's every layer.
+  void set_layer(bool sliding, bool local_rope, bool rope = true, bool moe = false);
 
   // Runs the current block over every sample. The inputs of the groups with capture[g] set are added
-  // to their Hessian sums. With update the hidden states become the block's outputs; without it they
+  // to their Hessian sums (an MoE block's GateUp and Down: one per expert, from its routed rows). With update the hidden states become the block's outputs; without it they
   // are left as they were and the pass stops after the last captured group. `block` names errors
   // (non-finite activations: a 16-bit overflow). Synchronous.
   void run(const bool capture[4], bool update, int64_t block);
-  // Un-normalised Σ x xᵀ [k, k] fp32 on the device (hessian_finalize_cuda_device normalises it by
-  // tokens()); nullptr before the group's first capture.
-  const float* hessian_sum(int group) const;
+  // Un-normalised Σ x xᵀ [k, k] fp32 on the device of a group (of MLP `expert`); nullptr before its
+  // first rows (an expert no token was routed to has none).
+  const float* hessian_sum(int group, int32_t expert = kGpuDenseMlp) const;
+  // Rows in that sum: what hessian_finalize_cuda_device normalises it by (tokens() for a dense group).
+  int64_t hessian_rows(int group, int32_t expert = kGpuDenseMlp) const;
   void clear_hessians();
   // GPU time spent in the Hessian products so far (measured with events; part of run()'s wall time).
   double hessian_seconds() const;

@@ -272,29 +272,21 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
   I.samples = cs.samples.size();
   I.tokens = cs.tokens;
   const bool on_gpu = base.device == GptqOptions::Device::Cuda;
-  // The GPU forward pass runs dense blocks only: an MoE model's forward pass (and Hessians) stay on the CPU,
-  // and GPTQ itself runs on the GPU.
-  const bool gpu_forward = on_gpu && !c.has_moe();
   std::string need;
-  if (gpu_forward) {
+  std::vector<size_t> lengths;
+  for (const auto& smp : cs.samples) lengths.push_back(smp.size());
+  if (on_gpu) {
 #ifdef MARLINC_HAVE_CUDA
-    std::vector<size_t> lengths;
-    for (const auto& smp : cs.samples) lengths.push_back(smp.size());
     I.estimated_device_bytes = CudaForward::device_bytes(gpu_dims(c), lengths);
 #endif
     need = mb(I.estimated_device_bytes) + " of GPU memory for the forward pass and Hessians, plus GPTQ's own";
   } else {
     // The CPU pass captures a chunk of samples at a time: at worst the longest ones.
-    std::vector<size_t> lengths;
-    for (const auto& smp : cs.samples) lengths.push_back(smp.size());
     std::sort(lengths.rbegin(), lengths.rend());
     const size_t chunk = std::min(lengths.size(), cpu_pass_chunk_samples());
     const size_t chunk_tokens = std::accumulate(lengths.begin(), lengths.begin() + ptrdiff_t(chunk), size_t(0));
     I.estimated_peak_bytes = peak_estimate(c, cs.tokens, chunk_tokens);
     need = mb(I.estimated_peak_bytes) + " of memory";
-    if (on_gpu)
-      say("--device cuda: " + c.architecture + " is a mixture of experts; its forward pass runs on the CPU (the GPU "
-          "pass runs dense blocks only) and GPTQ on the GPU");
   }
   say("calibration: " + std::to_string(I.samples) + " samples, " + std::to_string(I.tokens) + " tokens (" + cs.name +
       "); needs about " + need);
@@ -334,7 +326,7 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
   // The samples' embeddings become the first block's inputs inside the pass (CPU or GPU).
   std::unique_ptr<CalibPass> pass;
 #ifdef MARLINC_HAVE_CUDA
-  if (gpu_forward) pass = make_gpu_pass(model, cs.samples);
+  if (on_gpu) pass = make_gpu_pass(model, cs.samples);
 #endif
   if (!pass) pass = make_cpu_pass(model, cs.samples);
 

@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <exception>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <span>
 #include <thread>
@@ -26,6 +27,7 @@ static_assert(int(Linear::Q) == 0 && int(Linear::O) == 3 && int(Linear::Down) ==
 static_assert(int(LinearInput::QKV) == 0 && int(LinearInput::O) == 1 && int(LinearInput::GateUp) == 2 &&
               int(LinearInput::Down) == 3, "CudaForward's group order");
 static_assert(int(GpuVec::BiasDown) - int(GpuVec::BiasQ) == int(Linear::Down), "biases follow the linear order");
+static_assert(kGpuDenseMlp == kDenseMlp && kGpuSharedExpert == kSharedExpert, "CudaForward's MLP indices");
 static_assert(int(GpuActivation::Silu) == int(Activation::Silu) && int(GpuActivation::GeluTanh) == int(Activation::GeluTanh) &&
               int(GpuActivation::Gelu) == int(Activation::Gelu), "the activations' order");
 
@@ -40,9 +42,6 @@ void require_cuda_device(const std::string& what) {
 }
 
 GpuDims gpu_dims(const LlamaConfig& c) {
-  if (c.has_moe())
-    bad_usage("--device cuda: the GPU forward pass does not run mixture-of-experts blocks (" + c.architecture +
-              "); use --device cpu (quantize --method gptq --device cuda runs GPTQ itself on the GPU)");
   GpuDims d;
   d.hidden = c.hidden;
   d.intermediate = c.intermediate;
@@ -60,14 +59,24 @@ GpuDims gpu_dims(const LlamaConfig& c) {
   d.rope_scale = longrope ? c.rope_scaling.attention_factor : 1.0;
   d.rope_long_after = longrope ? c.rope_scaling.original_max_position_embeddings : 0;
   d.residual_scale = c.residual_multiplier;
+  if (c.has_moe()) {
+    d.experts = c.moe.experts;
+    d.top_k = c.moe.top_k;
+    d.expert_intermediate = c.moe.expert_intermediate;
+    d.shared_intermediate = c.moe.shared_intermediate;
+    // The CPU pass's routing rule (moe_forward.cpp) on the GPU's logits.
+    d.route = [c](const float* logits, int64_t tokens, int32_t* expert, float* weight) {
+      route_logits(c, logits, tokens, c.moe.experts, expert, weight);
+    };
+  }
   return d;
 }
 
 namespace {
 
 // The checkpoint bytes of a block linear's plain weight [rows, in]: its rows of a fused module.
-std::span<const uint8_t> linear_bytes(const LlamaModel& m, int64_t b, Linear l, DType* dtype) {
-  const LinearSource s = linear_source(m.config(), b, l);
+std::span<const uint8_t> linear_bytes(const LlamaModel& m, int64_t b, LinearRef r, DType* dtype) {
+  const LinearSource s = linear_source(m.config(), b, r);
   const std::string name = s.prefix + ".weight";
   const auto ref = m.checkpoint().at(name);
   const DType dt = ref.info->dtype;
@@ -138,27 +147,36 @@ std::string marlin_rule(const QuantizedLinear& q, GpuAct act) {
 
 void upload_block(CudaForward& f, const LlamaModel& m, int64_t b, const QuantizedLinears* ql, bool kernel,
                   GpuLinearCounts* counts) {
+  const LlamaConfig& c = m.config();
   const BlockWeights w = m.load_block(b, nullptr, /*linears=*/false);
   GpuLinearCounts n;
-  for (Linear l : kAllLinears) {
-    const std::optional<QuantizedLinear> q = ql ? ql->quantized(b, l) : std::nullopt;
-    if (q && kernel && marlin_rule(*q, f.act()).empty()) {
-      const std::vector<int32_t> B = marlin::pack_weights(q->codes.data(), q->k, q->n, 4);           // [k/16, 2n]
-      const std::vector<uint16_t> s = marlin::permute_scales(q->scales.data(), q->groups(), q->n);  // [G, n]
-      f.set_linear_marlin(int(l), B.data(), B.size(), s.data(), s.size(), q->group_size);
-      ++n.kernel;
-    } else if (q) {
-      upload_quantized(f, l, *q);
-      ++n.dequantized;
-    } else {
-      DType dt = DType::F32;
-      const auto bytes = linear_bytes(m, b, l, &dt);
-      f.set_linear(int(l), bytes.data(), bytes.size(),
-                   dt == DType::F32 ? GpuRaw::F32 : dt == DType::F16 ? GpuRaw::F16 : GpuRaw::BF16);
-      ++n.plain;
+  for (LinearInput g : {LinearInput::QKV, LinearInput::O, LinearInput::GateUp, LinearInput::Down})
+    for (LinearRef r : block_linears(c, b, g)) {
+      const int l = int(r.l);
+      const std::optional<QuantizedLinear> q = ql ? ql->quantized(b, r) : std::nullopt;
+      if (q && kernel && marlin_rule(*q, f.act()).empty()) {
+        const std::vector<int32_t> B = marlin::pack_weights(q->codes.data(), q->k, q->n, 4);           // [k/16, 2n]
+        const std::vector<uint16_t> s = marlin::permute_scales(q->scales.data(), q->groups(), q->n);  // [G, n]
+        f.set_linear_marlin(l, B.data(), B.size(), s.data(), s.size(), q->group_size, r.expert);
+        ++n.kernel;
+      } else if (q) {
+        upload_quantized(f, r, *q);
+        ++n.dequantized;
+      } else {
+        DType dt = DType::F32;
+        const auto bytes = linear_bytes(m, b, r, &dt);
+        f.set_linear(l, bytes.data(), bytes.size(),
+                     dt == DType::F32 ? GpuRaw::F32 : dt == DType::F16 ? GpuRaw::F16 : GpuRaw::BF16, r.expert);
+        ++n.plain;
+      }
+      if (r.expert != kDenseMlp) continue;  // experts have no biases
+      const Vector& bias = w.bias(r);
+      f.set_vector(GpuVec(int(GpuVec::BiasQ) + l), bias.data(), size_t(bias.size()));
     }
-    const Vector& bias = w.bias(l);
-    f.set_vector(GpuVec(int(GpuVec::BiasQ) + int(l)), bias.data(), size_t(bias.size()));
+  if (w.moe) {  // the router and Qwen2-MoE's shared-expert gate stay 16-bit in every checkpoint
+    f.set_linear(kGpuRouter, w.router.data(), size_t(w.router.size()) * sizeof(float), GpuRaw::F32);
+    if (w.shared_gate.size())
+      f.set_linear(kGpuSharedGate, w.shared_gate.data(), size_t(w.shared_gate.size()) * sizeof(float), GpuRaw::F32);
   }
   f.set_vector(GpuVec::InputNorm, w.input_norm.data(), size_t(w.input_norm.size()));
   f.set_vector(GpuVec::PostNorm, w.post_norm.data(), size_t(w.post_norm.size()));
@@ -166,7 +184,7 @@ void upload_block(CudaForward& f, const LlamaModel& m, int64_t b, const Quantize
   f.set_vector(GpuVec::KNorm, w.k_norm.data(), size_t(w.k_norm.size()));
   f.set_vector(GpuVec::AttnOutNorm, w.attn_out_norm.data(), size_t(w.attn_out_norm.size()));
   f.set_vector(GpuVec::MlpOutNorm, w.mlp_out_norm.data(), size_t(w.mlp_out_norm.size()));
-  f.set_layer(m.config().layer_slides(b), m.config().layer_local_rope(b), m.config().layer_rope(b));
+  f.set_layer(c.layer_slides(b), c.layer_local_rope(b), c.layer_rope(b), c.layer_moe(b));
   if (counts) {
     counts->plain += n.plain;
     counts->kernel += n.kernel;
@@ -190,7 +208,7 @@ std::vector<Matrix> gpu_final_hidden(const LlamaModel& m, const std::vector<std:
   return out;
 }
 
-void upload_quantized(CudaForward& f, Linear l, const QuantizedLinear& q) {
+void upload_quantized(CudaForward& f, LinearRef r, const QuantizedLinear& q) {
   GpuQuantized g;
   g.k = q.k;
   g.n = q.n;
@@ -207,7 +225,7 @@ void upload_quantized(CudaForward& f, Linear l, const QuantizedLinear& q) {
   g.zeros = q.sym ? nullptr : q.zeros.data();
   g.g_idx = q.g_idx.empty() ? nullptr : q.g_idx.data();
   g.mask = q.mask.empty() ? nullptr : q.mask.data();
-  f.set_linear_quantized(int(l), g);
+  f.set_linear_quantized(int(r.l), g, r.expert);
 }
 
 void run_block(CudaForward& f, std::initializer_list<LinearInput> capture, bool update, int64_t block) {
@@ -312,10 +330,12 @@ class Workers {
 // its dequantized result comes back.
 class GpuPass : public CalibPass {
  public:
-  // Linears quantized at once: q/k/v and gate/up are the groups; three covers them.
-  static constexpr size_t kConcurrentLayers = 3;
+  // Linears quantized at once: q/k/v and gate/up are the groups; three covers them. An MoE block's
+  // group holds two or three linears per expert, each small: more at once keep the GPU busy.
+  static constexpr size_t kConcurrentLayers = 3, kConcurrentExpertLayers = 8;
 
-  GpuPass(const LlamaModel& m, const std::vector<std::vector<int32_t>>& samples) : m_(m) {
+  GpuPass(const LlamaModel& m, const std::vector<std::vector<int32_t>>& samples)
+      : m_(m), workers_(m.config().has_moe() ? kConcurrentExpertLayers : kConcurrentLayers) {
     const auto t0 = Clock::now();
     f_ = make_gpu_forward(m, samples);
     t_.forward += since(t0);
@@ -324,15 +344,18 @@ class GpuPass : public CalibPass {
   void load(int64_t block) override {
     block_ = block;
     upload_block(*f_, m_, block);
-    ready_.fill(false);
+    H_.clear();
+    captured_.fill(false);
   }
 
   void capture(std::initializer_list<LinearInput> groups) override {
     f_->clear_hessians();
-    ready_.fill(false);
+    H_.clear();
+    captured_.fill(false);
     const auto t0 = Clock::now();
     const double g0 = f_->hessian_seconds();
     run_block(*f_, groups, false, block_);
+    for (LinearInput g : groups) captured_[size_t(g)] = true;
     const double gram = f_->hessian_seconds() - g0;
     t_.forward += since(t0) - gram;
     t_.hessian += gram;
@@ -345,49 +368,58 @@ class GpuPass : public CalibPass {
     return q;
   }
 
-  // The Hessians are finalized first, in order; then the linears run on the pass's worker threads.
-  // Dense models only (gpu_dims refuses MoE): every linear reads a group input of all the tokens.
-  int64_t hessian_tokens(LinearRef) const override { return int64_t(f_->tokens()); }
+  int64_t hessian_tokens(LinearRef r) const override { return f_->hessian_rows(int(input_of(r.l)), r.expert); }
 
+  // The Hessians are finalized first, in order; then the linears run on the pass's worker threads.
+  // Finalized Hessians of other groups are dropped first, so at most one group's (an MoE block's: one per
+  // expert) is held beside the sums.
   std::vector<QuantizedLinear> quantize_all(const std::vector<LinearRef>& ls, const std::vector<GptqOptions>& o,
                                             std::vector<GptqStats>& stats) override {
     const LlamaConfig& c = m_.config();
-    auto k_of = [&](size_t g) {
-      return g == size_t(LinearInput::O) ? c.heads * c.head_dim : g == size_t(LinearInput::Down) ? c.intermediate : c.hidden;
-    };
     const auto th = Clock::now();
+    std::array<bool, 4> wanted{};
+    for (LinearRef r : ls) wanted[size_t(input_of(r.l))] = true;
+    for (auto it = H_.begin(); it != H_.end();) it = wanted[size_t(it->first.first)] ? std::next(it) : H_.erase(it);
     for (size_t i = 0; i < ls.size(); ++i) {
-      const size_t g = size_t(input_of(ls[i].l));
-      const float* sum = f_->hessian_sum(int(g));
-      if (!sum) fail(ErrorKind::Internal, o[i].name + ": quantized before its group's Hessian was captured");
-      if (ready_[g]) continue;
-      const int64_t k = k_of(g);
-      H_[g].reserve(size_t(k * k), o[i].name + ": Hessian");
-      hessian_finalize_cuda_device(sum, k, int64_t(f_->tokens()), H_[g].p, o[i].name);
-      ready_[g] = true;
+      const int g = int(input_of(ls[i].l));
+      const Key key{g, ls[i].expert};
+      if (!captured_[size_t(g)]) fail(ErrorKind::Internal, o[i].name + ": quantized before its group's Hessian was captured");
+      if (H_.count(key)) continue;
+      const int64_t k = group_in_features(c, LinearInput(g), ls[i].expert), rows = f_->hessian_rows(g, ls[i].expert);
+      cuda_util::DBuf<float>& H = H_[key];
+      H.reserve(size_t(k * k), o[i].name + ": Hessian");
+      if (rows > 0) {
+        hessian_finalize_cuda_device(f_->hessian_sum(g, ls[i].expert), k, rows, H.p, o[i].name);
+      } else {
+        // An expert no token was routed to: H = I, as the CPU pass gives it (calib_pass.h).
+        std::vector<float> eye(size_t(k * k), 0.0f);
+        for (int64_t d = 0; d < k; ++d) eye[size_t(d * k + d)] = 1.0f;
+        cuda_util::check(cudaMemcpy(H.p, eye.data(), eye.size() * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy",
+                         __FILE__, __LINE__, o[i].name);
+      }
     }
     t_.hessian += since(th);
     const auto t0 = Clock::now();
     std::vector<std::vector<float>> W(ls.size());  // [n, k] fp32, GPTQ's host interface
     for (size_t i = 0; i < ls.size(); ++i) {
       DType dt = DType::F32;
-      const auto bytes = linear_bytes(m_, block_, ls[i].l, &dt);
+      const auto bytes = linear_bytes(m_, block_, ls[i], &dt);
       W[i] = to_float(bytes, dt);
     }
     std::vector<QuantizedLinear> out(ls.size());
     stats.assign(ls.size(), GptqStats{});
     workers_.run(ls.size(), [&](size_t i) {
-      const size_t g = size_t(input_of(ls[i].l));
-      const int64_t k = k_of(g);
+      const Key key{int(input_of(ls[i].l)), ls[i].expert};
+      const int64_t k = group_in_features(c, input_of(ls[i].l), ls[i].expert);
       GptqOptions go = o[i];
       go.device = GptqOptions::Device::Cuda;
-      out[i] = gptq_quantize_cuda_device(W[i].data(), int64_t(W[i].size()) / k, k, H_[g].p, go, &stats[i]);
+      out[i] = gptq_quantize_cuda_device(W[i].data(), int64_t(W[i].size()) / k, k, H_.at(key).p, go, &stats[i]);
     });
     t_.gptq += since(t0);
     return out;
   }
 
-  void set_weight(LinearRef r, const QuantizedLinear& q) override { upload_quantized(*f_, r.l, q); }
+  void set_weight(LinearRef r, const QuantizedLinear& q) override { upload_quantized(*f_, r, q); }
 
   void advance() override {
     const auto t0 = Clock::now();
@@ -396,12 +428,14 @@ class GpuPass : public CalibPass {
   }
 
  private:
+  using Key = std::pair<int, int32_t>;  // (input group, expert or kDenseMlp / kSharedExpert)
+
   const LlamaModel& m_;
   std::unique_ptr<CudaForward> f_;
   int64_t block_ = -1;
-  std::array<cuda_util::DBuf<float>, 4> H_;  // finalized Hessians [k, k] on the device
-  std::array<bool, 4> ready_{};
-  Workers workers_{kConcurrentLayers};
+  std::map<Key, cuda_util::DBuf<float>> H_;  // finalized Hessians [k, k] on the device
+  std::array<bool, 4> captured_{};           // groups of the last capture
+  Workers workers_;
 };
 
 }  // namespace

@@ -44,7 +44,7 @@ void upload_block(CudaForward& f, const LlamaModel& m, int64_t b, const Quantize
 std::vector<Matrix> gpu_final_hidden(const LlamaModel& m, const std::vector<std::vector<int32_t>>& windows,
                                      const QuantizedLinears* ql, bool kernel, GpuLinearCounts* counts);
 // One linear's quantized weights (dequantized on the device).
-void upload_quantized(CudaForward& f, Linear l, const QuantizedLinear& q);
+void upload_quantized(CudaForward& f, LinearRef r, const QuantizedLinear& q);
 void run_block(CudaForward& f, std::initializer_list<LinearInput> capture, bool update, int64_t block);
 Matrix download_hidden(const CudaForward& f, size_t sample, int64_t hidden);
 

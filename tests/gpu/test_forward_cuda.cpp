@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "checkpoint/half.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/writer.h"
+#include "quantizer/calib/calib_pass.h"
 #include "quantizer/calib/gpu_calib.h"
 #include "quantizer/calib/llama.h"
 #include "quantizer/calib/perplexity.h"
@@ -163,15 +165,14 @@ TEST_CASE("GPU forward: stories260K matches transformers' golden outputs within 
   check_golden(GpuAct::BF16, CudaForward::kDefaultChunkTokens, kGpuBf16RelTol);
 }
 
-TEST_CASE("GPU forward: Llama 3 / Mistral / Qwen2 / Qwen3 / Gemma 1-3 / Phi-3 / Phi-4 / Granite / SmolLM3 match transformers' "
-          "logits "
-          "within "
-          "fp16 tolerance",
+TEST_CASE("GPU forward: Llama 3 / Mistral / Qwen2 / Qwen3 / Gemma 1-3 / Phi-3 / Phi-4 / Granite / SmolLM3 / Mixtral / "
+          "Qwen2-MoE / Qwen3-MoE match transformers' logits within fp16 tolerance",
           "[gpu][forward]") {
   // phi3: partial rotary, and longrope's long table for seq0 (24 tokens, past the original 16) in the same
-  // chunk as seq1 on its short table.
-  for (const char* name :
-       {"llama3", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "phi4", "granite", "smollm3"}) {
+  // chunk as seq1 on its short table. The MoE fixtures route on the GPU's router logits (qwen2_moe: a shared
+  // expert, and a dense layer 1).
+  for (const char* name : {"llama3", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "phi4", "granite",
+                           "smollm3", "mixtral", "qwen2_moe", "qwen3_moe"}) {
     const std::filesystem::path dir = std::filesystem::path(MARLINC_SOURCE_DIR) / "tests" / "data" / "arch-golden" / name;
     const LlamaModel m = LlamaModel::open(dir);
     auto g = SafetensorsFile::open(dir / "golden.safetensors");
@@ -216,8 +217,9 @@ TEST_CASE("GPU forward: Qwen2 biases, Qwen3 q/k norm, Mistral's window and GQA m
 
 namespace {
 
-// Block 0 of the model at `dir`: the GPU's four Hessian sums against the CPU accumulator fed with the CPU
-// pass's inputs, capture-only passes leaving the hidden states as they were, then the update against the CPU.
+// Block 0 of the model at `dir`: the GPU's Hessian sums (four groups; an MoE block's GateUp and Down per
+// expert) against the CPU accumulators fed with the CPU pass's inputs, capture-only passes leaving the hidden
+// states as they were, then the update against the CPU.
 void check_hessians_and_update(const std::filesystem::path& dir) {
   INFO(dir.string());
   const LlamaModel m = LlamaModel::open(dir);
@@ -225,14 +227,15 @@ void check_hessians_and_update(const std::filesystem::path& dir) {
   const auto samples = random_samples(7, 2, 60, int32_t(c.vocab), 9);
   auto f = make_gpu_forward(m, samples, GpuAct::F16, 100);
   upload_block(*f, m, 0);
-  // CPU: the four groups' inputs of block 0, accumulated sample by sample.
+  // CPU: each group's (and expert's) inputs of block 0, accumulated sample by sample.
   const BlockWeights w = m.load_block(0);
-  std::vector<HessianAccumulator> acc;
-  for (int64_t k : {c.hidden, c.heads * c.head_dim, c.hidden, c.intermediate}) acc.emplace_back(k);
+  std::map<std::pair<int, int32_t>, HessianAccumulator> acc;
+  for (LinearInput g : {LinearInput::QKV, LinearInput::O, LinearInput::GateUp, LinearInput::Down})
+    for (LinearRef r : block_linears(c, 0, g)) acc.try_emplace({int(g), r.expert}, group_in_features(c, g, r.expert));
   std::vector<Matrix> cpu_out;
   for (const auto& s : samples) {
     Matrix h = m.embed(s);
-    m.block_forward(h, w, [&](LinearInput g, int32_t, const Matrix& x) { acc[size_t(g)].add(x.data(), x.rows()); });
+    m.block_forward(h, w, [&](LinearInput g, int32_t e, const Matrix& x) { acc.at({int(g), e}).add(x.data(), x.rows()); });
     cpu_out.push_back(h);
   }
   const Matrix before = download_hidden(*f, 3, c.hidden);
@@ -246,15 +249,23 @@ void check_hessians_and_update(const std::filesystem::path& dir) {
   CHECK(f->hessian_sum(0) == nullptr);
   run_block(*f, {LinearInput::QKV, LinearInput::O, LinearInput::GateUp, LinearInput::Down}, false, 0);
   CHECK((download_hidden(*f, 3, c.hidden) - before).cwiseAbs().maxCoeff() == 0.0f);
-  CHECK(f->tokens() == size_t(acc[0].tokens()));
-  for (int g = 0; g < 4; ++g) {
-    const int64_t k = acc[size_t(g)].k();
+  CHECK(f->tokens() == size_t(acc.at({0, kDenseMlp}).tokens()));
+  for (const auto& [key, a] : acc) {
+    const auto [g, expert] = key;
+    const int64_t k = a.k();
+    // Both passes route the same tokens to each expert (the fixtures have no near-ties).
+    CHECK(f->hessian_rows(g, expert) == a.tokens());
+    if (a.tokens() == 0) {  // an expert no token reached: no sum on either side
+      CHECK(f->hessian_sum(g, expert) == nullptr);
+      continue;
+    }
     Eigen::MatrixXf gpu(k, k);
-    REQUIRE(f->hessian_sum(g) != nullptr);
-    CHECK(cudaMemcpy(gpu.data(), f->hessian_sum(g), size_t(k * k) * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
-    const Eigen::MatrixXf cpu = acc[size_t(g)].sum();
+    REQUIRE(f->hessian_sum(g, expert) != nullptr);
+    CHECK(cudaMemcpy(gpu.data(), f->hessian_sum(g, expert), size_t(k * k) * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+    const Eigen::MatrixXf cpu = a.sum();
     const double e = double((gpu - cpu).norm() / cpu.norm());
-    std::printf("gpu hessian sum, group %d (k=%lld): rel err %.2e (tol %.0e)\n", g, (long long)k, e, kHessianRelTol);
+    std::printf("gpu hessian sum, group %d expert %d (k=%lld, %lld rows): rel err %.2e (tol %.0e)\n", g, int(expert),
+                (long long)k, (long long)a.tokens(), e, kHessianRelTol);
     CHECK(e <= kHessianRelTol);
     if (g == 0) {
       // The stopped QKV-only pass computed the same sum bit for bit.
@@ -281,6 +292,14 @@ TEST_CASE("GPU forward: Hessian sums equal the CPU accumulator's, capture-only p
   check_hessians_and_update(src / "tests" / "data" / "arch-golden" / "granite");  // the residual multiplier, o/down biases
 }
 
+TEST_CASE("GPU forward: an MoE block's per-expert Hessian sums and outputs equal the CPU pass's",
+          "[gpu][forward][hessian][moe][sanitize]") {
+  const std::filesystem::path src(MARLINC_SOURCE_DIR);
+  check_hessians_and_update(src / "tests" / "data" / "arch-golden" / "mixtral");
+  check_hessians_and_update(src / "tests" / "data" / "arch-golden" / "qwen2_moe");  // the shared expert and its gate
+  check_hessians_and_update(src / "tests" / "data" / "arch-golden" / "qwen3_moe");
+}
+
 TEST_CASE("GPU forward: bad shapes and unloaded blocks are refused by name", "[gpu][forward]") {
   const LlamaModel m = LlamaModel::open(std::filesystem::path(MARLINC_SOURCE_DIR) / "data" / "sample" / "model");
   auto f = make_gpu_forward(m, {{1, 2, 3}}, GpuAct::F16, 16);
@@ -297,10 +316,39 @@ TEST_CASE("GPU forward: bad shapes and unloaded blocks are refused by name", "[g
   CHECK_THROWS_WITH(f->set_linear_quantized(0, wrong), Catch::Contains("q_proj"));
   CHECK_THROWS_WITH(f->set_hidden(0, small.data(), small.size()), Catch::Contains("wrong size"));
   CHECK_THROWS_AS(CudaForward(gpu_dims(m.config()), {}, GpuAct::F16, rope_inv_freq(m.config())), Error);
-  // Mixture-of-experts blocks are the CPU pass's (GPTQ --device cuda keeps their forward pass there).
+  CHECK_THROWS_WITH(f->set_layer(true, false, true, /*moe=*/true), Catch::Contains("a model without experts"));
+  CHECK_THROWS_WITH(f->set_linear(kGpuRouter, small.data(), 40, GpuRaw::F32), Catch::Contains("no linear 7"));
+  // An MoE block: every expert's linears must be there; expert indices stop at the configured count.
   const LlamaModel moe = LlamaModel::open(std::filesystem::path(MARLINC_SOURCE_DIR) / "tests" / "data" / "arch-golden" / "mixtral");
-  CHECK_THROWS_WITH(make_gpu_forward(moe, {{1, 2, 3}}, GpuAct::F16, 16),
-                    Catch::Contains("does not run mixture-of-experts blocks (MixtralForCausalLM); use --device cpu"));
+  const LlamaConfig& c = moe.config();
+  auto fm = make_gpu_forward(moe, {{1, 2, 3}}, GpuAct::F16, 16);
+  auto set = [&](int l, int64_t out, int64_t in, int32_t expert) {
+    const std::vector<float> zeros(size_t(out * in));
+    fm->set_linear(l, zeros.data(), zeros.size() * sizeof(float), GpuRaw::F32, expert);
+  };
+  const int64_t h = c.hidden, qd = c.heads * c.head_dim, kvd = c.kv_heads * c.head_dim, mi = c.moe.expert_intermediate;
+  set(0, qd, h, kDenseMlp);
+  set(1, kvd, h, kDenseMlp);
+  set(2, kvd, h, kDenseMlp);
+  set(3, h, qd, kDenseMlp);
+  set(kGpuRouter, c.moe.experts, h, kDenseMlp);
+  for (int32_t e = 0; e < int32_t(c.moe.experts); ++e) {
+    set(4, mi, h, e);
+    set(5, mi, h, e);
+    if (e != 2) set(6, h, mi, e);
+  }
+  const Vector ones = Vector::Ones(h);
+  fm->set_vector(GpuVec::InputNorm, ones.data(), size_t(h));
+  fm->set_vector(GpuVec::PostNorm, ones.data(), size_t(h));
+  fm->set_layer(false, false, true, /*moe=*/true);
+  CHECK_THROWS_WITH(fm->run(want, true, 0), Catch::Contains("experts.2.down_proj was not loaded"));
+  CHECK_THROWS_WITH(set(4, mi, h, int32_t(c.moe.experts)),
+                    Catch::Contains("no linear 4 of MLP " + std::to_string(c.moe.experts)));
+  CHECK_THROWS_WITH(set(4, mi, h, kSharedExpert), Catch::Contains("of MLP -2"));  // Mixtral has no shared expert
+  CHECK_THROWS_WITH(set(4, mi, h + 1, 0), Catch::Contains("experts.0.gate_proj: expected [" + std::to_string(mi) + ", " +
+                                                         std::to_string(h) + "]"));
+  set(6, h, mi, 2);
+  fm->run(want, true, 0);  // all there now: zero weights keep the hidden states finite
 }
 
 namespace {
@@ -426,4 +474,61 @@ TEST_CASE("GPU ppl: plain stories260K and a Marlin checkpoint through the Marlin
   CHECK(g.gpu_kernel == 7 * int(m.config().layers));
   CHECK(g.gpu_dequantized == 0);
   CHECK(ppl_rel(g, c) <= kPplRelTol);
+}
+
+TEST_CASE("GPU ppl and the GPU calibration pass on mixture-of-experts fixtures agree with the CPU",
+          "[gpu][forward][ppl][moe]") {
+  const std::filesystem::path fx = std::filesystem::path(MARLINC_SOURCE_DIR) / "tests" / "data" / "arch-golden";
+  PplOptions cpu_opt, gpu_opt;
+  cpu_opt.ctx = gpu_opt.ctx = 48;
+  gpu_opt.device = PplOptions::Device::Cuda;
+  std::vector<int32_t> ids;
+  for (const auto& s : random_samples(8, 48, 48, 128, 41)) ids.insert(ids.end(), s.begin(), s.end());
+  {  // qwen2_moe: block 0 has 4 experts and the shared expert, block 1 is dense.
+    const LlamaModel m = LlamaModel::open(fx / "qwen2_moe");
+    const PplResult c = perplexity(m, ids, cpu_opt), g = perplexity(m, ids, gpu_opt);
+    std::printf("gpu ppl qwen2_moe: cpu %.4f gpu %.4f (rel %.2e, tol %.0e)\n", c.ppl, g.ppl, ppl_rel(g, c), kPplRelTol);
+    CHECK(g.gpu_plain == 4 + 4 * 3 + 3 + 7);
+    CHECK(ppl_rel(g, c) <= kPplRelTol);
+  }
+  {  // qwen3_moe quantized (RTN, GPTQ format, group 32): every expert dequantized on the device.
+    test::TempDir dir("gpu-ppl-moe");
+    QuantizeOptions qo;
+    qo.to = TargetFormat::GptqV1;
+    qo.group_size = 32;
+    quantize_checkpoint(fx / "qwen3_moe", dir.path / "q", qo);
+    const LlamaModel m = LlamaModel::open(dir.path / "q", /*quantized_linears=*/true);
+    const QuantizedLinears ql(m.checkpoint(), m.config());
+    const PplResult c = perplexity(m, ids, cpu_opt, nullptr, &ql), g = perplexity(m, ids, gpu_opt, nullptr, &ql);
+    std::printf("gpu ppl qwen3_moe gptq: cpu %.4f gpu %.4f (rel %.2e, tol %.0e)\n", c.ppl, g.ppl, ppl_rel(g, c), kPplRelTol);
+    CHECK(g.gpu_dequantized + g.gpu_kernel == 2 * (4 + 8 * 3));  // o_proj [k=128, n=64] fits the kernel
+    CHECK(ppl_rel(g, c) <= kPplRelTol);
+  }
+  // The calibration passes on one 3-token sample: top-2 of 8 experts leaves most without a token. Both passes
+  // count the same routed rows per expert; an unreached expert's GPTQ (H = I) gives the CPU's codes.
+  const LlamaModel m = LlamaModel::open(fx / "qwen3_moe");
+  const std::vector<std::vector<int32_t>> samples = {{5, 17, 99}};
+  auto cpu = make_cpu_pass(m, samples), gpu = make_gpu_pass(m, samples);
+  const std::initializer_list<LinearInput> all = {LinearInput::QKV, LinearInput::O, LinearInput::GateUp,
+                                                  LinearInput::Down};
+  for (auto* p : {cpu.get(), gpu.get()}) {
+    p->load(0);
+    p->capture(all);
+  }
+  int unreached = 0;
+  for (LinearRef r : block_linears(m.config(), 0, LinearInput::GateUp)) {
+    INFO("expert " << r.expert);
+    CHECK(gpu->hessian_tokens(r) == cpu->hessian_tokens(r));
+    if (cpu->hessian_tokens(r) != 0 || r.l != Linear::Gate) continue;
+    ++unreached;
+    GptqOptions o;
+    o.group_size = 32;
+    o.name = linear_name(m.config(), 0, r);
+    o.device = GptqOptions::Device::Cuda;
+    const QuantizedLinear qg = gpu->quantize(r, o, nullptr), qc = cpu->quantize(r, o, nullptr);
+    CHECK(qg.codes == qc.codes);
+    CHECK(qg.scales == qc.scales);
+  }
+  CHECK(unreached >= 2);  // 3 tokens reach at most 6 of the 8
+  CHECK(gpu->hessian_tokens(LinearRef(Linear::Q)) == 3);
 }
