@@ -149,7 +149,7 @@ if [ "${SKIP_VERIFY:-0}" != 1 ]; then
   sample_variant 24 data/sample/model "2:4 sample (gptq --format marlin24)" "pruned weights as zeros), every column" \
     --format marlin24
   # The architecture fixtures (tests/data/arch-golden: Llama 3, Mistral, Qwen2, Qwen3, Gemma 1-3, Phi-3/4, Granite,
-  # SmolLM3; the MoE ones, whose forward pass stays on the CPU with GPTQ on the GPU), calibrated by the GPU
+  # SmolLM3; the MoE ones, routed on the GPU), calibrated by the GPU
   # forward pass on 16 token-id documents; their 32- to 96-deep layers take GPTQ's format at group 32 and
   # verify's CPU numerics (the kernel needs k % 128 == 0).
   tokens="$tmp/arch_tokens.jsonl"
