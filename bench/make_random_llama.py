@@ -32,6 +32,11 @@ SHAPES = {
                             head_dim=128, num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
                             norm_topk_prob=True, vocab_size=151936, rope_theta=1000000.0, rms_norm_eps=1e-6,
                             max_position_embeddings=32768, bos_token_id=151643, eos_token_id=151645),
+    # Mixtral-8x7B's block shapes (8 experts of 14336, top-2, GQA 32/8), 2 blocks: few, wide experts.
+    "mixtral-8x7b-2": dict(config="MixtralConfig", model="MixtralForCausalLM", hidden_size=4096,
+                           intermediate_size=14336, num_hidden_layers=2, num_attention_heads=32, num_key_value_heads=8,
+                           num_local_experts=8, num_experts_per_tok=2, vocab_size=32000, rope_theta=1000000.0,
+                           rms_norm_eps=1e-5, max_position_embeddings=32768, bos_token_id=1, eos_token_id=2),
 }
 
 
