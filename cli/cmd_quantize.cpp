@@ -1,7 +1,8 @@
 // marlinc quantize MODEL_DIR OUT_DIR --method {rtn,gptq} --format {marlin,marlin24,gptq,gptq_v2,compressed-tensors}
 //                  --group {-1,32,64,128} [--clip/--no-clip] [--skip PATTERN]... [--json REPORT]
 //                  gptq: [--calib FILE --samples N --min-len L --max-len L --seed S] [--order O]
-//                        [--sparsity 2:4] [--true-sequential] [--damp D] [--device cpu|cuda] [--restart]
+//                        [--sparsity 2:4] [--true-sequential] [--damp D] [--device cpu|cuda]
+//                        [--forward-device cpu|cuda] [--restart]
 // An interrupted gptq run resumes from its last finished block (OUT_DIR.marlinc-job/, see
 // quantizer/calib/job_file.h). Testing hook: MARLINC_TEST_STOP_AFTER_BLOCK=N in the environment stops
 // the run with an error right after block N is saved, as if it had been killed there.
@@ -29,7 +30,7 @@ struct QuantizeArgs {
   bool clip = true, no_clip = false, overwrite = false, include_lm_head = false;
   std::vector<std::string> skip;
   // gptq
-  std::string calib, calib_format = "auto", order = "natural", sparsity = "none", device = "cpu";
+  std::string calib, calib_format = "auto", order = "natural", sparsity = "none", device = "cpu", forward_device;
   size_t samples = 128, min_len = 32, max_len = 2048;
   uint64_t seed = 0;
   float damp = 0.01f;
@@ -63,6 +64,9 @@ calib::GptqRunOptions gptq_run_options(const QuantizeArgs& a) {
   g.gptq.damp = a.damp;
   g.gptq.device = a.device == "cuda" ? GptqOptions::Device::Cuda : GptqOptions::Device::Cpu;
   g.true_sequential = a.true_sequential;
+  g.forward_on_cpu = a.forward_device == "cpu" && a.device == "cuda";
+  if (a.forward_device == "cuda" && a.device != "cuda")
+    bad_usage("--forward-device cuda needs --device cuda (the forward pass runs where GPTQ does, or on the CPU)");
   g.restart = a.restart;
   // The CLI, not the library, reads the environment: the hook reaches the runner as an option.
   if (const char* stop = std::getenv("MARLINC_TEST_STOP_AFTER_BLOCK"); stop && *stop) {
@@ -197,6 +201,11 @@ void register_quantize(CLI::App& app) {
                          "gptq: re-run each block after every linear group is quantized"));
   gptq_opt(cmd->add_option("--damp", a->damp, "gptq: relative damping (default 0.01; raised automatically when Cholesky fails)"));
   gptq_opt(cmd->add_option("--device", a->device, "gptq: cpu (the default) or cuda"))->check(CLI::IsMember({"cpu", "cuda"}));
+  gptq_opt(cmd->add_option("--forward-device", a->forward_device,
+                           "gptq: where the calibration forward pass and Hessians run: --device's (the default), or cpu "
+                           "with --device cuda (fp32 in host memory, GPTQ on the GPU: for a model whose GPU pass does not "
+                           "fit the GPU)"))
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   gptq_opt(cmd->add_flag("--restart", a->restart,
                          "gptq: discard an unfinished job (OUT_DIR.marlinc-job/) instead of resuming it, and start "
                          "fresh"));

@@ -384,6 +384,13 @@ QuantizedLinear gptq_quantize_cuda(const float* W, int64_t n, int64_t k, const E
   return gptq_cuda::quantize(W, n, k, &H, nullptr, o, stats);
 }
 
+double gptq_cuda_device_bytes(int64_t n, int64_t k) {
+  // quantize()'s largest buffers at once: H (fp32) and its factor U and the factorisation's matrix (fp64),
+  // W (fp32), the working weights (fp64) and the codes (bytes); scales and per-block scratch are small.
+  const double kk = double(k) * double(k), nk = double(n) * double(k);
+  return kk * (4 + 8 + 8) + nk * (4 + 8 + 1);
+}
+
 QuantizedLinear gptq_quantize_cuda_device(const float* W, int64_t n, int64_t k, const float* d_H,
                                           const GptqOptions& o, GptqStats* stats) {
   return gptq_cuda::quantize(W, n, k, nullptr, d_H, o, stats);

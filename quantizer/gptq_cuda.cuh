@@ -23,6 +23,8 @@ QuantizedLinear gptq_quantize_cuda(const float* W, int64_t n, int64_t k, const E
 // and the whole of it for static act-order).
 QuantizedLinear gptq_quantize_cuda_device(const float* W, int64_t n, int64_t k, const float* d_H,
                                           const GptqOptions& opts, GptqStats* stats);
+// About the device memory one such call holds at its peak for W [n, k]: what bounds how many run at once.
+double gptq_cuda_device_bytes(int64_t n, int64_t k);
 
 enum class ActDtype { F32, F16, BF16 };
 

@@ -163,6 +163,14 @@ if [ "${SKIP_VERIFY:-0}" != 1 ]; then
     sample_variant "arch_$a" "tests/data/arch-golden/$a" "$a fixture gptq (group 32)" "CPU kernel numerics" \
       --format gptq --group 32 --calib "$tokens" --calib-format tokens --samples 16 --min-len 32
   done
+  # The forward pass and Hessians in host memory, GPTQ on the GPU (--forward-device cpu).
+  sample_variant arch_qwen2_moe_cpufwd tests/data/arch-golden/qwen2_moe "qwen2_moe fixture, --forward-device cpu" \
+    "CPU kernel numerics" --format gptq --group 32 --calib "$tokens" --calib-format tokens --samples 16 --min-len 32 \
+    --forward-device cpu
+  fd=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['quantization_config']['marlinc'].get('forward_device'))" \
+    "$tmp/sample_arch_qwen2_moe_cpufwd/config.json" 2>&1)
+  [ "$fd" = cpu ] || status=1
+  summary+=("--forward-device cpu: the output's config records forward_device = $fd")
   if [ "${SKIP_VERIFY_8B:-0}" != 1 ]; then
     t0=$(date +%s)
     "$BUILD/bench/bench_convert" --dir "$tmp/bc" --blocks "${VERIFY_BLOCKS:-32}" --reps 1 --keep > "$OUT/bench_convert.log" 2>&1 || status=1

@@ -523,11 +523,11 @@ struct CudaForward::Impl {
   void gram(int g, const void* X, int64_t rows, int32_t expert = kGpuDenseMlp) {
     const int64_t k = in_of(c, g, expert);
     DBuf<float>& h = hess[{g, expert}];
-    hess_rows[{g, expert}] += rows;
     if (!h.p) {
       h.reserve(size_t(k * k), who + ": Hessian sum");
       FWD_CHECK(cudaMemsetAsync(h.p, 0, size_t(k * k) * sizeof(float), stream));
     }
+    hess_rows[{g, expert}] += rows;
     const float one = 1.0f;
     FWD_CHECK(cudaEventRecord(next_event(), stream));
     FWD_CHECK(cublasGemmEx(blas, CUBLAS_OP_N, CUBLAS_OP_T, int(k), int(k), int(rows), &one, X, dtype(), int(k), X,
@@ -1101,6 +1101,8 @@ int64_t CudaForward::hessian_rows(int group, int32_t expert) const {
 }
 
 double CudaForward::hessian_seconds() const { return p_->gram_seconds; }
+
+void CudaForward::release_hessian(int group, int32_t expert) { p_->hess.erase({group, expert}); }
 
 void CudaForward::clear_hessians() {
   p_->hess.clear();

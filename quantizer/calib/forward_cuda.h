@@ -141,6 +141,8 @@ class CudaForward {
   const float* hessian_sum(int group, int32_t expert = kGpuDenseMlp) const;
   // Rows in that sum: what hessian_finalize_cuda_device normalises it by (tokens() for a dense group).
   int64_t hessian_rows(int group, int32_t expert = kGpuDenseMlp) const;
+  // Frees one sum (its row count stays): the caller has finalized it and the device memory is needed.
+  void release_hessian(int group, int32_t expert = kGpuDenseMlp);
   void clear_hessians();
   // GPU time spent in the Hessian products so far (measured with events; part of run()'s wall time).
   double hessian_seconds() const;

@@ -272,12 +272,20 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
   I.samples = cs.samples.size();
   I.tokens = cs.tokens;
   const bool on_gpu = base.device == GptqOptions::Device::Cuda;
+  if (go.forward_on_cpu && !on_gpu) bad_usage("--forward-device cpu: GPTQ runs on the CPU already (--device cpu)");
+  const bool gpu_forward = on_gpu && !go.forward_on_cpu;
   std::string need;
   std::vector<size_t> lengths;
   for (const auto& smp : cs.samples) lengths.push_back(smp.size());
-  if (on_gpu) {
+  if (gpu_forward) {
 #ifdef MARLINC_HAVE_CUDA
     I.estimated_device_bytes = CudaForward::device_bytes(gpu_dims(c), lengths);
+    // The estimate decides nothing by itself (the output must not depend on what else holds the GPU): it warns.
+    const double avail = available_device_bytes();
+    if (I.estimated_device_bytes > avail)
+      say("warning: the GPU pass needs about " + mb(I.estimated_device_bytes) + " and " + mb(avail) +
+          " of GPU memory are free; if it runs out, --forward-device cpu keeps the forward pass and Hessians in host "
+          "memory (GPTQ stays on the GPU), or use fewer or shorter samples");
 #endif
     need = mb(I.estimated_device_bytes) + " of GPU memory for the forward pass and Hessians, plus GPTQ's own";
   } else {
@@ -286,7 +294,7 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
     const size_t chunk = std::min(lengths.size(), cpu_pass_chunk_samples());
     const size_t chunk_tokens = std::accumulate(lengths.begin(), lengths.begin() + ptrdiff_t(chunk), size_t(0));
     I.estimated_peak_bytes = peak_estimate(c, cs.tokens, chunk_tokens);
-    need = mb(I.estimated_peak_bytes) + " of memory";
+    need = mb(I.estimated_peak_bytes) + " of memory" + (on_gpu ? " (GPTQ on the GPU)" : "");
   }
   say("calibration: " + std::to_string(I.samples) + " samples, " + std::to_string(I.tokens) + " tokens (" + cs.name +
       "); needs about " + need);
@@ -294,7 +302,7 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
   // An interrupted run with the same inputs left its finished blocks beside the output (job_file.h).
   const std::filesystem::path job_dir = job_dir_for(out);
   if (go.restart && discard_job(job_dir)) say("--restart: discarded the unfinished job in " + job_dir.string());
-  GptqJob resume = GptqJob::open(job_dir, job_inputs(ck, qo, base, go.true_sequential, cs), c.layers);
+  GptqJob resume = GptqJob::open(job_dir, job_inputs(ck, qo, base, go.true_sequential, go.forward_on_cpu, cs), c.layers);
   const int64_t resumed = resume.finished_blocks();
   I.resumed_blocks = resumed;
   if (resumed > 0)
@@ -326,7 +334,7 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
   // The samples' embeddings become the first block's inputs inside the pass (CPU or GPU).
   std::unique_ptr<CalibPass> pass;
 #ifdef MARLINC_HAVE_CUDA
-  if (on_gpu) pass = make_gpu_pass(model, cs.samples);
+  if (gpu_forward) pass = make_gpu_pass(model, cs.samples);
 #endif
   if (!pass) pass = make_cpu_pass(model, cs.samples);
 
@@ -483,6 +491,7 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
                            {"sparsity", base.sparse24 ? "2:4" : "none"},
                            {"true_sequential", go.true_sequential},
                            {"calibration", I.calibration}};
+  if (on_gpu) record["forward_device"] = gpu_forward ? "cuda" : "cpu";  // the pass's arithmetic: 16-bit or fp32 GEMMs
   if (!uncalibrated.empty()) {
     record["uncalibrated_experts"] = uncalibrated;
     rep.notes.push_back(std::to_string(uncalibrated.size()) + " experts had no calibration token routed to them and "

@@ -36,6 +36,9 @@ struct GptqRunOptions {
   // Re-run the block after each linear group is quantized, so o sees quantized q/k/v, gate/up see
   // quantized attention, and down sees quantized gate/up (4 passes per block instead of 1).
   bool true_sequential = false;
+  // With gptq.device Cuda: run the forward pass and the Hessians on the CPU (fp32) and only GPTQ on the GPU, for
+  // a model whose GPU pass (hidden states, one block, its Hessians) does not fit the device's memory.
+  bool forward_on_cpu = false;
   // The built-in default: how many samples the model generates, and their lengths (BOS included).
   size_t generated_samples = 32, generated_min_len = 16, generated_max_len = 64;
   // Discard an unfinished job of this output instead of resuming it or refusing a mismatched one.

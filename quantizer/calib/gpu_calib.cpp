@@ -41,6 +41,22 @@ void require_cuda_device(const std::string& what) {
   }
 }
 
+// Device memory free to allocate: the driver's free memory and what the stream-ordered pool (GPTQ's scratch,
+// cudaMallocAsync) holds unused.
+double available_device_bytes() {
+  size_t free_b = 0, total = 0;
+  if (cudaMemGetInfo(&free_b, &total) != cudaSuccess) return 0;
+  int dev = 0;
+  cudaMemPool_t pool = nullptr;
+  uint64_t reserved = 0, used = 0;
+  if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetDefaultMemPool(&pool, dev) == cudaSuccess &&
+      cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved) == cudaSuccess &&
+      cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used) == cudaSuccess && reserved > used)
+    free_b += size_t(reserved - used);
+  cudaGetLastError();  // a failed query above must not stick
+  return double(free_b);
+}
+
 GpuDims gpu_dims(const LlamaConfig& c) {
   GpuDims d;
   d.hidden = c.hidden;
@@ -328,8 +344,21 @@ class Workers {
 // Everything on the device: hidden states, the block, the Hessians (finalized in device memory and
 // handed to GPTQ there). Only the linear being quantized crosses as fp32 (GPTQ's host interface) and
 // its dequantized result comes back.
+// H = I [k, k] in device memory, without a k x k host matrix (Mixtral's is 822 MB).
+void identity(float* H, int64_t k, const std::string& who) {
+  const std::vector<float> ones(size_t(k), 1.0f);
+  cuda_util::check(cudaMemset(H, 0, size_t(k * k) * sizeof(float)), "cudaMemset", __FILE__, __LINE__, who);
+  cuda_util::check(cudaMemcpy2D(H, size_t(k + 1) * sizeof(float), ones.data(), sizeof(float), sizeof(float), size_t(k),
+                                cudaMemcpyHostToDevice),
+                   "cudaMemcpy2D", __FILE__, __LINE__, who);
+  // The copy from pageable memory may return early; GPTQ reads H on its own non-blocking stream.
+  cuda_util::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize", __FILE__, __LINE__, who);
+}
+
 class GpuPass : public CalibPass {
  public:
+  // The share of the free device memory the concurrent GPTQs may plan on (the rest: fragmentation, cuBLAS).
+  static constexpr double kGptqMemoryShare = 0.8;
   // Linears quantized at once: q/k/v and gate/up are the groups; three covers them. An MoE block's
   // group holds two or three linears per expert, each small: more at once keep the GPU busy.
   static constexpr size_t kConcurrentLayers = 3, kConcurrentExpertLayers = 8;
@@ -370,51 +399,59 @@ class GpuPass : public CalibPass {
 
   int64_t hessian_tokens(LinearRef r) const override { return f_->hessian_rows(int(input_of(r.l)), r.expert); }
 
-  // The Hessians are finalized first, in order; then the linears run on the pass's worker threads.
-  // Finalized Hessians of other groups are dropped first, so at most one group's (an MoE block's: one per
-  // expert) is held beside the sums.
+  // The Hessians are finalized first, in order, each replacing its sum (so an MoE block holds one k x k matrix per
+  // expert and group, not two); then the linears run on the pass's worker threads, as many at once as the
+  // device's free memory takes.
   std::vector<QuantizedLinear> quantize_all(const std::vector<LinearRef>& ls, const std::vector<GptqOptions>& o,
                                             std::vector<GptqStats>& stats) override {
     const LlamaConfig& c = m_.config();
     const auto th = Clock::now();
-    std::array<bool, 4> wanted{};
-    for (LinearRef r : ls) wanted[size_t(input_of(r.l))] = true;
-    for (auto it = H_.begin(); it != H_.end();) it = wanted[size_t(it->first.first)] ? std::next(it) : H_.erase(it);
     for (size_t i = 0; i < ls.size(); ++i) {
       const int g = int(input_of(ls[i].l));
       const Key key{g, ls[i].expert};
       if (!captured_[size_t(g)]) fail(ErrorKind::Internal, o[i].name + ": quantized before its group's Hessian was captured");
       if (H_.count(key)) continue;
       const int64_t k = group_in_features(c, LinearInput(g), ls[i].expert), rows = f_->hessian_rows(g, ls[i].expert);
-      cuda_util::DBuf<float>& H = H_[key];
+      cuda_util::DBuf<float> H;
       H.reserve(size_t(k * k), o[i].name + ": Hessian");
       if (rows > 0) {
-        hessian_finalize_cuda_device(f_->hessian_sum(g, ls[i].expert), k, rows, H.p, o[i].name);
+        const float* sum = f_->hessian_sum(g, ls[i].expert);
+        if (!sum) fail(ErrorKind::Internal, o[i].name + ": its Hessian sum was released before it was finalized");
+        hessian_finalize_cuda_device(sum, k, rows, H.p, o[i].name);
+        f_->release_hessian(g, ls[i].expert);
       } else {
-        // An expert no token was routed to: H = I, as the CPU pass gives it (calib_pass.h).
-        std::vector<float> eye(size_t(k * k), 0.0f);
-        for (int64_t d = 0; d < k; ++d) eye[size_t(d * k + d)] = 1.0f;
-        cuda_util::check(cudaMemcpy(H.p, eye.data(), eye.size() * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy",
-                         __FILE__, __LINE__, o[i].name);
+        identity(H.p, k, o[i].name);  // an expert no token was routed to: H = I, as the CPU pass gives it
       }
+      cuda_util::DBuf<float>& dst = H_[key];  // only a finished matrix enters H_ (DBuf does not move)
+      std::swap(dst.p, H.p);
+      std::swap(dst.count, H.count);
     }
     t_.hessian += since(th);
     const auto t0 = Clock::now();
     std::vector<std::vector<float>> W(ls.size());  // [n, k] fp32, GPTQ's host interface
+    double per_layer = 0;
     for (size_t i = 0; i < ls.size(); ++i) {
       DType dt = DType::F32;
       const auto bytes = linear_bytes(m_, block_, ls[i], &dt);
       W[i] = to_float(bytes, dt);
+      const int64_t k = group_in_features(c, input_of(ls[i].l), ls[i].expert);
+      per_layer = std::max(per_layer, gptq_cuda_device_bytes(int64_t(W[i].size()) / k, k));
     }
+    // Mixtral's down_proj needs about 5 GB each: eight at once would not fit beside a large model's Hessians.
+    const size_t at_once = std::clamp<size_t>(size_t(kGptqMemoryShare * available_device_bytes() / per_layer), 1,
+                                              workers_.size());
     std::vector<QuantizedLinear> out(ls.size());
     stats.assign(ls.size(), GptqStats{});
-    workers_.run(ls.size(), [&](size_t i) {
-      const Key key{int(input_of(ls[i].l)), ls[i].expert};
-      const int64_t k = group_in_features(c, input_of(ls[i].l), ls[i].expert);
-      GptqOptions go = o[i];
-      go.device = GptqOptions::Device::Cuda;
-      out[i] = gptq_quantize_cuda_device(W[i].data(), int64_t(W[i].size()) / k, k, H_.at(key).p, go, &stats[i]);
-    });
+    for (size_t i0 = 0; i0 < ls.size(); i0 += at_once) {
+      workers_.run(std::min(at_once, ls.size() - i0), [&](size_t j) {
+        const size_t i = i0 + j;
+        const Key key{int(input_of(ls[i].l)), ls[i].expert};
+        const int64_t k = group_in_features(c, input_of(ls[i].l), ls[i].expert);
+        GptqOptions go = o[i];
+        go.device = GptqOptions::Device::Cuda;
+        out[i] = gptq_quantize_cuda_device(W[i].data(), int64_t(W[i].size()) / k, k, H_.at(key).p, go, &stats[i]);
+      });
+    }
     t_.gptq += since(t0);
     return out;
   }

@@ -16,6 +16,9 @@ namespace marlinc::calib {
 // BadUsage naming `what` (the option) when no CUDA device is visible, before any work starts.
 void require_cuda_device(const std::string& what);
 
+// Device memory free to allocate now: the driver's free memory plus what the stream-ordered pool holds unused.
+double available_device_bytes();
+
 GpuDims gpu_dims(const LlamaConfig& c);
 // fp16 for fp16/fp32 checkpoints; bf16 for bf16 ones (judged by block 0's q_proj).
 GpuAct gpu_act_for(const LlamaModel& m);

@@ -55,7 +55,7 @@ struct JobInputs {
 };
 // `gptq` is the effective per-layer options (bits, group and 2:4 already filled in by the runner).
 JobInputs job_inputs(const Checkpoint& ck, const QuantizeOptions& qo, const GptqOptions& gptq, bool true_sequential,
-                     const CalibSet& cs);
+                     bool forward_on_cpu, const CalibSet& cs);
 // One line per difference, e.g. "options group: job 128, now 64" (long values shortened).
 std::vector<std::string> describe_differences(const nlohmann::json& job, const nlohmann::json& now);
 

@@ -26,7 +26,7 @@ std::string float_text(float v) {
 }  // namespace
 
 JobInputs job_inputs(const Checkpoint& ck, const QuantizeOptions& qo, const GptqOptions& g, bool true_sequential,
-                     const CalibSet& cs) {
+                     bool forward_on_cpu, const CalibSet& cs) {
   JobInputs in;
   json model = json::object();
   const fs::path cfg = ck.dir() / "config.json";
@@ -72,6 +72,8 @@ JobInputs job_inputs(const Checkpoint& ck, const QuantizeOptions& qo, const Gptq
                         {"scale_grid", "stored-type"},
                         {"shard_size", qo.max_shard_bytes},
                         {"marlinc", MARLINC_VERSION}};
+  // Only when set, so that jobs of the default runs keep their fingerprint.
+  if (forward_on_cpu) in.json["options"]["forward_device"] = "cpu";
   // Each sample as its length then its ids, so [[1, 2], [3]] and [[1], [2, 3]] hash differently.
   Sha256 ids;
   for (const auto& s : cs.samples) {

@@ -309,6 +309,12 @@ TEST_CASE("gptq options that do not fit exit 2 naming the option, leaving no out
   r = run_cli("ppl " + q(sample) + " --text " + q(td.path), td.path);
   CHECK(r.rc == 2);
   CHECK(r.err.find("--text " + td.path.string() + ": is a directory") != std::string::npos);
+  r = run_cli("quantize " + q(sample) + " " + q(td.path / "o") + " --method gptq --forward-device cuda", td.path);
+  CHECK(r.rc == 2);  // the forward pass runs where GPTQ does, or on the CPU
+  CHECK(r.err.find("--forward-device cuda needs --device cuda") != std::string::npos);
+  r = run_cli("quantize " + q(sample) + " " + q(td.path / "o") + " --method gptq --forward-device gpu", td.path);
+  CHECK(r.rc == 2);
+  CHECK(r.err.find("--forward-device") != std::string::npos);
   r = run_cli("quantize " + q(sample) + " " + q(td.path / "o") + " --method gptq --damp 1.5", td.path);
   CHECK(r.rc == 2);
   CHECK(r.err.find("--damp") != std::string::npos);
