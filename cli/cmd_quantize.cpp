@@ -2,7 +2,7 @@
 //                  --group {-1,32,64,128} [--clip/--no-clip] [--skip PATTERN]... [--json REPORT]
 //                  gptq: [--calib FILE --samples N --min-len L --max-len L --seed S] [--order O]
 //                        [--sparsity 2:4] [--true-sequential] [--damp D] [--device cpu|cuda]
-//                        [--forward-device cpu|cuda] [--restart]
+//                        [--forward-device cpu|cuda] [--expert-calibration routed|all] [--restart]
 // An interrupted gptq run resumes from its last finished block (OUT_DIR.marlinc-job/, see
 // quantizer/calib/job_file.h). Testing hook: MARLINC_TEST_STOP_AFTER_BLOCK=N in the environment stops
 // the run with an error right after block N is saved, as if it had been killed there.
@@ -30,7 +30,8 @@ struct QuantizeArgs {
   bool clip = true, no_clip = false, overwrite = false, include_lm_head = false;
   std::vector<std::string> skip;
   // gptq
-  std::string calib, calib_format = "auto", order = "natural", sparsity = "none", device = "cpu", forward_device;
+  std::string calib, calib_format = "auto", order = "natural", sparsity = "none", device = "cpu", forward_device,
+      expert_calibration = "routed";
   size_t samples = 128, min_len = 32, max_len = 2048;
   uint64_t seed = 0;
   float damp = 0.01f;
@@ -65,6 +66,7 @@ calib::GptqRunOptions gptq_run_options(const QuantizeArgs& a) {
   g.gptq.device = a.device == "cuda" ? GptqOptions::Device::Cuda : GptqOptions::Device::Cpu;
   g.true_sequential = a.true_sequential;
   g.forward_on_cpu = a.forward_device == "cpu" && a.device == "cuda";
+  g.expert_calibration = a.expert_calibration == "all" ? calib::ExpertCalibration::All : calib::ExpertCalibration::Routed;
   if (a.forward_device == "cuda" && a.device != "cuda")
     bad_usage("--forward-device cuda needs --device cuda (the forward pass runs where GPTQ does, or on the CPU)");
   g.restart = a.restart;
@@ -206,6 +208,11 @@ void register_quantize(CLI::App& app) {
                            "with --device cuda (fp32 in host memory, GPTQ on the GPU: for a model whose GPU pass does not "
                            "fit the GPU)"))
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  gptq_opt(cmd->add_option("--expert-calibration", a->expert_calibration,
+                           "gptq, mixture-of-experts models: routed (the default: each expert's Hessian from the tokens "
+                           "the router sends it) or all (from every token, as llm-compressor's calibrate_all_experts: "
+                           "no expert goes uncalibrated; the hidden states still follow the router)"))
+      ->check(CLI::IsMember({"routed", "all"}));
   gptq_opt(cmd->add_flag("--restart", a->restart,
                          "gptq: discard an unfinished job (OUT_DIR.marlinc-job/) instead of resuming it, and start "
                          "fresh"));

@@ -171,6 +171,10 @@ if [ "${SKIP_VERIFY:-0}" != 1 ]; then
     "$tmp/sample_arch_qwen2_moe_cpufwd/config.json" 2>&1)
   [ "$fd" = cpu ] || status=1
   summary+=("--forward-device cpu: the output's config records forward_device = $fd")
+  # Every expert calibrated on every token (the outputs still follow the router).
+  sample_variant arch_qwen3_moe_all tests/data/arch-golden/qwen3_moe "qwen3_moe fixture, --expert-calibration all" \
+    "CPU kernel numerics" --format gptq --group 32 --calib "$tokens" --calib-format tokens --samples 16 --min-len 32 \
+    --expert-calibration all
   if [ "${SKIP_VERIFY_8B:-0}" != 1 ]; then
     t0=$(date +%s)
     "$BUILD/bench/bench_convert" --dir "$tmp/bc" --blocks "${VERIFY_BLOCKS:-32}" --reps 1 --keep > "$OUT/bench_convert.log" 2>&1 || status=1

@@ -23,6 +23,12 @@ LinearInput input_of(Linear l) {
   return LinearInput::QKV;
 }
 
+std::pair<LinearInput, int32_t> hessian_key(LinearRef r, ExpertCalibration ec) {
+  const LinearInput g = input_of(r.l);
+  if (ec == ExpertCalibration::All && g == LinearInput::GateUp && r.expert >= 0) return {g, kAllExperts};
+  return {g, r.expert};
+}
+
 size_t cpu_pass_chunk_samples() { return size_t(std::max(1, 2 * omp_get_max_threads())); }
 
 std::vector<QuantizedLinear> CalibPass::quantize_all(const std::vector<LinearRef>& ls, const std::vector<GptqOptions>& o,
@@ -80,7 +86,8 @@ class RowStage {
 
 class CpuPass : public CalibPass {
  public:
-  CpuPass(const LlamaModel& m, const std::vector<std::vector<int32_t>>& samples) : m_(m), hs_(samples.size()) {
+  CpuPass(const LlamaModel& m, const std::vector<std::vector<int32_t>>& samples, ExpertCalibration ec)
+      : m_(m), ec_(ec), hs_(samples.size()) {
     const auto t0 = Clock::now();
     for (size_t i = 0; i < hs_.size(); ++i) hs_[i] = m.embed(samples[i]);  // [T_i, hidden]
     t_.forward += since(t0);
@@ -100,7 +107,7 @@ class CpuPass : public CalibPass {
     std::map<Key, HessianAccumulator> acc;
     for (LinearInput g : groups)
       for (LinearRef r : block_linears(c, W_.index, g))
-        acc.try_emplace(Key{g, r.expert}, group_in_features(c, g, r.expert));
+        acc.try_emplace(hessian_key(r, ec_), group_in_features(c, g, r.expert));
     const size_t chunk = cpu_pass_chunk_samples();
     // The routed experts' accumulators; every other one reads all the tokens.
     std::vector<std::pair<const Key, HessianAccumulator>*> routed;
@@ -113,9 +120,12 @@ class CpuPass : public CalibPass {
       const auto t0 = Clock::now();
       parallel_each(cn, [&](size_t i) {
         Matrix x = hs_[c0 + i];
-        m_.block_forward(x, W_, [&](LinearInput g, int32_t expert, const Matrix& X) {
-          if (acc.count(Key{g, expert})) inputs[i][Key{g, expert}] = X;
-        });
+        m_.block_forward(
+            x, W_,
+            [&](LinearInput g, int32_t expert, const Matrix& X) {
+              if (acc.count(Key{g, expert})) inputs[i][Key{g, expert}] = X;
+            },
+            ec_);
       });
       t_.forward += since(t0);
       const auto th = Clock::now();
@@ -156,12 +166,12 @@ class CpuPass : public CalibPass {
   }
 
   int64_t hessian_tokens(LinearRef r) const override {
-    const auto it = tokens_.find(Key{input_of(r.l), r.expert});
+    const auto it = tokens_.find(hessian_key(r, ec_));
     return it == tokens_.end() ? 0 : it->second;
   }
 
   QuantizedLinear quantize(LinearRef r, const GptqOptions& o, GptqStats* stats) override {
-    const Key key{input_of(r.l), r.expert};
+    const Key key = hessian_key(r, ec_);
     if (!tokens_.count(key)) fail(ErrorKind::Internal, o.name + ": quantized before its group's Hessian was captured");
     const auto t0 = Clock::now();
     const Matrix& Wl = W_.weight(r);  // [n, k]
@@ -191,6 +201,7 @@ class CpuPass : public CalibPass {
   using Key = std::pair<LinearInput, int32_t>;  // (input group, expert or kDenseMlp / kSharedExpert)
 
   const LlamaModel& m_;
+  const ExpertCalibration ec_;
   std::vector<Matrix> hs_;  // [samples] x [T_i, hidden]
   BlockWeights W_;
   std::map<Key, Eigen::MatrixXf> H_;  // finalized Hessians [k, k] from the last captures
@@ -199,8 +210,9 @@ class CpuPass : public CalibPass {
 
 }  // namespace
 
-std::unique_ptr<CalibPass> make_cpu_pass(const LlamaModel& m, const std::vector<std::vector<int32_t>>& samples) {
-  return std::make_unique<CpuPass>(m, samples);
+std::unique_ptr<CalibPass> make_cpu_pass(const LlamaModel& m, const std::vector<std::vector<int32_t>>& samples,
+                                         ExpertCalibration ec) {
+  return std::make_unique<CpuPass>(m, samples, ec);
 }
 
 }  // namespace marlinc::calib

@@ -56,9 +56,15 @@ size_t cpu_pass_chunk_samples();
 // The group whose Hessian a linear uses.
 LinearInput input_of(Linear l);
 
+// The Hessian an MoE block's linear r uses under ec: (group, expert), or for the routed experts' gate/up under
+// ExpertCalibration::All the one every expert shares (kAllExperts).
+std::pair<LinearInput, int32_t> hessian_key(LinearRef r, ExpertCalibration ec);
+
 // The CPU pass runs GPTQ where each linear's options say (o.device).
-std::unique_ptr<CalibPass> make_cpu_pass(const LlamaModel& m, const std::vector<std::vector<int32_t>>& samples);
+std::unique_ptr<CalibPass> make_cpu_pass(const LlamaModel& m, const std::vector<std::vector<int32_t>>& samples,
+                                         ExpertCalibration ec = ExpertCalibration::Routed);
 // Defined only in builds with MARLINC_CUDA (gpu_calib.cpp).
-std::unique_ptr<CalibPass> make_gpu_pass(const LlamaModel& m, const std::vector<std::vector<int32_t>>& samples);
+std::unique_ptr<CalibPass> make_gpu_pass(const LlamaModel& m, const std::vector<std::vector<int32_t>>& samples,
+                                         ExpertCalibration ec = ExpertCalibration::Routed);
 
 }  // namespace marlinc::calib

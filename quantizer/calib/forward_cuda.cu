@@ -366,6 +366,7 @@ struct CudaForward::Impl {
   DBuf<float> cosv_long, sinv_long;        // [max_len, rot/2] longrope's long table, or empty
   bool layer_sliding = true, layer_local = false, layer_rope = true;  // set_layer
   bool layer_moe = false;
+  bool experts_see_all = false;            // set_experts_see_all
   std::array<Slot, kSlots> dense;          // the block's linears, a dense MLP's, the router, the shared gate
   std::unique_ptr<std::array<Slot, 3>[]> routed;  // [experts] gate, up, down of each routed expert
   std::array<Slot, 3> shared;              // Qwen2-MoE's shared expert
@@ -797,6 +798,8 @@ void CudaForward::set_layer(bool sliding, bool local_rope, bool rope, bool moe) 
   I.layer_rope = rope;
 }
 
+void CudaForward::set_experts_see_all(bool all) { p_->experts_see_all = all; }
+
 void CudaForward::set_vector(GpuVec which, const float* v, size_t count) {
   Impl& I = *p_;
   const int w = int(which);
@@ -984,7 +987,8 @@ bool CudaForward::Impl::moe(const Chunk& ch, const bool want[4], int last, bool 
     }
   };
   if (want[kGGateUp]) {
-    each_expert([&](int32_t e, int64_t r0, int64_t n) { gram(kGGateUp, xe + r0 * hid, n, e); });
+    if (experts_see_all) gram(kGGateUp, x, tc, kGpuAllExperts);
+    else each_expert([&](int32_t e, int64_t r0, int64_t n) { gram(kGGateUp, xe + r0 * hid, n, e); });
     if (si > 0) gram(kGGateUp, x, tc, kGpuSharedExpert);
   }
   if (!update && last == kGGateUp) return false;
@@ -995,10 +999,20 @@ bool CudaForward::Impl::moe(const Chunk& ch, const bool want[4], int last, bool 
   });
   glu_kernel<A><<<stride_grid(rows * mi), kThreads, 0, stream>>>(gate.p, up.p, rows * mi, c.activation, a);
   FWD_CHECK(cudaGetLastError());
-  if (want[kGDown]) each_expert([&](int32_t e, int64_t r0, int64_t n) { gram(kGDown, a + r0 * mi, n, e); });
+  if (want[kGDown] && !experts_see_all)
+    each_expert([&](int32_t e, int64_t r0, int64_t n) { gram(kGDown, a + r0 * mi, n, e); });
   if (update)
     each_expert([&](int32_t e, int64_t r0, int64_t n) { linear(kDown, a + r0 * mi, n, yg.p + r0 * hid, 0.0f, false, e); });
-  // The shared expert reuses the MLP scratch: the routed experts are done with it.
+  // Each expert's down input on every token, in the MLP scratch the routed experts are done with.
+  if (want[kGDown] && experts_see_all)
+    for (int32_t e = 0; e < int32_t(E); ++e) {
+      linear(kGate, x, tc, gate.p, 0.0f, false, e);
+      linear(kUp, x, tc, up.p, 0.0f, false, e);
+      glu_kernel<A><<<stride_grid(tc * mi), kThreads, 0, stream>>>(gate.p, up.p, tc * mi, c.activation, a);
+      FWD_CHECK(cudaGetLastError());
+      gram(kGDown, a, tc, e);
+    }
+  // The shared expert reuses the MLP scratch too.
   if (si > 0) {
     linear(kGate, x, tc, gate.p, 0.0f, false, kGpuSharedExpert);
     linear(kUp, x, tc, up.p, 0.0f, false, kGpuSharedExpert);

@@ -33,6 +33,8 @@ enum class GpuActivation { Silu, GeluTanh, Gelu };
 // Expert indices as llama.h's LinearRef holds them: routed expert e >= 0, the dense MLP (and the attention
 // linears), Qwen2-MoE's shared expert (gpu_calib.cpp pins the correspondence).
 constexpr int32_t kGpuDenseMlp = -1, kGpuSharedExpert = -2;
+// The Hessian key every routed expert's gate/up share when the experts are calibrated on all tokens.
+constexpr int32_t kGpuAllExperts = -3;
 // Linear indices past llama.h's seven (Q..Down = 0..6): an MoE block's router [experts, hidden] and
 // Qwen2-MoE's shared-expert gate [1, hidden]. Both run as 16-bit GEMMs like the other linears.
 constexpr int kGpuRouter = 7, kGpuSharedGate = 8;
@@ -130,6 +132,9 @@ class CudaForward {
   // RoPE table, and with RoPE at all (SmolLM3's NoPE layers: without); its MLP a mixture of experts or
   // dense. A new CudaForward starts with (true, false, true, false), Mistral's every layer.
   void set_layer(bool sliding, bool local_rope, bool rope = true, bool moe = false);
+  // MoE Hessians from every token (llama.h's ExpertCalibration::All): one gate/up sum under kGpuAllExperts and
+  // each expert's down sum from its activations on all tokens; the outputs still follow the router.
+  void set_experts_see_all(bool all);
 
   // Runs the current block over every sample. The inputs of the groups with capture[g] set are added
   // to their Hessian sums (an MoE block's GateUp and Down: one per expert, from its routed rows). With update the hidden states become the block's outputs; without it they

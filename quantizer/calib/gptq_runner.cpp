@@ -273,6 +273,8 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
   I.tokens = cs.tokens;
   const bool on_gpu = base.device == GptqOptions::Device::Cuda;
   if (go.forward_on_cpu && !on_gpu) bad_usage("--forward-device cpu: GPTQ runs on the CPU already (--device cpu)");
+  if (go.expert_calibration == ExpertCalibration::All && !c.has_moe())
+    bad_usage("--expert-calibration all: " + c.architecture + " has no mixture-of-experts layer");
   const bool gpu_forward = on_gpu && !go.forward_on_cpu;
   std::string need;
   std::vector<size_t> lengths;
@@ -302,7 +304,7 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
   // An interrupted run with the same inputs left its finished blocks beside the output (job_file.h).
   const std::filesystem::path job_dir = job_dir_for(out);
   if (go.restart && discard_job(job_dir)) say("--restart: discarded the unfinished job in " + job_dir.string());
-  GptqJob resume = GptqJob::open(job_dir, job_inputs(ck, qo, base, go.true_sequential, go.forward_on_cpu, cs), c.layers);
+  GptqJob resume = GptqJob::open(job_dir, job_inputs(ck, qo, base, go.true_sequential, go.forward_on_cpu, go.expert_calibration, cs), c.layers);
   const int64_t resumed = resume.finished_blocks();
   I.resumed_blocks = resumed;
   if (resumed > 0)
@@ -334,9 +336,9 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
   // The samples' embeddings become the first block's inputs inside the pass (CPU or GPU).
   std::unique_ptr<CalibPass> pass;
 #ifdef MARLINC_HAVE_CUDA
-  if (gpu_forward) pass = make_gpu_pass(model, cs.samples);
+  if (gpu_forward) pass = make_gpu_pass(model, cs.samples, go.expert_calibration);
 #endif
-  if (!pass) pass = make_cpu_pass(model, cs.samples);
+  if (!pass) pass = make_cpu_pass(model, cs.samples, go.expert_calibration);
 
   BlockSaver saver(resume);
   double computed_s = 0;  // wall time of the blocks this run computed (not replayed)
@@ -492,6 +494,7 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
                            {"true_sequential", go.true_sequential},
                            {"calibration", I.calibration}};
   if (on_gpu) record["forward_device"] = gpu_forward ? "cuda" : "cpu";  // the pass's arithmetic: 16-bit or fp32 GEMMs
+  if (c.has_moe()) record["expert_calibration"] = go.expert_calibration == ExpertCalibration::All ? "all" : "routed";
   if (!uncalibrated.empty()) {
     record["uncalibrated_experts"] = uncalibrated;
     rep.notes.push_back(std::to_string(uncalibrated.size()) + " experts had no calibration token routed to them and "

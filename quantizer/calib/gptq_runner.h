@@ -39,6 +39,8 @@ struct GptqRunOptions {
   // With gptq.device Cuda: run the forward pass and the Hessians on the CPU (fp32) and only GPTQ on the GPU, for
   // a model whose GPU pass (hidden states, one block, its Hessians) does not fit the device's memory.
   bool forward_on_cpu = false;
+  // MoE models: each expert's Hessian from the tokens routed to it, or from every token (llama.h).
+  ExpertCalibration expert_calibration = ExpertCalibration::Routed;
   // The built-in default: how many samples the model generates, and their lengths (BOS included).
   size_t generated_samples = 32, generated_min_len = 16, generated_max_len = 64;
   // Discard an unfinished job of this output instead of resuming it or refusing a mismatched one.

@@ -27,7 +27,8 @@ static_assert(int(Linear::Q) == 0 && int(Linear::O) == 3 && int(Linear::Down) ==
 static_assert(int(LinearInput::QKV) == 0 && int(LinearInput::O) == 1 && int(LinearInput::GateUp) == 2 &&
               int(LinearInput::Down) == 3, "CudaForward's group order");
 static_assert(int(GpuVec::BiasDown) - int(GpuVec::BiasQ) == int(Linear::Down), "biases follow the linear order");
-static_assert(kGpuDenseMlp == kDenseMlp && kGpuSharedExpert == kSharedExpert, "CudaForward's MLP indices");
+static_assert(kGpuDenseMlp == kDenseMlp && kGpuSharedExpert == kSharedExpert && kGpuAllExperts == kAllExperts,
+              "CudaForward's MLP indices");
 static_assert(int(GpuActivation::Silu) == int(Activation::Silu) && int(GpuActivation::GeluTanh) == int(Activation::GeluTanh) &&
               int(GpuActivation::Gelu) == int(Activation::Gelu), "the activations' order");
 
@@ -363,10 +364,11 @@ class GpuPass : public CalibPass {
   // group holds two or three linears per expert, each small: more at once keep the GPU busy.
   static constexpr size_t kConcurrentLayers = 3, kConcurrentExpertLayers = 8;
 
-  GpuPass(const LlamaModel& m, const std::vector<std::vector<int32_t>>& samples)
-      : m_(m), workers_(m.config().has_moe() ? kConcurrentExpertLayers : kConcurrentLayers) {
+  GpuPass(const LlamaModel& m, const std::vector<std::vector<int32_t>>& samples, ExpertCalibration ec)
+      : m_(m), ec_(ec), workers_(m.config().has_moe() ? kConcurrentExpertLayers : kConcurrentLayers) {
     const auto t0 = Clock::now();
     f_ = make_gpu_forward(m, samples);
+    f_->set_experts_see_all(ec == ExpertCalibration::All);
     t_.forward += since(t0);
   }
 
@@ -397,7 +399,10 @@ class GpuPass : public CalibPass {
     return q;
   }
 
-  int64_t hessian_tokens(LinearRef r) const override { return f_->hessian_rows(int(input_of(r.l)), r.expert); }
+  int64_t hessian_tokens(LinearRef r) const override {
+    const auto [g, e] = hessian_key(r, ec_);
+    return f_->hessian_rows(int(g), e);
+  }
 
   // The Hessians are finalized first, in order, each replacing its sum (so an MoE block holds one k x k matrix per
   // expert and group, not two); then the linears run on the pass's worker threads, as many at once as the
@@ -407,18 +412,19 @@ class GpuPass : public CalibPass {
     const LlamaConfig& c = m_.config();
     const auto th = Clock::now();
     for (size_t i = 0; i < ls.size(); ++i) {
-      const int g = int(input_of(ls[i].l));
-      const Key key{g, ls[i].expert};
+      const auto [gi, expert] = hessian_key(ls[i], ec_);
+      const int g = int(gi);
+      const Key key{g, expert};
       if (!captured_[size_t(g)]) fail(ErrorKind::Internal, o[i].name + ": quantized before its group's Hessian was captured");
       if (H_.count(key)) continue;
-      const int64_t k = group_in_features(c, LinearInput(g), ls[i].expert), rows = f_->hessian_rows(g, ls[i].expert);
+      const int64_t k = group_in_features(c, gi, ls[i].expert), rows = f_->hessian_rows(g, expert);
       cuda_util::DBuf<float> H;
       H.reserve(size_t(k * k), o[i].name + ": Hessian");
       if (rows > 0) {
-        const float* sum = f_->hessian_sum(g, ls[i].expert);
+        const float* sum = f_->hessian_sum(g, expert);
         if (!sum) fail(ErrorKind::Internal, o[i].name + ": its Hessian sum was released before it was finalized");
         hessian_finalize_cuda_device(sum, k, rows, H.p, o[i].name);
-        f_->release_hessian(g, ls[i].expert);
+        f_->release_hessian(g, expert);
       } else {
         identity(H.p, k, o[i].name);  // an expert no token was routed to: H = I, as the CPU pass gives it
       }
@@ -445,7 +451,8 @@ class GpuPass : public CalibPass {
     for (size_t i0 = 0; i0 < ls.size(); i0 += at_once) {
       workers_.run(std::min(at_once, ls.size() - i0), [&](size_t j) {
         const size_t i = i0 + j;
-        const Key key{int(input_of(ls[i].l)), ls[i].expert};
+        const auto [g, expert] = hessian_key(ls[i], ec_);
+        const Key key{int(g), expert};
         const int64_t k = group_in_features(c, input_of(ls[i].l), ls[i].expert);
         GptqOptions go = o[i];
         go.device = GptqOptions::Device::Cuda;
@@ -468,6 +475,7 @@ class GpuPass : public CalibPass {
   using Key = std::pair<int, int32_t>;  // (input group, expert or kDenseMlp / kSharedExpert)
 
   const LlamaModel& m_;
+  const ExpertCalibration ec_;
   std::unique_ptr<CudaForward> f_;
   int64_t block_ = -1;
   std::map<Key, cuda_util::DBuf<float>> H_;  // finalized Hessians [k, k] on the device
@@ -477,8 +485,9 @@ class GpuPass : public CalibPass {
 
 }  // namespace
 
-std::unique_ptr<CalibPass> make_gpu_pass(const LlamaModel& m, const std::vector<std::vector<int32_t>>& samples) {
-  return std::make_unique<GpuPass>(m, samples);
+std::unique_ptr<CalibPass> make_gpu_pass(const LlamaModel& m, const std::vector<std::vector<int32_t>>& samples,
+                                         ExpertCalibration ec) {
+  return std::make_unique<GpuPass>(m, samples, ec);
 }
 
 }  // namespace marlinc::calib

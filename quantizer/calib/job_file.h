@@ -53,9 +53,11 @@ struct JobInputs {
   nlohmann::json json = nlohmann::json::object();
   std::string fingerprint() const;  // SHA-256 hex of json.dump()
 };
+enum class ExpertCalibration;  // llama.h
+
 // `gptq` is the effective per-layer options (bits, group and 2:4 already filled in by the runner).
 JobInputs job_inputs(const Checkpoint& ck, const QuantizeOptions& qo, const GptqOptions& gptq, bool true_sequential,
-                     bool forward_on_cpu, const CalibSet& cs);
+                     bool forward_on_cpu, ExpertCalibration ec, const CalibSet& cs);
 // One line per difference, e.g. "options group: job 128, now 64" (long values shortened).
 std::vector<std::string> describe_differences(const nlohmann::json& job, const nlohmann::json& now);
 

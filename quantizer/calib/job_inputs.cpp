@@ -7,6 +7,7 @@
 #include "checkpoint/sha256.h"
 #include "quantizer/calib/job_file.h"
 #include "quantizer/calib/job_file_internal.h"
+#include "quantizer/calib/llama.h"
 
 namespace marlinc::calib {
 
@@ -26,7 +27,7 @@ std::string float_text(float v) {
 }  // namespace
 
 JobInputs job_inputs(const Checkpoint& ck, const QuantizeOptions& qo, const GptqOptions& g, bool true_sequential,
-                     bool forward_on_cpu, const CalibSet& cs) {
+                     bool forward_on_cpu, ExpertCalibration ec, const CalibSet& cs) {
   JobInputs in;
   json model = json::object();
   const fs::path cfg = ck.dir() / "config.json";
@@ -74,6 +75,7 @@ JobInputs job_inputs(const Checkpoint& ck, const QuantizeOptions& qo, const Gptq
                         {"marlinc", MARLINC_VERSION}};
   // Only when set, so that jobs of the default runs keep their fingerprint.
   if (forward_on_cpu) in.json["options"]["forward_device"] = "cpu";
+  if (ec == ExpertCalibration::All) in.json["options"]["expert_calibration"] = "all";
   // Each sample as its length then its ids, so [[1, 2], [3]] and [[1], [2, 3]] hash differently.
   Sha256 ids;
   for (const auto& s : cs.samples) {

@@ -757,7 +757,7 @@ Matrix LlamaModel::embed(std::span<const int32_t> tokens) const {
   return h;
 }
 
-void LlamaModel::block_forward(Matrix& hidden, const BlockWeights& w, const InputHook& hook) const {
+void LlamaModel::block_forward(Matrix& hidden, const BlockWeights& w, const InputHook& hook, ExpertCalibration ec) const {
   const LlamaConfig& c = cfg_;
   const Eigen::Index T = hidden.rows(), hd = c.head_dim, H = c.heads, KV = c.kv_heads;
   const Eigen::Index group = H / KV, half = c.rotary_dim / 2;  // rotated pairs (i, i + half), i < half
@@ -840,7 +840,7 @@ void LlamaModel::block_forward(Matrix& hidden, const BlockWeights& w, const Inpu
   x = hidden;
   rms_norm_rows(x.data(), T, x.cols(), w.post_norm, c.rms_eps);
   if (w.moe) {
-    add_output(moe_mlp(c, w, x, hook), w.mlp_out_norm);
+    add_output(moe_mlp(c, w, x, hook, ec), w.mlp_out_norm);
     return;
   }
   if (hook) hook(LinearInput::GateUp, kDenseMlp, x);

@@ -121,6 +121,13 @@ inline constexpr Linear kAllLinears[] = {Linear::Q, Linear::K, Linear::V, Linear
 // Which MLP a gate/up/down linear belongs to: the block's dense MLP, routed expert e >= 0 of an MoE block,
 // or Qwen2-MoE's shared expert. Attention linears are always kDenseMlp.
 inline constexpr int32_t kDenseMlp = -1, kSharedExpert = -2;
+// How an MoE block's routed experts are calibrated: each on the tokens the router sends it (what it sees at
+// inference; an expert no token reaches has no Hessian), or each on every token (llm-compressor's
+// calibrate_all_experts, GPTQModel's routing bypass: full-rank Hessians for all of them). The block's output
+// follows the router either way.
+enum class ExpertCalibration { Routed, All };
+// Under ExpertCalibration::All the routed experts' gate/up read one input, every token's: its hook key.
+inline constexpr int32_t kAllExperts = -3;
 struct LinearRef {
   Linear l = Linear::Q;
   int32_t expert = kDenseMlp;
@@ -183,7 +190,8 @@ class LinearProvider {
 
 // Called by block_forward with each linear group's input, [T, in_features], before the linears run; for an
 // MoE block's experts, with the rows of the tokens routed to `expert` (in token order; not called for an
-// expert no token reached).
+// expert no token reached) -- under ExpertCalibration::All once with every token for gate/up (expert
+// kAllExperts) and, for each expert's down, its activations on every token.
 using InputHook = std::function<void(LinearInput, int32_t expert, const Matrix&)>;
 
 class LlamaModel {
@@ -207,7 +215,8 @@ class LlamaModel {
   Matrix embed(std::span<const int32_t> tokens) const;  // [T, hidden]
   // One decoder block on one unpadded sequence at positions 0..T-1 (causal mask), in place on
   // hidden [T, hidden]. hook, when set, sees the inputs of the four linear groups.
-  void block_forward(Matrix& hidden, const BlockWeights& w, const InputHook& hook = nullptr) const;
+  void block_forward(Matrix& hidden, const BlockWeights& w, const InputHook& hook = nullptr,
+                     ExpertCalibration ec = ExpertCalibration::Routed) const;
   Matrix final_norm(const Matrix& hidden) const;  // [T, hidden]
   Matrix logits(const Matrix& normed) const;      // [T, vocab]
 
@@ -265,7 +274,8 @@ Routing route_tokens(const LlamaConfig& c, const Matrix& router /*[E, hidden]*/,
 // the logits and routes with this, so both passes route by one rule).
 void route_logits(const LlamaConfig& c, const float* logits, int64_t T, int64_t E, int32_t* expert, float* weight);
 // The MoE MLP's output [T, hidden] for its normed input x [T, hidden]; hook sees each expert's routed rows.
-Matrix moe_mlp(const LlamaConfig& c, const BlockWeights& w, const Matrix& x, const InputHook& hook);
+Matrix moe_mlp(const LlamaConfig& c, const BlockWeights& w, const Matrix& x, const InputHook& hook,
+               ExpertCalibration ec = ExpertCalibration::Routed);
 // Parses the MoE keys of config.json into c.moe (c.family, c.layers and c.intermediate already set).
 void parse_moe(const nlohmann::json& cfg, LlamaConfig& c, const std::string& label);
 

@@ -111,8 +111,18 @@ Routing route_tokens(const LlamaConfig& c, const Matrix& router, const Matrix& x
   return r;
 }
 
-Matrix moe_mlp(const LlamaConfig& c, const BlockWeights& w, const Matrix& x, const InputHook& hook) {
+Matrix moe_mlp(const LlamaConfig& c, const BlockWeights& w, const Matrix& x, const InputHook& hook,
+               ExpertCalibration ec) {
   const int64_t T = x.rows(), E = static_cast<int64_t>(w.experts.size());
+  const bool all = ec == ExpertCalibration::All;
+  const Vector none;
+  if (hook && all) {  // every expert calibrated on every token; the output below still follows the router
+    hook(LinearInput::GateUp, kAllExperts, x);
+    for (int64_t e = 0; e < E; ++e) {
+      const ExpertWeights& ex = w.experts[size_t(e)];
+      hook(LinearInput::Down, static_cast<int32_t>(e), mlp_hidden(c, x, ex.gate, ex.up, none, none));  // [T, inter]
+    }
+  }
   const Routing r = route_tokens(c, w.router, x);
   // Each expert's tokens, in token order, and their routing weights.
   std::vector<std::vector<int64_t>> rows(static_cast<size_t>(E));
@@ -123,7 +133,6 @@ Matrix moe_mlp(const LlamaConfig& c, const BlockWeights& w, const Matrix& x, con
       rows[e].push_back(t);
       weights[e].push_back(r.weight[size_t(t * r.top_k + j)]);
     }
-  const Vector none;
   Matrix out = Matrix::Zero(T, x.cols());  // [T, hidden]
   // Experts in index order, each adding its weighted output to its tokens' rows (transformers' index_add_).
   for (int64_t e = 0; e < E; ++e) {
@@ -132,9 +141,9 @@ Matrix moe_mlp(const LlamaConfig& c, const BlockWeights& w, const Matrix& x, con
     Matrix xe(static_cast<Eigen::Index>(rs.size()), x.cols());  // [n_e, hidden]
     for (size_t i = 0; i < rs.size(); ++i) xe.row(static_cast<Eigen::Index>(i)) = x.row(rs[i]);
     const ExpertWeights& ex = w.experts[size_t(e)];
-    if (hook) hook(LinearInput::GateUp, static_cast<int32_t>(e), xe);
+    if (hook && !all) hook(LinearInput::GateUp, static_cast<int32_t>(e), xe);
     const Matrix h = mlp_hidden(c, xe, ex.gate, ex.up, none, none);  // [n_e, inter]
-    if (hook) hook(LinearInput::Down, static_cast<int32_t>(e), h);
+    if (hook && !all) hook(LinearInput::Down, static_cast<int32_t>(e), h);
     const Matrix y = h * ex.down.transpose();  // [n_e, hidden]
     for (size_t i = 0; i < rs.size(); ++i)
       out.row(rs[i]) += weights[size_t(e)][i] * y.row(static_cast<Eigen::Index>(i));

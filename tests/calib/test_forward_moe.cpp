@@ -350,6 +350,67 @@ TEST_CASE("The CPU calibration pass gives each expert the Hessian of its routed 
   CHECK(got.scales == want.scales);
 }
 
+TEST_CASE("ExpertCalibration::All: every expert's hook sees every token, the output still follows the router",
+          "[forward][moe]") {
+  const LlamaModel model = LlamaModel::open(fixture("qwen2_moe"));  // block 0: 4 experts and the shared expert
+  const LlamaConfig& c = model.config();
+  const BlockWeights w = model.load_block(0);
+  const SafetensorsFile golden = SafetensorsFile::open(fixture("qwen2_moe") / "golden.safetensors");
+  const std::vector<int32_t> tokens = golden_tokens(golden, 0);
+  const int64_t T = int64_t(tokens.size());
+  Matrix routed = model.embed(tokens), all = routed;
+  std::map<std::pair<LinearInput, int32_t>, Matrix> seen_routed, seen_all;
+  model.block_forward(routed, w, [&](LinearInput g, int32_t e, const Matrix& x) { seen_routed[{g, e}] = x; });
+  model.block_forward(
+      all, w, [&](LinearInput g, int32_t e, const Matrix& x) { seen_all[{g, e}] = x; }, ExpertCalibration::All);
+  CHECK(all == routed);  // the same arithmetic for the output, bit for bit
+  const Matrix& x = seen_all.at({LinearInput::GateUp, kAllExperts});
+  CHECK(x.rows() == T);
+  CHECK(x == seen_all.at({LinearInput::GateUp, kSharedExpert}));  // the MLP's normed input, every token
+  for (int32_t e = 0; e < int32_t(c.moe.experts); ++e) {
+    INFO("expert " << e);
+    CHECK_FALSE(seen_all.count({LinearInput::GateUp, e}));
+    const Matrix& down = seen_all.at({LinearInput::Down, e});
+    REQUIRE(down.rows() == T);
+    CHECK(down.cols() == c.moe.expert_intermediate);
+    // On the tokens the router sends the expert, its activations are the routed pass's (the same rows of the same
+    // product, up to the GEMM's blocking).
+    const auto it = seen_routed.find({LinearInput::Down, e});
+    if (it == seen_routed.end()) continue;
+    const Matrix& xe = seen_routed.at({LinearInput::GateUp, e});
+    int64_t matched = 0;
+    for (int64_t t = 0; t < T && matched < xe.rows(); ++t)
+      if (x.row(t) == xe.row(matched)) {
+        CHECK((down.row(t) - it->second.row(matched)).cwiseAbs().maxCoeff() <=
+              1e-5f * std::max(1.0f, it->second.row(matched).cwiseAbs().maxCoeff()));
+        ++matched;
+      }
+    CHECK(matched == xe.rows());
+  }
+  // The CPU pass under All: every expert's gate/up and down have every token, so none is left uncalibrated
+  // even on a 3-token sample that reaches at most 6 of qwen3_moe's 8 experts.
+  const LlamaModel m3 = LlamaModel::open(fixture("qwen3_moe"));
+  const std::vector<std::vector<int32_t>> one = {{5, 9, 17}};
+  auto by_route = make_cpu_pass(m3, one), by_all = make_cpu_pass(m3, one, ExpertCalibration::All);
+  for (auto* p : {by_route.get(), by_all.get()}) {
+    p->load(0);
+    p->capture({LinearInput::QKV, LinearInput::O, LinearInput::GateUp, LinearInput::Down});
+  }
+  int unreached = 0;
+  for (int32_t e = 0; e < int32_t(m3.config().moe.experts); ++e) {
+    unreached += by_route->hessian_tokens(LinearRef(Linear::Gate, e)) == 0;
+    CHECK(by_all->hessian_tokens(LinearRef(Linear::Gate, e)) == 3);
+    CHECK(by_all->hessian_tokens(LinearRef(Linear::Down, e)) == 3);
+  }
+  CHECK(unreached >= 2);
+  GptqOptions o;
+  o.group_size = 32;
+  o.name = "expert 0 down";
+  GptqStats st;
+  by_all->quantize(LinearRef(Linear::Down, 0), o, &st);
+  CHECK(st.loss >= 0);
+}
+
 TEST_CASE("The CPU pass's expert Hessians are the same sums whatever the thread count", "[forward][moe]") {
   // 24 samples of 100-146 tokens: several hundred routed rows per expert, more than one batch of staged rows
   // (calib_pass.cpp), in chunks of samples that differ between 1 and 3 threads. GPTQ's loss is a continuous

@@ -349,3 +349,36 @@ TEST_CASE("gptq options that do not fit exit 2 naming the option, leaving no out
     CHECK(!fs::exists(td.path / "g"));
   }
 }
+
+TEST_CASE("gptq --expert-calibration all: no expert left uncalibrated, recorded in the config; refused on dense models",
+          "[cli][gptq][moe]") {
+  TempDir td("gptq-experts-all");
+  const fs::path model = fs::path(MARLINC_SOURCE_DIR) / "tests" / "data" / "arch-golden" / "qwen3_moe";
+  // One 6-token sample: top-2 of 8 experts over 6 tokens leaves some expert of block 0 or 1 without a token.
+  std::ofstream(td.path / "ids.jsonl") << "[5, 9, 17, 33, 2, 71]\n";
+  const std::string common = " --method gptq --format gptq --group 32 --min-len 4 --calib " + q(td.path / "ids.jsonl");
+  Result r = run_cli("quantize " + q(model) + " " + q(td.path / "routed") + common, td.path);
+  REQUIRE(r.rc == 0);
+  r = run_cli("quantize " + q(model) + " " + q(td.path / "all") + common + " --expert-calibration all", td.path);
+  INFO(r.out << r.err);
+  REQUIRE(r.rc == 0);
+  const auto marlinc_record = [&](const char* dir) {
+    return nlohmann::json::parse(slurp(td.path / dir / "config.json"))["quantization_config"]["marlinc"];
+  };
+  CHECK(marlinc_record("routed")["expert_calibration"] == "routed");
+  CHECK(marlinc_record("routed").contains("uncalibrated_experts"));
+  CHECK(marlinc_record("all")["expert_calibration"] == "all");
+  CHECK_FALSE(marlinc_record("all").contains("uncalibrated_experts"));
+  CHECK(r.out.find("loss -1") == std::string::npos);  // every layer reports a calibrated GPTQ loss
+  // The packing and the kernel's arithmetic (6 calibration tokens make rank-6 Hessians: --reference would rightly
+  // flag GPTQ's fit to them on its random inputs).
+  Result v = run_cli("verify " + q(td.path / "all"), td.path);
+  CHECK(v.rc == 0);
+  // A dense model has no experts to calibrate either way.
+  r = run_cli("quantize " + q(marlinc::test::sample_model()) + " " + q(td.path / "dense") +
+                  " --method gptq --expert-calibration all",
+              td.path);
+  CHECK(r.rc == 2);
+  CHECK(r.err.find("--expert-calibration all: LlamaForCausalLM has no mixture-of-experts layer") != std::string::npos);
+  CHECK(!fs::exists(td.path / "dense"));
+}

@@ -220,22 +220,25 @@ namespace {
 // Block 0 of the model at `dir`: the GPU's Hessian sums (four groups; an MoE block's GateUp and Down per
 // expert) against the CPU accumulators fed with the CPU pass's inputs, capture-only passes leaving the hidden
 // states as they were, then the update against the CPU.
-void check_hessians_and_update(const std::filesystem::path& dir) {
-  INFO(dir.string());
+void check_hessians_and_update(const std::filesystem::path& dir, ExpertCalibration ec = ExpertCalibration::Routed) {
+  INFO(dir.string() << (ec == ExpertCalibration::All ? ", experts on all tokens" : ""));
   const LlamaModel m = LlamaModel::open(dir);
   const LlamaConfig& c = m.config();
   const auto samples = random_samples(7, 2, 60, int32_t(c.vocab), 9);
   auto f = make_gpu_forward(m, samples, GpuAct::F16, 100);
+  f->set_experts_see_all(ec == ExpertCalibration::All);
   upload_block(*f, m, 0);
   // CPU: each group's (and expert's) inputs of block 0, accumulated sample by sample.
   const BlockWeights w = m.load_block(0);
   std::map<std::pair<int, int32_t>, HessianAccumulator> acc;
   for (LinearInput g : {LinearInput::QKV, LinearInput::O, LinearInput::GateUp, LinearInput::Down})
-    for (LinearRef r : block_linears(c, 0, g)) acc.try_emplace({int(g), r.expert}, group_in_features(c, g, r.expert));
+    for (LinearRef r : block_linears(c, 0, g))
+      acc.try_emplace({int(g), hessian_key(r, ec).second}, group_in_features(c, g, r.expert));
   std::vector<Matrix> cpu_out;
   for (const auto& s : samples) {
     Matrix h = m.embed(s);
-    m.block_forward(h, w, [&](LinearInput g, int32_t e, const Matrix& x) { acc.at({int(g), e}).add(x.data(), x.rows()); });
+    m.block_forward(
+        h, w, [&](LinearInput g, int32_t e, const Matrix& x) { acc.at({int(g), e}).add(x.data(), x.rows()); }, ec);
     cpu_out.push_back(h);
   }
   const Matrix before = download_hidden(*f, 3, c.hidden);
@@ -298,6 +301,9 @@ TEST_CASE("GPU forward: an MoE block's per-expert Hessian sums and outputs equal
   check_hessians_and_update(src / "tests" / "data" / "arch-golden" / "mixtral");
   check_hessians_and_update(src / "tests" / "data" / "arch-golden" / "qwen2_moe");  // the shared expert and its gate
   check_hessians_and_update(src / "tests" / "data" / "arch-golden" / "qwen3_moe");
+  // Every expert on every token: one shared gate/up sum, each expert's down sum from all its activations.
+  check_hessians_and_update(src / "tests" / "data" / "arch-golden" / "qwen2_moe", ExpertCalibration::All);
+  check_hessians_and_update(src / "tests" / "data" / "arch-golden" / "qwen3_moe", ExpertCalibration::All);
 }
 
 TEST_CASE("GPU forward: bad shapes and unloaded blocks are refused by name", "[gpu][forward]") {
@@ -509,11 +515,11 @@ TEST_CASE("GPU ppl and the GPU calibration pass on mixture-of-experts fixtures a
   const LlamaModel m = LlamaModel::open(fx / "qwen3_moe");
   const std::vector<std::vector<int32_t>> samples = {{5, 17, 99}};
   auto cpu = make_cpu_pass(m, samples), gpu = make_gpu_pass(m, samples);
-  const std::initializer_list<LinearInput> all = {LinearInput::QKV, LinearInput::O, LinearInput::GateUp,
-                                                  LinearInput::Down};
+  const std::initializer_list<LinearInput> all_groups = {LinearInput::QKV, LinearInput::O, LinearInput::GateUp,
+                                                         LinearInput::Down};
   for (auto* p : {cpu.get(), gpu.get()}) {
     p->load(0);
-    p->capture(all);
+    p->capture(all_groups);
   }
   int unreached = 0;
   for (LinearRef r : block_linears(m.config(), 0, LinearInput::GateUp)) {
@@ -531,4 +537,18 @@ TEST_CASE("GPU ppl and the GPU calibration pass on mixture-of-experts fixtures a
   }
   CHECK(unreached >= 2);  // 3 tokens reach at most 6 of the 8
   CHECK(gpu->hessian_tokens(LinearRef(Linear::Q)) == 3);
+  // Under ExpertCalibration::All every expert has all 3 tokens, and GPTQ runs on them.
+  auto all = make_gpu_pass(m, samples, ExpertCalibration::All);
+  all->load(0);
+  all->capture(all_groups);
+  for (int32_t e = 0; e < int32_t(m.config().moe.experts); ++e) {
+    CHECK(all->hessian_tokens(LinearRef(Linear::Up, e)) == 3);
+    CHECK(all->hessian_tokens(LinearRef(Linear::Down, e)) == 3);
+  }
+  GptqOptions o;
+  o.group_size = 32;
+  o.name = "expert 0 down, all tokens";
+  GptqStats st;
+  all->quantize(LinearRef(Linear::Down, 0), o, &st);
+  CHECK(st.loss >= 0);
 }
