@@ -31,6 +31,7 @@
 #include "packer/quantized_linear.h"
 #include "quantizer/hessian.h"
 #include "quantizer/quantize_checkpoint.h"
+#include "tests/calib/expert_checks.h"
 #include "tests/calib/golden_compare.h"
 #include "tests/common.h"
 
@@ -541,14 +542,5 @@ TEST_CASE("GPU ppl and the GPU calibration pass on mixture-of-experts fixtures a
   auto all = make_gpu_pass(m, samples, ExpertCalibration::All);
   all->load(0);
   all->capture(all_groups);
-  for (int32_t e = 0; e < int32_t(m.config().moe.experts); ++e) {
-    CHECK(all->hessian_tokens(LinearRef(Linear::Up, e)) == 3);
-    CHECK(all->hessian_tokens(LinearRef(Linear::Down, e)) == 3);
-  }
-  GptqOptions o;
-  o.group_size = 32;
-  o.name = "expert 0 down, all tokens";
-  GptqStats st;
-  all->quantize(LinearRef(Linear::Down, 0), o, &st);
-  CHECK(st.loss >= 0);
+  test::check_every_expert_calibrated(*all, m.config().moe.experts, 3);
 }
