@@ -371,7 +371,7 @@ struct CudaForward::Impl {
   std::unique_ptr<std::array<Slot, 3>[]> routed;  // [experts] gate, up, down of each routed expert
   std::array<Slot, 3> shared;              // Qwen2-MoE's shared expert
   DBuf<uint8_t> m_work;                    // the kernel's workspace (locks zeroed once)
-  DBuf<uint16_t> m_out;                    // [tc, max out] its 16-bit output
+  DBuf<uint16_t> m_out;                    // its 16-bit output [rows, out], the largest call's so far
   int sms = 0;
   std::array<DBuf<float>, kVecs> vec;      // norms and biases
   std::array<bool, kVecs> has_vec{};
