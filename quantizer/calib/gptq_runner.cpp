@@ -22,6 +22,9 @@
 #include "quantizer/calib/job_file.h"
 #include "quantizer/calib/tokenizer.h"
 #include "quantizer/rtn.h"
+#ifdef MARLINC_HAVE_CUDA
+#include "quantizer/gptq_cuda.cuh"
+#endif
 
 namespace marlinc::calib {
 
@@ -288,8 +291,17 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
       say("warning: the GPU pass needs about " + mb(I.estimated_device_bytes) + " and " + mb(avail) +
           " of GPU memory are free; if it runs out, --forward-device cpu keeps the forward pass and Hessians in host "
           "memory (GPTQ stays on the GPU), or use fewer or shorter samples");
+    // GPTQ's own memory comes on top, for each linear quantized at once: the largest linear's tells.
+    double gptq_bytes = 0;
+    for (int64_t b = 0; b < c.layers; ++b)
+      for (LinearInput g : kGroups)
+        for (LinearRef r : block_linears(c, b, g)) {
+          const LinearSource s = linear_source(c, b, r);
+          gptq_bytes = std::max(gptq_bytes, gptq_cuda_device_bytes(s.rows, s.in));
+        }
+    need = mb(I.estimated_device_bytes) + " of GPU memory for the forward pass and Hessians, and " + mb(gptq_bytes) +
+           " for each GPTQ (up to " + std::to_string(gpu_gptq_at_once(c)) + " at once, as the free memory allows)";
 #endif
-    need = mb(I.estimated_device_bytes) + " of GPU memory for the forward pass and Hessians, plus GPTQ's own";
   } else {
     // The CPU pass captures a chunk of samples at a time: at worst the longest ones.
     std::sort(lengths.rbegin(), lengths.rend());

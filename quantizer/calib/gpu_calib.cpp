@@ -58,6 +58,12 @@ double available_device_bytes() {
   return double(free_b);
 }
 
+size_t gpu_gptq_at_once(const LlamaConfig& c) {
+  // q/k/v and gate/up are the groups of a dense block: three covers them. An MoE block's group holds two or three
+  // linears per expert, each small: more at once keep the GPU busy (16 measured no faster than 8).
+  return c.has_moe() ? 8 : 3;
+}
+
 GpuDims gpu_dims(const LlamaConfig& c) {
   GpuDims d;
   d.hidden = c.hidden;
@@ -360,12 +366,8 @@ class GpuPass : public CalibPass {
  public:
   // The share of the free device memory the concurrent GPTQs may plan on (the rest: fragmentation, cuBLAS).
   static constexpr double kGptqMemoryShare = 0.8;
-  // Linears quantized at once: q/k/v and gate/up are the groups; three covers them. An MoE block's
-  // group holds two or three linears per expert, each small: more at once keep the GPU busy.
-  static constexpr size_t kConcurrentLayers = 3, kConcurrentExpertLayers = 8;
-
   GpuPass(const LlamaModel& m, const std::vector<std::vector<int32_t>>& samples, ExpertCalibration ec)
-      : m_(m), ec_(ec), workers_(m.config().has_moe() ? kConcurrentExpertLayers : kConcurrentLayers) {
+      : m_(m), ec_(ec), workers_(gpu_gptq_at_once(m.config())) {
     const auto t0 = Clock::now();
     f_ = make_gpu_forward(m, samples);
     f_->set_experts_see_all(ec == ExpertCalibration::All);

@@ -19,6 +19,9 @@ void require_cuda_device(const std::string& what);
 // Device memory free to allocate now: the driver's free memory plus what the stream-ordered pool holds unused.
 double available_device_bytes();
 
+// How many GPTQs the GPU pass runs at once at most (fewer when the free device memory does not take them).
+size_t gpu_gptq_at_once(const LlamaConfig& c);
+
 GpuDims gpu_dims(const LlamaConfig& c);
 // fp16 for fp16/fp32 checkpoints; bf16 for bf16 ones (judged by block 0's q_proj).
 GpuAct gpu_act_for(const LlamaModel& m);
