@@ -350,7 +350,7 @@ TEST_CASE("gptq options that do not fit exit 2 naming the option, leaving no out
   }
 }
 
-TEST_CASE("gptq --expert-calibration all: no expert left uncalibrated, recorded in the config; refused on dense models",
+TEST_CASE("gptq --expert-calibration all: no expert left uncalibrated, recorded in the config, refused on dense models",
           "[cli][gptq][moe]") {
   TempDir td("gptq-experts-all");
   const fs::path model = fs::path(MARLINC_SOURCE_DIR) / "tests" / "data" / "arch-golden" / "qwen3_moe";
