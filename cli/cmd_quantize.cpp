@@ -65,7 +65,7 @@ calib::GptqRunOptions gptq_run_options(const QuantizeArgs& a) {
   g.gptq.damp = a.damp;
   g.gptq.device = a.device == "cuda" ? GptqOptions::Device::Cuda : GptqOptions::Device::Cpu;
   g.true_sequential = a.true_sequential;
-  g.forward_on_cpu = a.forward_device == "cpu" && a.device == "cuda";
+  g.forward_on_cpu = a.forward_device == "cpu";  // with --device cpu the runner refuses it by name
   g.expert_calibration = a.expert_calibration == "all" ? calib::ExpertCalibration::All : calib::ExpertCalibration::Routed;
   if (a.forward_device == "cuda" && a.device != "cuda")
     bad_usage("--forward-device cuda needs --device cuda (the forward pass runs where GPTQ does, or on the CPU)");

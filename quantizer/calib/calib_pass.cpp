@@ -109,11 +109,13 @@ class CpuPass : public CalibPass {
       for (LinearRef r : block_linears(c, W_.index, g))
         acc.try_emplace(hessian_key(r, ec_), group_in_features(c, g, r.expert));
     const size_t chunk = cpu_pass_chunk_samples();
-    // The routed experts' accumulators; every other one reads all the tokens.
+    // The routed experts' accumulators; every other one reads all the tokens (under ExpertCalibration::All the
+    // experts' too).
+    const auto is_routed = [&](const Key& k) { return k.second >= 0 && ec_ == ExpertCalibration::Routed; };
     std::vector<std::pair<const Key, HessianAccumulator>*> routed;
     std::map<Key, RowStage> stage;  // their rows not yet in their sums
     for (auto& kv : acc)
-      if (kv.first.second >= 0) routed.push_back(&kv), stage[kv.first];
+      if (is_routed(kv.first)) routed.push_back(&kv), stage[kv.first];
     for (size_t c0 = 0; c0 < hs_.size(); c0 += chunk) {
       const size_t cn = std::min(chunk, hs_.size() - c0);
       std::vector<std::map<Key, Matrix>> inputs(cn);  // [sample] (group, expert) -> [T or routed, in]
@@ -135,7 +137,7 @@ class CpuPass : public CalibPass {
       // rows in batches of kStageRows, side by side, each on one thread. The batch boundaries fall at fixed
       // places in the sample-ordered rows, so no sum depends on the thread count.
       for (auto& [key, a] : acc) {
-        if (key.second >= 0) continue;
+        if (is_routed(key)) continue;
         for (size_t i = 0; i < cn; ++i) {
           const auto it = inputs[i].find(key);
           if (it != inputs[i].end()) a.add(it->second.data(), it->second.rows());

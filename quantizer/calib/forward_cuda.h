@@ -137,9 +137,10 @@ class CudaForward {
   void set_experts_see_all(bool all);
 
   // Runs the current block over every sample. The inputs of the groups with capture[g] set are added
-  // to their Hessian sums (an MoE block's GateUp and Down: one per expert, from its routed rows). With update the hidden states become the block's outputs; without it they
-  // are left as they were and the pass stops after the last captured group. `block` names errors
-  // (non-finite activations: a 16-bit overflow). Synchronous.
+  // to their Hessian sums (an MoE block's GateUp and Down: one per expert, from its routed rows or, after
+  // set_experts_see_all, from every token). With update the hidden states become the block's outputs;
+  // without it they are left as they were and the pass stops after the last captured group. `block`
+  // names errors (non-finite activations: a 16-bit overflow). Synchronous.
   void run(const bool capture[4], bool update, int64_t block);
   // Un-normalised Σ x xᵀ [k, k] fp32 on the device of a group (of MLP `expert`); nullptr before its
   // first rows (an expert no token was routed to has none).

@@ -53,8 +53,9 @@ constexpr LinearInput kGroups[] = {LinearInput::QKV, LinearInput::O, LinearInput
 // The CPU pass's peak (calib_pass.cpp): hidden states, one block in fp32 (twice: the checkpoint's and the
 // working copy), its Hessians (fp32 [k, k]: four, or an MoE block's two per expert), and the linear inputs
 // captured for one chunk of samples (`chunk_tokens`: the longest chunk's tokens; an MoE block captures each
-// token once per chosen expert). The checkpoint itself is mapped, not counted.
-double peak_estimate(const LlamaConfig& c, size_t tokens, size_t chunk_tokens) {
+// token once per chosen expert, or under ExpertCalibration::All once per expert). The checkpoint itself is
+// mapped, not counted.
+double peak_estimate(const LlamaConfig& c, size_t tokens, size_t chunk_tokens, ExpertCalibration ec) {
   const double qd = double(c.heads * c.head_dim), kvd = double(c.kv_heads * c.head_dim), h = double(c.hidden);
   const double attn = 4.0 * (h * qd * 2 + h * kvd * 2), attn_hess = 4.0 * (h * h + qd * qd);
   double mlp = 0, mlp_hess = 0, captured = 0;  // the largest block's, and per token
@@ -65,7 +66,8 @@ double peak_estimate(const LlamaConfig& c, size_t tokens, size_t chunk_tokens) {
                    s = double(c.moe.shared_intermediate);
       m = 4.0 * (E * 3 * h * f + 3 * h * s + E * h);
       mh = 4.0 * (E * (h * h + f * f) + (s > 0 ? h * h + s * s : 0));
-      per_token += double(c.moe.top_k) * (h + f) + (s > 0 ? h + s : 0);
+      // Routed: each token once per chosen expert; All: once for every expert's gate/up, and every expert's down.
+      per_token += (ec == ExpertCalibration::All ? h + E * f : double(c.moe.top_k) * (h + f)) + (s > 0 ? h + s : 0);
     } else {
       const double f = double(c.intermediate);
       m = 4.0 * 3 * h * f;
@@ -232,6 +234,10 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
 #endif
   if (base.sparse24 && base.order != GptqOptions::Natural)
     bad_usage("--sparsity 2:4 runs in natural column order (SparseGPT); drop --order or use --order natural");
+  if (go.forward_on_cpu && base.device != GptqOptions::Device::Cuda)
+    bad_usage("--forward-device cpu: GPTQ runs on the CPU already (--device cpu)");
+  if (go.expert_calibration == ExpertCalibration::All && !c.has_moe())
+    bad_usage("--expert-calibration all: " + c.architecture + " has no mixture-of-experts layer");
 
   // Calibration: the file, or samples the model writes itself.
   CalibSet cs;
@@ -275,9 +281,6 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
   I.samples = cs.samples.size();
   I.tokens = cs.tokens;
   const bool on_gpu = base.device == GptqOptions::Device::Cuda;
-  if (go.forward_on_cpu && !on_gpu) bad_usage("--forward-device cpu: GPTQ runs on the CPU already (--device cpu)");
-  if (go.expert_calibration == ExpertCalibration::All && !c.has_moe())
-    bad_usage("--expert-calibration all: " + c.architecture + " has no mixture-of-experts layer");
   const bool gpu_forward = on_gpu && !go.forward_on_cpu;
   std::string need;
   std::vector<size_t> lengths;
@@ -307,7 +310,7 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
     std::sort(lengths.rbegin(), lengths.rend());
     const size_t chunk = std::min(lengths.size(), cpu_pass_chunk_samples());
     const size_t chunk_tokens = std::accumulate(lengths.begin(), lengths.begin() + ptrdiff_t(chunk), size_t(0));
-    I.estimated_peak_bytes = peak_estimate(c, cs.tokens, chunk_tokens);
+    I.estimated_peak_bytes = peak_estimate(c, cs.tokens, chunk_tokens, go.expert_calibration);
     need = mb(I.estimated_peak_bytes) + " of memory" + (on_gpu ? " (GPTQ on the GPU)" : "");
   }
   say("calibration: " + std::to_string(I.samples) + " samples, " + std::to_string(I.tokens) + " tokens (" + cs.name +
@@ -408,7 +411,7 @@ static QuantizeReport run_gptq(const std::filesystem::path& in, const std::files
           s.rel_weight_err = quant::relative_weight_error(W.data(), q);
           for (size_t i = i0 + 1; i < i1; ++i) {
             s.loss += st[i].loss;
-            s.seconds = on_gpu ? std::max(s.seconds, st[i].seconds) : s.seconds + st[i].seconds;
+            s.seconds = gpu_forward ? std::max(s.seconds, st[i].seconds) : s.seconds + st[i].seconds;
             s.damp_used = std::max(s.damp_used, st[i].damp_used);
           }
         }

@@ -348,9 +348,6 @@ class Workers {
   bool stop_ = false;
 };
 
-// Everything on the device: hidden states, the block, the Hessians (finalized in device memory and
-// handed to GPTQ there). Only the linear being quantized crosses as fp32 (GPTQ's host interface) and
-// its dequantized result comes back.
 // H = I [k, k] in device memory, without a k x k host matrix (Mixtral's is 822 MB).
 void identity(float* H, int64_t k, const std::string& who) {
   const std::vector<float> ones(size_t(k), 1.0f);
@@ -362,6 +359,9 @@ void identity(float* H, int64_t k, const std::string& who) {
   cuda_util::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize", __FILE__, __LINE__, who);
 }
 
+// Everything on the device: hidden states, the block, the Hessians (finalized in device memory and
+// handed to GPTQ there). Only the linear being quantized crosses as fp32 (GPTQ's host interface) and
+// its dequantized result comes back.
 class GpuPass : public CalibPass {
  public:
   // The share of the free device memory the concurrent GPTQs may plan on (the rest: fragmentation, cuBLAS).

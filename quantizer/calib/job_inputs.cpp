@@ -44,9 +44,9 @@ JobInputs job_inputs(const Checkpoint& ck, const QuantizeOptions& qo, const Gptq
       fail(ErrorKind::Io, f.path().string() + ": cannot read the safetensors header");
     // The data is not hashed (minutes on a large model at every start); a file edited in place shows
     // in its modification time, which copies that keep it (cp -p, mv) keep with the same bytes.
-    std::error_code ec;
-    const auto mtime = fs::last_write_time(f.path(), ec);
-    if (ec) fail(ErrorKind::Io, f.path().string() + ": cannot read the modification time: " + ec.message());
+    std::error_code err;
+    const auto mtime = fs::last_write_time(f.path(), err);
+    if (err) fail(ErrorKind::Io, f.path().string() + ": cannot read the modification time: " + err.message());
     files[f.path().filename().string()] = {
         {"size", f.file_size()},
         {"header_sha256", sha256_hex({reinterpret_cast<const uint8_t*>(header.data()), header.size()})},

@@ -417,12 +417,15 @@ TEST_CASE("The CPU pass's expert Hessians are the same sums whatever the thread 
   GptqOptions o;
   o.group_size = 32;
   o.name = "expert";
+  // Routed, and with every expert on every token (its sums split across the threads like the attention's).
+  const ExpertCalibration ec = GENERATE(ExpertCalibration::Routed, ExpertCalibration::All);
+  INFO((ec == ExpertCalibration::All ? "all tokens" : "routed"));
   std::vector<double> losses[2];
   std::vector<int64_t> tokens[2];
   const int before = omp_get_max_threads();
   for (int run = 0; run < 2; ++run) {
     omp_set_num_threads(run == 0 ? 1 : 3);
-    std::unique_ptr<CalibPass> pass = make_cpu_pass(m, samples);
+    std::unique_ptr<CalibPass> pass = make_cpu_pass(m, samples, ec);
     pass->load(0);
     pass->capture({LinearInput::GateUp, LinearInput::Down});
     for (int32_t e = 0; e < 8; ++e)

@@ -312,6 +312,10 @@ TEST_CASE("gptq options that do not fit exit 2 naming the option, leaving no out
   r = run_cli("quantize " + q(sample) + " " + q(td.path / "o") + " --method gptq --forward-device cuda", td.path);
   CHECK(r.rc == 2);  // the forward pass runs where GPTQ does, or on the CPU
   CHECK(r.err.find("--forward-device cuda needs --device cuda") != std::string::npos);
+  r = run_cli("quantize " + q(sample) + " " + q(td.path / "o") + " --method gptq --forward-device cpu", td.path);
+  CHECK(r.rc == 2);  // --device cpu: there is nothing to move off the GPU
+  CHECK(r.err.find("--forward-device cpu: GPTQ runs on the CPU already") != std::string::npos);
+  CHECK(r.out.find("calibration:") == std::string::npos);  // refused before the calibration data is read
   r = run_cli("quantize " + q(sample) + " " + q(td.path / "o") + " --method gptq --forward-device gpu", td.path);
   CHECK(r.rc == 2);
   CHECK(r.err.find("--forward-device") != std::string::npos);
