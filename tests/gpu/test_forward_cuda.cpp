@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <random>
@@ -93,6 +94,53 @@ void check_golden(GpuAct act, size_t chunk, double tol) {
   }
 }
 
+// A tiny random model's tensors (normal draws from one seeded generator, in the order added), written as one
+// safetensors file with its config.json.
+class RandomModel {
+ public:
+  RandomModel(uint64_t seed, DType dtype) : rng_(seed), dtype_(dtype) {}
+  void add(const std::string& name, const std::vector<int64_t>& shape, float scale, float mean = 0.0f) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    const size_t elt = dtype_ == DType::F32 ? 4 : 2;
+    std::vector<uint8_t> b(static_cast<size_t>(n) * elt);
+    for (int64_t i = 0; i < n; ++i) {
+      const float x = mean + scale * nd_(rng_);
+      const uint16_t h = dtype_ == DType::F32 ? 0 : float_to_half(x);
+      std::memcpy(b.data() + size_t(i) * elt, dtype_ == DType::F32 ? static_cast<const void*>(&x) : &h, elt);
+    }
+    specs_.push_back({name, dtype_, shape});
+    bytes_.push_back(std::move(b));
+  }
+  // Embeddings, final norm and head, and block 0's two norms and attention projections.
+  void add_common(int64_t vocab, int64_t hid, int64_t heads, int64_t kv, int64_t hd) {
+    add("model.embed_tokens.weight", {vocab, hid}, 1.0f);
+    add("model.norm.weight", {hid}, 0.1f, 1.0f);
+    add("lm_head.weight", {vocab, hid}, 0.1f);
+    const std::string p = "model.layers.0.";
+    add(p + "input_layernorm.weight", {hid}, 0.1f, 1.0f);
+    add(p + "post_attention_layernorm.weight", {hid}, 0.1f, 1.0f);
+    const float ws = 1.0f / std::sqrt(float(hid));
+    add(p + "self_attn.q_proj.weight", {heads * hd, hid}, ws);
+    add(p + "self_attn.k_proj.weight", {kv * hd, hid}, ws);
+    add(p + "self_attn.v_proj.weight", {kv * hd, hid}, ws);
+    add(p + "self_attn.o_proj.weight", {hid, heads * hd}, ws);
+  }
+  void write(const std::filesystem::path& dir, const nlohmann::json& cfg) const {
+    CheckpointWriter w(dir, specs_);
+    for (size_t i = 0; i < specs_.size(); ++i) w.write(specs_[i].name, bytes_[i]);
+    w.add_file("config.json", cfg.dump(2));
+    w.commit();
+  }
+
+ private:
+  std::mt19937_64 rng_;
+  std::normal_distribution<float> nd_{0.0f, 1.0f};
+  DType dtype_;
+  std::vector<TensorSpec> specs_;
+  std::vector<std::vector<uint8_t>> bytes_;
+};
+
 // A one-block random model of the given architecture, fp32, written to dir.
 void write_tiny_model(const std::filesystem::path& dir, const std::string& arch, uint64_t seed) {
   const int64_t hid = 64, heads = 4, kv = 2, hd = 16, inter = 96, vocab = 80;
@@ -103,46 +151,23 @@ void write_tiny_model(const std::filesystem::path& dir, const std::string& arch,
                         {"bos_token_id", 1}, {"eos_token_id", 2}};
   if (arch == "MistralForCausalLM") cfg["sliding_window"] = 5;
   if (arch == "Qwen2ForCausalLM") cfg["use_sliding_window"] = false;
-  std::vector<TensorSpec> specs;
-  std::vector<std::vector<float>> vals;
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  auto add = [&](const std::string& name, std::vector<int64_t> shape, float scale, float mean = 0.0f) {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    std::vector<float> v(static_cast<size_t>(n), 0.0f);
-    for (float& x : v) x = mean + scale * nd(rng);
-    specs.push_back({name, DType::F32, shape});
-    vals.push_back(std::move(v));
-  };
-  add("model.embed_tokens.weight", {vocab, hid}, 1.0f);
-  add("model.norm.weight", {hid}, 0.1f, 1.0f);
-  add("lm_head.weight", {vocab, hid}, 0.1f);
+  RandomModel r(seed, DType::F32);
+  r.add_common(vocab, hid, heads, kv, hd);
   const std::string p = "model.layers.0.";
-  add(p + "input_layernorm.weight", {hid}, 0.1f, 1.0f);
-  add(p + "post_attention_layernorm.weight", {hid}, 0.1f, 1.0f);
   const float ws = 1.0f / std::sqrt(float(hid));
-  add(p + "self_attn.q_proj.weight", {heads * hd, hid}, ws);
-  add(p + "self_attn.k_proj.weight", {kv * hd, hid}, ws);
-  add(p + "self_attn.v_proj.weight", {kv * hd, hid}, ws);
-  add(p + "self_attn.o_proj.weight", {hid, heads * hd}, ws);
-  add(p + "mlp.gate_proj.weight", {inter, hid}, ws);
-  add(p + "mlp.up_proj.weight", {inter, hid}, ws);
-  add(p + "mlp.down_proj.weight", {hid, inter}, 1.0f / std::sqrt(float(inter)));
+  r.add(p + "mlp.gate_proj.weight", {inter, hid}, ws);
+  r.add(p + "mlp.up_proj.weight", {inter, hid}, ws);
+  r.add(p + "mlp.down_proj.weight", {hid, inter}, 1.0f / std::sqrt(float(inter)));
   if (arch == "Qwen2ForCausalLM") {
-    add(p + "self_attn.q_proj.bias", {heads * hd}, 0.3f);
-    add(p + "self_attn.k_proj.bias", {kv * hd}, 0.3f);
-    add(p + "self_attn.v_proj.bias", {kv * hd}, 0.3f);
+    r.add(p + "self_attn.q_proj.bias", {heads * hd}, 0.3f);
+    r.add(p + "self_attn.k_proj.bias", {kv * hd}, 0.3f);
+    r.add(p + "self_attn.v_proj.bias", {kv * hd}, 0.3f);
   }
   if (arch == "Qwen3ForCausalLM") {
-    add(p + "self_attn.q_norm.weight", {hd}, 0.2f, 1.0f);
-    add(p + "self_attn.k_norm.weight", {hd}, 0.2f, 1.0f);
+    r.add(p + "self_attn.q_norm.weight", {hd}, 0.2f, 1.0f);
+    r.add(p + "self_attn.k_norm.weight", {hd}, 0.2f, 1.0f);
   }
-  CheckpointWriter w(dir, specs);
-  for (size_t i = 0; i < specs.size(); ++i)
-    w.write(specs[i].name, {reinterpret_cast<const uint8_t*>(vals[i].data()), vals[i].size() * sizeof(float)});
-  w.add_file("config.json", cfg.dump(2));
-  w.commit();
+  r.write(dir, cfg);
 }
 
 std::vector<std::vector<int32_t>> random_samples(size_t count, size_t min_len, size_t max_len, int32_t vocab,
@@ -557,43 +582,20 @@ void write_marlin_moe(const std::filesystem::path& dir) {
                         {"hidden_act", "silu"}, {"max_position_embeddings", 256}, {"tie_word_embeddings", false},
                         {"num_experts", experts}, {"num_experts_per_tok", 2}, {"moe_intermediate_size", mi},
                         {"norm_topk_prob", true}, {"decoder_sparse_step", 1}, {"mlp_only_layers", nlohmann::json::array()}};
-  std::vector<TensorSpec> specs;
-  std::vector<std::vector<uint16_t>> vals;
-  std::mt19937_64 rng(17);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  auto add = [&](const std::string& name, std::vector<int64_t> shape, float scale, float mean = 0.0f) {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    std::vector<uint16_t> v(static_cast<size_t>(n));
-    for (auto& x : v) x = float_to_half(mean + scale * nd(rng));
-    specs.push_back({name, DType::F16, shape});
-    vals.push_back(std::move(v));
-  };
-  const float ws = 1.0f / std::sqrt(float(hid));
-  add("model.embed_tokens.weight", {vocab, hid}, 1.0f);
-  add("model.norm.weight", {hid}, 0.1f, 1.0f);
-  add("lm_head.weight", {vocab, hid}, 0.1f);
+  RandomModel r(17, DType::F16);
+  r.add_common(vocab, hid, heads, kv, hd);
   const std::string p = "model.layers.0.";
-  add(p + "input_layernorm.weight", {hid}, 0.1f, 1.0f);
-  add(p + "post_attention_layernorm.weight", {hid}, 0.1f, 1.0f);
-  add(p + "self_attn.q_proj.weight", {heads * hd, hid}, ws);
-  add(p + "self_attn.k_proj.weight", {kv * hd, hid}, ws);
-  add(p + "self_attn.v_proj.weight", {kv * hd, hid}, ws);
-  add(p + "self_attn.o_proj.weight", {hid, heads * hd}, ws);
-  add(p + "self_attn.q_norm.weight", {hd}, 0.1f, 1.0f);
-  add(p + "self_attn.k_norm.weight", {hd}, 0.1f, 1.0f);
-  add(p + "mlp.gate.weight", {experts, hid}, ws);
+  const float ws = 1.0f / std::sqrt(float(hid));
+  r.add(p + "self_attn.q_norm.weight", {hd}, 0.1f, 1.0f);
+  r.add(p + "self_attn.k_norm.weight", {hd}, 0.1f, 1.0f);
+  r.add(p + "mlp.gate.weight", {experts, hid}, ws);
   for (int64_t e = 0; e < experts; ++e) {
     const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
-    add(x + "gate_proj.weight", {mi, hid}, ws);
-    add(x + "up_proj.weight", {mi, hid}, ws);
-    add(x + "down_proj.weight", {hid, mi}, 1.0f / std::sqrt(float(mi)));
+    r.add(x + "gate_proj.weight", {mi, hid}, ws);
+    r.add(x + "up_proj.weight", {mi, hid}, ws);
+    r.add(x + "down_proj.weight", {hid, mi}, 1.0f / std::sqrt(float(mi)));
   }
-  CheckpointWriter w(dir, specs);
-  for (size_t i = 0; i < specs.size(); ++i)
-    w.write(specs[i].name, {reinterpret_cast<const uint8_t*>(vals[i].data()), vals[i].size() * sizeof(uint16_t)});
-  w.add_file("config.json", cfg.dump(2));
-  w.commit();
+  r.write(dir, cfg);
 }
 
 }  // namespace
